@@ -1,0 +1,1 @@
+"""Callbacks: monitors, prediction writer, NaN guard."""
