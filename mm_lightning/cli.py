@@ -1,0 +1,102 @@
+"""Command line: ``python -m mm_lightning {fit,validate,test,predict,audit} --config configs/<x>.yaml``.
+
+A ``LightningCLI`` over :class:`~mm_lightning.models.MultimodalModule` and any
+:class:`~mm_lightning.data.MultimodalDataModule` subclass, with the defaults a run needs (TensorBoard under
+``logs/``, last + best checkpoints, learning-rate and throughput monitors, a seed) and the arguments that must
+agree linked, so a user changes one line:
+
+* ``model.text_encoder`` -> ``data.tokenizer`` (the tokenizer always matches the text encoder);
+* ``data.image_size`` -> ``model.image_size`` (size-dependent image encoders such as ViT are built to match).
+
+Examples::
+
+    python -m mm_lightning fit --config configs/demo.yaml
+    python -m mm_lightning fit --config configs/base.yaml --config configs/ddp_explicit.yaml --data.batch_size 64
+    python -m mm_lightning fit --config configs/demo.yaml --print_config
+    python -m mm_lightning audit --config configs/demo.yaml
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ThroughputMonitor
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from typing_extensions import override
+
+import mm_lightning.strategies  # noqa: F401  (registers the "ddp_explicit" strategy name)
+from mm_lightning.data import MultimodalDataModule
+from mm_lightning.models import MultimodalModule
+
+TRAINER_DEFAULTS: dict[str, Any] = {
+    "logger": {
+        "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+        "init_args": {"save_dir": "logs", "name": "mm_lightning", "default_hp_metric": False},
+    },
+    "log_every_n_steps": 10,
+    # >>> resilience defaults
+    # <<< resilience defaults
+}
+
+
+def batch_size_of(batch: dict[str, Any]) -> int:
+    """Number of image-text pairs in a batch (used by the throughput monitor)."""
+    return int(batch["image"].shape[0])
+
+
+class MultimodalCLI(LightningCLI):
+    """LightningCLI with the project's defaults, callback groups and linked arguments."""
+
+    @override
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        # Callbacks added as argument groups are always present and configurable from the command line
+        # (--checkpoint.every_n_train_steps 500), unlike trainer.callbacks which a config list replaces.
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults(
+            {
+                "checkpoint.dirpath": "logs/mm_lightning/checkpoints",
+                "checkpoint.filename": "best-{epoch}-{step}",
+                "checkpoint.monitor": "val/r1_t2i",
+                "checkpoint.mode": "max",
+                "checkpoint.save_last": True,
+                "checkpoint.auto_insert_metric_name": False,
+            }
+        )
+        parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
+        parser.set_defaults({"lr_monitor.logging_interval": "step"})
+        parser.add_lightning_class_args(ThroughputMonitor, "throughput")
+        parser.set_defaults({"throughput.batch_size_fn": batch_size_of})
+        # >>> resilience defaults (argument groups)
+        # <<< resilience defaults (argument groups)
+        parser.link_arguments("model.text_encoder", "data.init_args.tokenizer")
+        parser.link_arguments("data.init_args.image_size", "model.image_size")
+
+
+def cli_main(args: list[str] | None = None, run: bool = True) -> MultimodalCLI:
+    """Build (and by default run) the CLI; ``args`` replaces ``sys.argv[1:]`` (used by tests and notebooks)."""
+    return MultimodalCLI(
+        MultimodalModule,
+        MultimodalDataModule,
+        subclass_mode_data=True,
+        trainer_defaults=TRAINER_DEFAULTS,
+        seed_everything_default=42,
+        save_config_kwargs={"overwrite": True},
+        args=args,
+        run=run,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m mm_lightning`` and the ``mm-lightning`` script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Tokenization runs in the collate (often in forked workers); the Rust tokenizer's own thread pool would
+    # warn and disable itself after a fork, so keep it single-threaded per worker from the start.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if argv and argv[0] == "audit":
+        from mm_lightning.data.audit import main as audit_main
+
+        return audit_main(argv[1:])
+    cli_main(argv)
+    return 0
