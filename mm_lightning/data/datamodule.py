@@ -1,0 +1,220 @@
+"""MultimodalDataModule: JSONL image-caption files -> normalized image batches + dynamically padded tokens.
+
+Use from Python::
+
+    dm = MultimodalDataModule(train_file="train.jsonl", val_file="val.jsonl", tokenizer="bert-base-uncased")
+    trainer.fit(model, datamodule=dm)
+
+or from the CLI, ``python -m mm_lightning fit --config configs/base.yaml``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
+from typing_extensions import override
+
+from mm_lightning.data.collate import MultimodalCollate
+from mm_lightning.data.dataset import CaptionSampling, ImageTextDataset
+from mm_lightning.data.images import DEFAULT_MAX_PIXELS
+from mm_lightning.data.records import JsonlIndex, RecordParser, SkipLog
+from mm_lightning.data.samplers import LengthGroupedSampler
+from mm_lightning.data.transforms import IMAGENET_MEAN, IMAGENET_STD, Normalize, eval_transform, train_transform
+
+Split = Literal["train", "val", "test", "predict"]
+
+
+class MultimodalDataModule(pl.LightningDataModule):
+    """Image-text pairs from JSONL files (one object per line).
+
+    Files are read in :meth:`setup`, never in ``__init__``, so subclasses can create them in ``prepare_data``.
+
+    Args:
+        train_file: training JSONL.
+        val_file: validation JSONL (every caption kept, ground truth by ``image_id``).
+        test_file: test JSONL (same protocol as validation).
+        predict_file: prediction JSONL.
+        image_root: folder that relative image paths are resolved against (default: each JSONL's folder).
+        image_key: record key holding the image path (the seeds' format uses ``"image_path"``).
+        text_key: record key holding the caption, a string or a list of strings.
+        tokenizer: HF tokenizer name or local path (the CLI links it to ``model.text_encoder``).
+        max_length: truncate captions to this many tokens.
+        pad_to_multiple_of: pad each batch's token length up to a multiple of this (e.g. 8), or ``None``.
+        image_size: output image side.
+        batch_size: batch size per device.
+        num_workers: DataLoader worker processes per device.
+        pin_memory: pin host memory for faster host-to-device copies.
+        persistent_workers: keep workers alive across epochs (only with ``num_workers > 0``).
+        prefetch_factor: batches each worker prepares ahead (only with ``num_workers > 0``).
+        multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or ``None`` (platform default).
+        on_bad_record: ``"raise"`` stops with file, line, image and reason; ``"skip"`` replaces the bad sample
+            by another valid one (batch shapes stay equal on every rank) and counts it (``data/skipped``).
+        caption_sampling: training with several captions per image: ``"random"`` draws one caption per image
+            per visit, ``"all"`` visits every (image, caption) pair. Evaluation always uses all pairs.
+        length_grouping: batch training captions of similar length together (less padding).
+        length_window: global batches per length-sorting window when ``length_grouping`` is on.
+        train_scale: area range of the training random resized crop.
+        horizontal_flip: random horizontal flips in training (off: captions say "left"/"right").
+        mean: normalization mean (follow the image encoder; ImageNet by default).
+        std: normalization std.
+        normalize_on_device: ship uint8 images and normalize after the host-to-device copy
+            (``on_after_batch_transfer``); ``False`` normalizes in the workers.
+        reduced_decode: let JPEGs decode at 1/2, 1/4, 1/8 size when the crop still needs no upsampling.
+        confine_to_root: reject image paths (absolute, ``..``, links) that leave ``image_root``.
+        max_image_pixels: refuse images above this many pixels (decompression bombs); ``None`` disables.
+    """
+
+    def __init__(
+        self,
+        train_file: str | None = None,
+        val_file: str | None = None,
+        test_file: str | None = None,
+        predict_file: str | None = None,
+        image_root: str | None = None,
+        image_key: str = "image",
+        text_key: str = "text",
+        tokenizer: str = "bert-base-uncased",
+        max_length: int = 64,
+        pad_to_multiple_of: int | None = None,
+        image_size: int = 224,
+        batch_size: int = 32,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        persistent_workers: bool = False,
+        prefetch_factor: int | None = None,
+        multiprocessing_context: str | None = None,
+        on_bad_record: Literal["raise", "skip"] = "raise",
+        caption_sampling: CaptionSampling = "random",
+        length_grouping: bool = False,
+        length_window: int = 32,
+        train_scale: tuple[float, float] = (0.9, 1.0),
+        horizontal_flip: bool = False,
+        mean: tuple[float, float, float] = IMAGENET_MEAN,
+        std: tuple[float, float, float] = IMAGENET_STD,
+        normalize_on_device: bool = True,
+        reduced_decode: bool = True,
+        confine_to_root: bool = False,
+        max_image_pixels: int | None = DEFAULT_MAX_PIXELS,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.files: dict[str, str | None] = {
+            "train": train_file, "val": val_file, "test": test_file, "predict": predict_file
+        }
+        self.normalize = Normalize(mean, std)
+        self.collate = MultimodalCollate(
+            tokenizer, max_length, pad_to_multiple_of, normalize=None if normalize_on_device else self.normalize
+        )
+        self.datasets: dict[str, ImageTextDataset] = {}
+
+    @property
+    def index_skips(self) -> SkipLog:
+        """Lines dropped while indexing (bad JSON, missing keys, bad captions, escaping paths), all splits."""
+        log = SkipLog()
+        for ds in self.datasets.values():
+            log.count += ds.index.skips.count
+            log.first.extend(ds.index.skips.first[: max(0, log.keep - len(log.first))])
+        return log
+
+    def build_index(self, split: Split) -> JsonlIndex:
+        """Index one split's JSONL (validates every line; bad lines raise or are counted per ``on_bad_record``)."""
+        hp = self.hparams
+        file = self.files[split]
+        if file is None:
+            raise ValueError(f"{split}_file is not set")
+        root = hp.image_root if hp.image_root is not None else os.path.dirname(os.path.abspath(file))
+        parser = RecordParser(file, hp.image_key, hp.text_key, root, hp.confine_to_root)
+        return JsonlIndex(parser, hp.on_bad_record)
+
+    def build_dataset(self, split: Split) -> ImageTextDataset:
+        hp = self.hparams
+        train = split == "train"
+        scale_min = hp.train_scale[0] if train else 1.0
+        # Reduced JPEG decoding only down to a size the crop never has to upsample from.
+        min_side = int(hp.image_size / scale_min**0.5) + 1 if hp.reduced_decode else None
+        return ImageTextDataset(
+            self.build_index(split),
+            train_transform(hp.image_size, tuple(hp.train_scale), hp.horizontal_flip)
+            if train
+            else eval_transform(hp.image_size),
+            caption_sampling=hp.caption_sampling if train else "all",
+            on_bad_record=hp.on_bad_record,
+            max_pixels=hp.max_image_pixels,
+            min_side=min_side,
+        )
+
+    @override
+    def setup(self, stage: str) -> None:
+        wanted: dict[str, tuple[str, ...]] = {
+            "fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",)
+        }
+        for split in wanted.get(stage, ()):
+            if self.files[split] is not None and split not in self.datasets:
+                self.datasets[split] = self.build_dataset(split)  # type: ignore[arg-type]
+
+    def _loader_kwargs(self) -> dict[str, Any]:
+        hp = self.hparams
+        kwargs: dict[str, Any] = {
+            "batch_size": hp.batch_size,
+            "num_workers": hp.num_workers,
+            "pin_memory": hp.pin_memory,
+            "collate_fn": self.collate,
+        }
+        if hp.num_workers > 0:
+            kwargs["persistent_workers"] = hp.persistent_workers
+            kwargs["multiprocessing_context"] = hp.multiprocessing_context
+            if hp.prefetch_factor is not None:
+                kwargs["prefetch_factor"] = hp.prefetch_factor
+        return kwargs
+
+    def _dataset(self, split: str) -> ImageTextDataset:
+        if split not in self.datasets:
+            raise RuntimeError(f"no {split} data: set {split}_file and call setup() first")
+        return self.datasets[split]
+
+    def _rank_info(self) -> tuple[int, int]:
+        trainer = self._trainer
+        return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+
+    @override
+    def train_dataloader(self) -> StatefulDataLoader:
+        """Shuffled, ``drop_last``; a StatefulDataLoader so Lightning checkpoints its position mid-epoch."""
+        dataset, hp = self._dataset("train"), self.hparams
+        kwargs = self._loader_kwargs()
+        if hp.length_grouping:
+            world, rank = self._rank_info()
+            sampler = LengthGroupedSampler(
+                dataset.lengths(), hp.batch_size, num_replicas=world, rank=rank,
+                seed=int(os.getenv("PL_GLOBAL_SEED", "0")), window_batches=hp.length_window,
+            )
+            return StatefulDataLoader(dataset, sampler=sampler, drop_last=True, **kwargs)
+        return StatefulDataLoader(dataset, shuffle=True, drop_last=True, **kwargs)
+
+    @override
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self._dataset("val"), shuffle=False, **self._loader_kwargs())
+
+    @override
+    def test_dataloader(self) -> DataLoader:
+        return DataLoader(self._dataset("test"), shuffle=False, **self._loader_kwargs())
+
+    @override
+    def predict_dataloader(self) -> DataLoader:
+        return DataLoader(self._dataset("predict"), shuffle=False, **self._loader_kwargs())
+
+    @override
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        # uint8 images cross the host-device link (4x fewer bytes than float32); convert where it is cheap.
+        if isinstance(batch, dict) and "image" in batch and not batch["image"].is_floating_point():
+            batch["image"] = self.normalize(batch["image"])
+        return batch
+
+    def normalize_batch(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """For use outside a Trainer: the same conversion Lightning applies after transfer."""
+        return self.on_after_batch_transfer(batch, 0)
+

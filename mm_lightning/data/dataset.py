@@ -1,0 +1,99 @@
+"""Map-style image-caption dataset over a :class:`~mm_lightning.data.records.JsonlIndex`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from mm_lightning.data.images import DEFAULT_MAX_PIXELS, ImageDecodeError, decode_image_file
+from mm_lightning.data.records import JsonlIndex, RecordError
+
+CaptionSampling = Literal["random", "all"]
+
+
+class ImageTextDataset(Dataset):
+    """Yields ``{"image": uint8 (3,H,W), "caption", "image_id", "index", "num_skipped", "skip_reasons"}``.
+
+    Args:
+        index: the split's JSONL index.
+        transform: uint8 image transform.
+        caption_sampling: ``"random"``: one item per image, one of its captions drawn per visit (training);
+            ``"all"``: one item per (image, caption) pair (evaluation, COCO protocol).
+        on_bad_record: ``"raise"`` or ``"skip"`` (replace by the next valid item, count the skip).
+        max_pixels: decompression-bomb guard, see :func:`decode_image_file`.
+        min_side: allow reduced-size JPEG decoding down to this shorter side (``None``: full size).
+        max_replacements: give up (raise) after this many consecutive bad items under ``"skip"``.
+    """
+
+    def __init__(
+        self,
+        index: JsonlIndex,
+        transform: Callable[[torch.Tensor], torch.Tensor],
+        caption_sampling: CaptionSampling = "all",
+        on_bad_record: Literal["raise", "skip"] = "raise",
+        max_pixels: int | None = DEFAULT_MAX_PIXELS,
+        min_side: int | None = None,
+        max_replacements: int = 64,
+    ) -> None:
+        self.index, self.transform, self.caption_sampling = index, transform, caption_sampling
+        self.on_bad_record, self.max_pixels, self.min_side = on_bad_record, max_pixels, min_side
+        self.max_replacements = max_replacements
+
+    def __len__(self) -> int:
+        return self.index.num_images if self.caption_sampling == "random" else self.index.num_captions
+
+    def caption_of(self, item: int) -> int:
+        """Caption (pair) row that ``item`` reads on this visit."""
+        if self.caption_sampling == "all":
+            return item
+        start, stop = self.index.starts[item], self.index.starts[item + 1]
+        # torch's RNG: DataLoader seeds it per worker, so draws differ across workers and epochs.
+        pick = start + int(torch.randint(int(stop - start), ()).item()) if stop - start > 1 else start
+        return int(self.index.by_image[pick])
+
+    def lengths(self) -> np.ndarray:
+        """Per-item caption length proxy (words) for length-aware batching."""
+        if self.caption_sampling == "all":
+            return self.index.cap_words
+        return self.index.cap_words[self.index.by_image[self.index.starts[:-1]]]
+
+    def load(self, item: int) -> dict[str, Any]:
+        """Load one item or raise :class:`RecordError` naming file, line, image and reason."""
+        row = self.caption_of(item)
+        line = int(self.index.cap_line[row])
+        record = self.index.read(line)
+        line_no = int(self.index.line_numbers[line])
+        self.index.parser.check_confined(record.image, line_no)
+        try:
+            image = decode_image_file(record.image, max_pixels=self.max_pixels, min_side=self.min_side)
+        except ImageDecodeError as err:
+            raise RecordError(self.index.file, line_no, str(err), record.image) from err
+        return {
+            "image": self.transform(image),
+            "caption": record.captions[int(self.index.cap_pos[row])],
+            "image_id": int(self.index.image_ids[row]),
+            "index": item,
+        }
+
+    def __getitem__(self, item: int) -> dict[str, Any]:
+        reasons: list[str] = []
+        for attempt in range(self.max_replacements + 1):
+            # Replacement walks forward deterministically, so every rank keeps its batch shape.
+            candidate = (item + attempt) % len(self)
+            try:
+                sample = self.load(candidate)
+            except RecordError as err:
+                if self.on_bad_record == "raise":
+                    raise
+                reasons.append(str(err))
+                continue
+            sample["num_skipped"], sample["skip_reasons"] = len(reasons), reasons
+            return sample
+        raise RuntimeError(
+            f"{self.max_replacements + 1} consecutive bad records from item {item} of {self.index.file}; "
+            f"first: {reasons[0]}"
+        )
