@@ -1,0 +1,91 @@
+"""Image-text retrieval metrics under the multi-caption protocol.
+
+Rows are (image, caption) pairs; several rows may share an ``image_id`` (one image, several captions).
+Images are deduplicated by ``image_id`` before scoring, so each image is one candidate:
+
+- text -> image: a caption hits at k if fewer than k *wrong* images score at least as high as its image.
+- image -> text: an image hits at k if fewer than k captions of *other* images score at least as high as its
+  best-scoring caption (the standard COCO/Flickr protocol: any of its captions in the top k).
+
+Ties count against the query (pessimistic), so constant embeddings score chance, never 1.0.
+torchmetrics' retrieval metrics rank with an arbitrary tie order and need N x M flattened index tensors;
+this chunked version keeps memory at chunk x images and states the tie rule.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+DEFAULT_KS = (1, 5, 10)
+
+
+def dedup_images(image_emb: Tensor, image_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """One embedding per distinct image id (the first row of each).
+
+    Returns:
+        ``(unique_ids, unique_emb, column)``: sorted distinct ids, their embeddings, and for every row the
+        column of its image in ``unique_emb``.
+    """
+    unique_ids, column = torch.unique(image_ids, sorted=True, return_inverse=True)
+    order = torch.arange(image_ids.numel(), device=image_ids.device)
+    first = torch.full((unique_ids.numel(),), image_ids.numel(), dtype=torch.long, device=image_ids.device)
+    first = first.scatter_reduce(0, column, order, reduce="amin")
+    return unique_ids, image_emb[first], column
+
+
+@torch.no_grad()
+def retrieval_metrics(
+    image_emb: Tensor,
+    text_emb: Tensor,
+    image_ids: Tensor,
+    ks: tuple[int, ...] = DEFAULT_KS,
+    chunk_size: int = 1024,
+) -> dict[str, Tensor]:
+    """Recall@k both directions plus the alignment gap.
+
+    Args:
+        image_emb: (N, D) image embedding of each row (rows of one image may repeat it).
+        text_emb: (N, D) caption embedding of each row.
+        image_ids: (N,) image id of each row.
+        ks: recall cut-offs.
+        chunk_size: captions scored per chunk (bounds memory to chunk_size x images).
+
+    Returns:
+        ``r{k}_t2i``, ``r{k}_i2t`` for each k, and ``alignment_gap`` (mean positive-pair cosine minus mean
+        cosine of non-matching caption-image pairs), as fp32 scalars.
+    """
+    img = F.normalize(image_emb.float(), dim=-1)
+    txt = F.normalize(text_emb.float(), dim=-1)
+    _, images, column = dedup_images(img, image_ids)
+    n_text, n_img = txt.shape[0], images.shape[0]
+    t2i_rank = torch.empty(n_text, dtype=torch.long, device=txt.device)
+    # for each image: the best score among its captions, and per caption-chunk the wrong-caption scores
+    best_positive = torch.full((n_img,), float("-inf"), device=txt.device)
+    pos_sum = torch.zeros((), device=txt.device)
+    total_sum = torch.zeros((), device=txt.device)
+    for start in range(0, n_text, chunk_size):
+        sim = txt[start : start + chunk_size] @ images.T  # (c, I)
+        col = column[start : start + chunk_size]
+        positive = sim.gather(1, col[:, None])  # (c, 1)
+        wrong = torch.ones_like(sim, dtype=torch.bool).scatter_(1, col[:, None], False)
+        t2i_rank[start : start + chunk_size] = ((sim >= positive) & wrong).sum(1)
+        best_positive = best_positive.scatter_reduce(0, col, positive.squeeze(1), reduce="amax")
+        pos_sum += positive.sum()
+        total_sum += sim.sum()
+    # second pass: count captions of other images scoring >= each image's best caption
+    i2t_rank = torch.zeros(n_img, dtype=torch.long, device=txt.device)
+    for start in range(0, n_text, chunk_size):
+        sim = txt[start : start + chunk_size] @ images.T
+        col = column[start : start + chunk_size]
+        wrong = torch.ones_like(sim, dtype=torch.bool).scatter_(1, col[:, None], False)
+        i2t_rank += ((sim >= best_positive[None, :]) & wrong).sum(0)
+    out: dict[str, Tensor] = {}
+    for k in ks:
+        out[f"r{k}_t2i"] = (t2i_rank < k).float().mean()
+        out[f"r{k}_i2t"] = (i2t_rank < k).float().mean()
+    n_neg = n_text * n_img - n_text
+    neg_mean = (total_sum - pos_sum) / n_neg if n_neg > 0 else torch.zeros((), device=txt.device)
+    out["alignment_gap"] = pos_sum / n_text - neg_mean
+    return out

@@ -1,0 +1,18 @@
+"""Model parts: encoders, fusion, losses and the ``MultimodalModule`` LightningModule."""
+
+from mm_lightning.models.encoders import EncoderOutput, ImageEncoder, TextEncoder
+from mm_lightning.models.fusion import CrossAttentionFusion
+from mm_lightning.models.itm import ImageTextMatching
+from mm_lightning.models.losses import ContrastiveLoss, DynamicWeightAveraging
+from mm_lightning.models.module import MultimodalModule
+
+__all__ = [
+    "ContrastiveLoss",
+    "CrossAttentionFusion",
+    "DynamicWeightAveraging",
+    "EncoderOutput",
+    "ImageEncoder",
+    "ImageTextMatching",
+    "MultimodalModule",
+    "TextEncoder",
+]

@@ -1,0 +1,265 @@
+"""Image and text towers.
+
+Both towers return a pooled vector (for the contrastive loss) and a token sequence (for the fusion module):
+
+- ``ImageEncoder``: any torchvision classification backbone by name (ResNet family, ViT, ConvNeXt,
+  EfficientNet, MobileNet, ...) or a small custom build for CPU (``resnet_custom``, ``vit_custom``).
+- ``TextEncoder``: a Hugging Face ``AutoModel`` by name or local path, or built from its config (random init).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torchvision
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+from torchvision.models.resnet import BasicBlock, conv1x1
+from torchvision.models.vision_transformer import VisionTransformer
+from transformers import AutoConfig, AutoModel
+
+from mm_lightning.assets import resolve_pretrained
+
+CUSTOM_IMAGE_ENCODERS = ("resnet_custom", "vit_custom")
+
+
+@dataclass
+class EncoderOutput:
+    """What a tower returns.
+
+    Attributes:
+        pooled: (B, D_pooled) one vector per sample.
+        tokens: (B, N, D_tokens) token sequence for cross-attention.
+        mask: (B, N) bool, True for real tokens (all True for images).
+    """
+
+    pooled: Tensor
+    tokens: Tensor
+    mask: Tensor
+
+
+class SmallResNet(nn.Sequential):
+    """A narrow ResNet from torchvision's ``BasicBlock`` for small images on CPU.
+
+    torchvision's ``ResNet`` hard-codes the 64..512 stage widths, so the stages are assembled here from its
+    blocks. A stride-1 3x3 stem keeps the detail of 32-64 px images.
+
+    Args:
+        widths: channels per stage; each stage after the first halves the resolution.
+        layers: number of ``BasicBlock`` per stage.
+        stem_stride: stride of the stem convolution.
+    """
+
+    def __init__(
+        self,
+        widths: Sequence[int] = (32, 64, 128, 256),
+        layers: Sequence[int] = (1, 1, 1, 1),
+        stem_stride: int = 2,
+    ) -> None:
+        if len(widths) != len(layers):
+            raise ValueError(f"widths {list(widths)} and layers {list(layers)} must have the same length")
+        modules: list[nn.Module] = [
+            nn.Sequential(
+                nn.Conv2d(3, widths[0], 3, stride=stem_stride, padding=1, bias=False),
+                nn.BatchNorm2d(widths[0]),
+                nn.ReLU(inplace=True),
+            )
+        ]
+        in_ch = widths[0]
+        for i, (width, n_blocks) in enumerate(zip(widths, layers, strict=True)):
+            stride = 1 if i == 0 else 2
+            downsample = None
+            if stride != 1 or in_ch != width:
+                downsample = nn.Sequential(conv1x1(in_ch, width, stride), nn.BatchNorm2d(width))
+            blocks = [BasicBlock(in_ch, width, stride, downsample)]
+            blocks += [BasicBlock(width, width) for _ in range(n_blocks - 1)]
+            modules.append(nn.Sequential(*blocks))
+            in_ch = width
+        super().__init__(*modules)
+        self.out_channels = in_ch
+
+
+def _flatten_map(fmap: Tensor) -> Tensor:
+    return fmap.flatten(2).transpose(1, 2)
+
+
+class ImageEncoder(nn.Module):
+    """Image tower over a torchvision backbone.
+
+    CNNs yield feature-map cells as tokens and their average (through the backbone's own pre-classifier
+    layers, e.g. ConvNeXt's LayerNorm) as the pooled vector; ViTs yield all tokens and the class token.
+
+    Args:
+        name: torchvision model name (``torchvision.models.list_models()``), ``resnet_custom`` or ``vit_custom``.
+        weights: torchvision weights name (e.g. ``"ResNet50_Weights.IMAGENET1K_V2"``) or None (random init).
+        image_size: input resolution (ViTs are built for it).
+        kwargs: extra constructor arguments (e.g. ``widths``/``layers`` for ``resnet_custom``, ``patch_size``,
+            ``num_layers``, ``hidden_dim`` for ``vit_custom``).
+    """
+
+    def __init__(
+        self,
+        name: str = "resnet50",
+        weights: str | None = None,
+        image_size: int = 224,
+        kwargs: dict | None = None,
+    ) -> None:
+        super().__init__()
+        kwargs = dict(kwargs or {})
+        if name == "resnet_custom":
+            self.backbone: nn.Module = SmallResNet(**kwargs)
+        elif name == "vit_custom":
+            vit_args = dict(patch_size=8, num_layers=2, num_heads=4, hidden_dim=128, mlp_dim=256) | kwargs
+            self.backbone = VisionTransformer(image_size=image_size, **vit_args)
+        else:
+            if name.startswith("vit_"):
+                kwargs.setdefault("image_size", image_size)
+            self.backbone = torchvision.models.get_model(name, weights=weights, **kwargs)
+        if weights is not None and name in CUSTOM_IMAGE_ENCODERS:
+            raise ValueError(f"{name} has no pretrained weights; got weights={weights!r}")
+        self._forward_impl, self.pooled_dim, self.token_dim = self._adapt(name)
+        self.gradient_checkpointing = False
+
+    def _adapt(self, name: str) -> tuple[Callable[[Tensor], EncoderOutput], int, int]:
+        """Drops the classification head and picks how tokens and pooled vector are read."""
+        bb = self.backbone
+        if isinstance(bb, SmallResNet):
+            return self._forward_small_resnet, bb.out_channels, bb.out_channels
+        if isinstance(bb, VisionTransformer):
+            bb.heads = nn.Identity()
+            return self._forward_vit, bb.hidden_dim, bb.hidden_dim
+        if hasattr(bb, "layer4") and isinstance(getattr(bb, "fc", None), nn.Linear):
+            dim = bb.fc.in_features
+            bb.fc = nn.Identity()
+            return self._forward_resnet, dim, dim
+        if hasattr(bb, "features") and hasattr(bb, "avgpool") and isinstance(bb.classifier, nn.Sequential):
+            # pre-classifier layers (ConvNeXt's LayerNorm2d, MobileNetV3's first Linear) shape the pooled vector
+            pooled_dim = bb.classifier[-1].in_features
+            bb.classifier[-1] = nn.Identity()
+            token_dim = next(
+                m.out_channels for m in reversed(list(bb.features.modules())) if hasattr(m, "out_channels")
+            )
+            return self._forward_features, pooled_dim, token_dim
+        raise ValueError(
+            f"image encoder {name!r} is not supported: expected a ResNet-like (layer4 + fc), a VisionTransformer, "
+            "or a features/avgpool/classifier CNN (ConvNeXt, EfficientNet, MobileNet), or one of "
+            f"{CUSTOM_IMAGE_ENCODERS}"
+        )
+
+    def set_gradient_checkpointing(self, enabled: bool) -> None:
+        """Recompute each stage's activations in backward instead of storing them (saves memory)."""
+        self.gradient_checkpointing = enabled
+
+    def _run_stages(self, x: Tensor, stages: Sequence[nn.Module]) -> Tensor:
+        for stage in stages:
+            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+                x = checkpoint(stage, x, use_reentrant=False)
+            else:
+                x = stage(x)
+        return x
+
+    def _cnn_output(self, fmap: Tensor) -> EncoderOutput:
+        tokens = _flatten_map(fmap)
+        mask = torch.ones(tokens.shape[:2], dtype=torch.bool, device=tokens.device)
+        return EncoderOutput(pooled=tokens.mean(dim=1), tokens=tokens, mask=mask)
+
+    def _forward_small_resnet(self, x: Tensor) -> EncoderOutput:
+        return self._cnn_output(self._run_stages(x, list(self.backbone)))
+
+    def _forward_resnet(self, x: Tensor) -> EncoderOutput:
+        bb = self.backbone
+        x = bb.maxpool(bb.relu(bb.bn1(bb.conv1(x))))
+        return self._cnn_output(self._run_stages(x, [bb.layer1, bb.layer2, bb.layer3, bb.layer4]))
+
+    def _forward_features(self, x: Tensor) -> EncoderOutput:
+        bb = self.backbone
+        fmap = self._run_stages(x, list(bb.features))
+        pooled = bb.avgpool(fmap)
+        for layer in bb.classifier:
+            if isinstance(layer, nn.Linear) and pooled.dim() > 2:
+                pooled = pooled.flatten(1)
+            pooled = layer(pooled)
+        tokens = _flatten_map(fmap)
+        mask = torch.ones(tokens.shape[:2], dtype=torch.bool, device=tokens.device)
+        return EncoderOutput(pooled=pooled.flatten(1), tokens=tokens, mask=mask)
+
+    def _forward_vit(self, x: Tensor) -> EncoderOutput:
+        bb = self.backbone
+        x = bb._process_input(x)
+        x = torch.cat([bb.class_token.expand(x.shape[0], -1, -1), x], dim=1)
+        enc = bb.encoder
+        x = enc.dropout(x + enc.pos_embedding)
+        x = enc.ln(self._run_stages(x, list(enc.layers)))
+        mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+        return EncoderOutput(pooled=x[:, 0], tokens=x, mask=mask)
+
+    def forward(self, images: Tensor) -> EncoderOutput:
+        """Encodes (B, 3, H, W) normalized images."""
+        return self._forward_impl(images)
+
+
+class TextEncoder(nn.Module):
+    """Text tower over a Hugging Face ``AutoModel``.
+
+    Args:
+        name: HF hub name or local directory (passed through ``resolve_pretrained``).
+        pretrained: load weights (``from_pretrained``); False builds the model from its config, randomly
+            initialised.
+        config_overrides: config fields to override (e.g. ``hidden_size``, ``num_hidden_layers``).
+        pooling: ``cls`` (first token) or ``mean`` (mean over real tokens).
+        trust_remote_code: allow code shipped with the model; off by default for safety.
+    """
+
+    def __init__(
+        self,
+        name: str = "bert-base-uncased",
+        pretrained: bool = True,
+        config_overrides: dict | None = None,
+        pooling: Literal["cls", "mean"] = "cls",
+        trust_remote_code: bool = False,
+    ) -> None:
+        super().__init__()
+        if pooling not in ("cls", "mean"):
+            raise ValueError(f"text pooling must be 'cls' or 'mean', got {pooling!r}")
+        path = resolve_pretrained(name)
+        overrides = dict(config_overrides or {})
+        if pretrained:
+            self.model = AutoModel.from_pretrained(path, trust_remote_code=trust_remote_code, **overrides)
+        else:
+            config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, **overrides)
+            self.model = AutoModel.from_config(config, trust_remote_code=trust_remote_code)
+        # BERT-like models carry a pooler that this tower never uses; unused parameters break DDP.
+        if getattr(self.model, "pooler", None) is not None:
+            self.model.pooler = None
+        self.pooling = pooling
+        self.dim: int = self.model.config.hidden_size
+
+    def set_gradient_checkpointing(self, enabled: bool) -> None:
+        """Switches Hugging Face's per-layer activation checkpointing."""
+        model = self.model
+        # transformers >= 5.2x renamed gradient_checkpointing_* to activation_checkpointing_* (old names warn)
+        if hasattr(model, "activation_checkpointing_enable"):
+            enable, disable = model.activation_checkpointing_enable, model.activation_checkpointing_disable
+        else:
+            enable, disable = model.gradient_checkpointing_enable, model.gradient_checkpointing_disable
+        if enabled:
+            enable({"use_reentrant": False})
+        else:
+            disable()
+
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None
+    ) -> EncoderOutput:
+        """Encodes (B, L) token ids; padding positions have ``attention_mask == 0``."""
+        kwargs = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+        states = self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
+        mask = attention_mask.bool()
+        if self.pooling == "cls":
+            pooled = states[:, 0]
+        else:
+            weights = mask.unsqueeze(-1).to(states.dtype)
+            pooled = (states * weights).sum(1) / weights.sum(1).clamp_min(1.0)
+        return EncoderOutput(pooled=pooled, tokens=states, mask=mask)

@@ -1,0 +1,101 @@
+"""Image-text matching (ITM) on hard negatives, trained through the cross-attention fusion (ALBEF)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mm_lightning.models.fusion import CrossAttentionFusion
+from mm_lightning.models.losses import (
+    gather_no_grad,
+    gather_with_grad,
+    pad_to_global_length,
+    sample_hard_negatives,
+)
+
+
+class ImageTextMatching(nn.Module):
+    """Projects both token sequences to the fusion width, fuses them and classifies match / no match.
+
+    For every local pair it adds one hard-negative caption for the image and one hard-negative image for the
+    caption, drawn with probability softmax(similarity) among pairs of *other* images. When the contrastive
+    logits cover the global batch, the negatives come from the global batch: token sequences are gathered
+    with gradient, so a negative drawn from another rank still trains that rank's encoders.
+
+    Args:
+        image_token_dim: width of the image encoder's tokens.
+        text_token_dim: width of the text encoder's tokens.
+        dim: fusion width.
+        num_layers: fusion layers.
+        num_heads: fusion attention heads.
+        bidirectional: also let text attend to image in the fusion.
+    """
+
+    def __init__(
+        self,
+        image_token_dim: int,
+        text_token_dim: int,
+        dim: int,
+        num_layers: int = 1,
+        num_heads: int = 8,
+        bidirectional: bool = False,
+    ) -> None:
+        super().__init__()
+        self.image_proj = nn.Linear(image_token_dim, dim)
+        self.text_proj = nn.Linear(text_token_dim, dim)
+        self.fusion = CrossAttentionFusion(dim, num_heads, num_layers, bidirectional)
+        self.head = nn.Linear(self.fusion.out_dim, 2)
+
+    def forward(
+        self,
+        image_tokens: Tensor,
+        text_tokens: Tensor,
+        text_mask: Tensor,
+        logits_i2t: Tensor,
+        logits_t2i: Tensor,
+        image_ids: Tensor,
+        sample_weights: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """ITM loss and accuracy over positives + sampled negatives.
+
+        Args:
+            image_tokens: (B, N, Di) local image tokens.
+            text_tokens: (B, L, Dt) local text tokens.
+            text_mask: (B, L) True for real tokens.
+            logits_i2t: (B, G) local images vs. candidate captions; G == B (local) or world x B (global).
+            logits_t2i: (B, G) local captions vs. candidate images.
+            image_ids: (B,) local image ids.
+            sample_weights: (B,) optional per-pair weights.
+        """
+        img = self.image_proj(image_tokens)
+        txt = self.text_proj(text_tokens)
+        mask = text_mask.bool()
+        batch = img.shape[0]
+        if logits_i2t.shape[1] != batch:  # global candidates: gather token sequences with gradient
+            txt, mask = pad_to_global_length(txt, mask)
+            all_img, all_txt = gather_with_grad(img), gather_with_grad(txt)
+            all_mask, all_ids = gather_no_grad(mask), gather_no_grad(image_ids)
+        else:
+            all_img, all_txt, all_mask, all_ids = img, txt, mask, image_ids
+        same_image = image_ids[:, None] == all_ids[None, :]
+        neg_text = sample_hard_negatives(logits_i2t.detach(), same_image)
+        neg_image = sample_hard_negatives(logits_t2i.detach(), same_image)
+        has_t, has_i = neg_text >= 0, neg_image >= 0
+        images = torch.cat([img, img[has_t], all_img[neg_image[has_i]]])
+        texts = torch.cat([txt, all_txt[neg_text[has_t]], txt[has_i]])
+        masks = torch.cat([mask, all_mask[neg_text[has_t]], mask[has_i]])
+        labels = torch.cat(
+            [
+                torch.ones(batch, dtype=torch.long, device=img.device),
+                torch.zeros(int(has_t.sum()) + int(has_i.sum()), dtype=torch.long, device=img.device),
+            ]
+        )
+        logits = self.head(self.fusion(images, texts, masks))
+        per_pair = F.cross_entropy(logits.float(), labels, reduction="none")
+        accuracy = (logits.argmax(-1) == labels).float().mean()
+        if sample_weights is None:
+            return per_pair.mean(), accuracy
+        w = sample_weights.float()
+        weights = torch.cat([w, w[has_t], w[has_i]])
+        return (per_pair * weights).sum() / weights.sum(), accuracy

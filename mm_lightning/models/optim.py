@@ -1,0 +1,68 @@
+"""AdamW parameter groups, warmup + cosine schedule, grouped gradient clipping."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
+
+
+def _no_decay(name: str, param: nn.Parameter) -> bool:
+    # biases, norm scales and scalars (temperature) are not regularised towards zero
+    return param.ndim <= 1 or "norm" in name.lower() or name.endswith(".bias")
+
+
+def param_groups(towers: dict[str, tuple[nn.Module, float]], weight_decay: float) -> list[dict]:
+    """AdamW groups: one decay and one no-decay group per tower, frozen parameters left out.
+
+    Args:
+        towers: ``{group_name: (module, lr)}``; a parameter goes to the first tower that owns it.
+        weight_decay: decay of the decaying groups.
+    """
+    seen: set[int] = set()
+    groups = []
+    for group_name, (module, lr) in towers.items():
+        decay, no_decay = [], []
+        for name, p in module.named_parameters():
+            if not p.requires_grad or id(p) in seen:
+                continue
+            seen.add(id(p))
+            (no_decay if _no_decay(name, p) else decay).append(p)
+        if decay:
+            groups.append({"name": group_name, "params": decay, "lr": lr, "weight_decay": weight_decay})
+        if no_decay:
+            groups.append(
+                {"name": f"{group_name}_no_decay", "params": no_decay, "lr": lr, "weight_decay": 0.0}
+            )
+    return groups
+
+
+def warmup_cosine(
+    optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, min_lr_ratio: float
+) -> LambdaLR:
+    """Linear warmup from 0 to each group's LR over ``warmup_steps``, then cosine decay to ``min_lr_ratio``."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return LambdaLR(optimizer, factor)
+
+
+def clip_grouped(groups: dict[str, tuple[Iterable[nn.Parameter], float | None]]) -> dict[str, torch.Tensor]:
+    """Clips each named group of parameters to its own max norm (seed 003: per-encoder clipping).
+
+    Returns:
+        the pre-clipping total norm of each clipped group (for logging).
+    """
+    norms = {}
+    for name, (params, max_norm) in groups.items():
+        params = [p for p in params if p.grad is not None]
+        if max_norm is not None and params:
+            norms[name] = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    return norms

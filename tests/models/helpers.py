@@ -1,0 +1,85 @@
+"""Tiny offline models and synthetic batches for the model tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+from mm_lightning.models import MultimodalModule
+
+VOCAB = 36  # the demo BERT's vocabulary size
+TINY_MODEL: dict[str, Any] = dict(
+    image_encoder="resnet_custom",
+    image_encoder_kwargs={"widths": [8, 16], "layers": [1, 1]},
+    image_size=32,
+    text_encoder="mm-lightning/demo-bert",
+    text_pretrained=False,
+    text_config_overrides={
+        "hidden_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+    },
+    embed_dim=16,
+    fusion_heads=2,
+    lr=1e-3,
+)
+
+
+def tiny_module(**overrides: Any) -> MultimodalModule:
+    return MultimodalModule(**(TINY_MODEL | overrides))
+
+
+def make_batch(
+    size: int = 6, length: int = 7, image_size: int = 32, seed: int = 0, captions_per_image: int = 1
+) -> dict[str, Tensor]:
+    """Random normalized images and token ids; consecutive rows share an image when captions_per_image > 1."""
+    g = torch.Generator().manual_seed(seed)
+    image_id = torch.arange(size) // captions_per_image
+    distinct = torch.randn(int(image_id.max()) + 1, 3, image_size, image_size, generator=g)
+    lengths = torch.randint(3, length + 1, (size,), generator=g)
+    lengths[0] = length
+    attention_mask = (torch.arange(length)[None, :] < lengths[:, None]).long()
+    input_ids = torch.randint(7, VOCAB, (size, length), generator=g) * attention_mask
+    input_ids[:, 0] = 2  # [CLS]
+    return {
+        "image": distinct[image_id],
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "image_id": image_id,
+        "index": torch.arange(size),
+    }
+
+
+class PairDataset(Dataset):
+    """Learnable synthetic pairs: the caption's first word encodes the image's class (a colour offset)."""
+
+    def __init__(
+        self, size: int = 48, classes: int = 8, image_size: int = 32, length: int = 6, seed: int = 0
+    ) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.labels = torch.arange(size) % classes
+        self.images = torch.randn(size, 3, image_size, image_size, generator=g) * 0.3
+        self.images += (self.labels.float()[:, None, None, None] / classes - 0.5) * 2
+        self.input_ids = torch.randint(7, VOCAB, (size, length), generator=g)
+        self.input_ids[:, 0] = 2
+        self.input_ids[:, 1] = 7 + self.labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> dict[str, Tensor]:
+        return {
+            "image": self.images[i],
+            "input_ids": self.input_ids[i],
+            "attention_mask": torch.ones_like(self.input_ids[i]),
+            "image_id": torch.tensor(i),
+            "index": torch.tensor(i),
+        }
+
+
+def pair_loader(batch_size: int = 8, **kwargs: Any) -> DataLoader:
+    return DataLoader(PairDataset(**kwargs), batch_size=batch_size, shuffle=False, num_workers=0)
