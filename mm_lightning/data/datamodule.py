@@ -196,7 +196,9 @@ class MultimodalDataModule(pl.LightningDataModule):
         return StatefulDataLoader(dataset, shuffle=True, drop_last=True, **kwargs)
 
     @override
-    def val_dataloader(self) -> DataLoader:
+    def val_dataloader(self) -> DataLoader | list:
+        if self.files["val"] is None:
+            return []  # Lightning skips validation when there is no loader
         return DataLoader(self._dataset("val"), shuffle=False, **self._loader_kwargs())
 
     @override

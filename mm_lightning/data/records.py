@@ -112,6 +112,16 @@ def _path_hash(path: str) -> int:
     return int.from_bytes(hashlib.blake2b(path.encode(), digest_size=8).digest(), "little", signed=True)
 
 
+def _first_appearance_ids(keys: np.ndarray) -> np.ndarray:
+    """Dense ids numbered in order of first appearance in the file (so ids follow the file order)."""
+    if not len(keys):
+        return np.zeros(0, dtype=np.int64)
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    rank = np.empty(len(first), dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(first))
+    return rank[inverse.reshape(-1)]
+
+
 class JsonlIndex:
     """Byte offsets of the valid lines of a JSONL file plus per-caption arrays.
 
@@ -163,8 +173,7 @@ class JsonlIndex:
         self.cap_line = np.frombuffer(cap_line, dtype=np.int32).copy()
         self.cap_pos = np.frombuffer(cap_pos, dtype=np.int16).copy()
         self.cap_words = np.frombuffer(words, dtype=np.int16).copy()
-        _, inverse = np.unique(np.frombuffer(hashes, dtype=np.int64), return_inverse=True)
-        self.image_ids = inverse.astype(np.int64).reshape(-1)
+        self.image_ids = _first_appearance_ids(np.frombuffer(hashes, dtype=np.int64))
         # Captions grouped by image: image i owns by_image[starts[i]:starts[i + 1]].
         self.by_image = np.argsort(self.image_ids, kind="stable").astype(np.int32)
         self.starts = np.searchsorted(self.image_ids[self.by_image], np.arange(self.num_images + 1)).astype(np.int64)

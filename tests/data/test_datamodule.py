@@ -1,0 +1,149 @@
+"""MultimodalDataModule: records, multi-caption protocol, batches, tokenization, workers, normalization."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from mm_lightning.data import MultimodalDataModule
+from mm_lightning.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from tests.data.helpers import TOKENIZER, coco_style, save_image, write_jsonl
+
+
+def _dm(train: Path, **kwargs: object) -> MultimodalDataModule:
+    args = {"val_file": str(train), "tokenizer": TOKENIZER, "image_size": 32, "batch_size": 4} | kwargs
+    return MultimodalDataModule(train_file=str(train), **args)
+
+
+def test_batch_contract(tmp_path: Path) -> None:
+    dm = _dm(coco_style(tmp_path, num_images=4, captions_per_image=2))
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["image"].shape == (4, 3, 32, 32) and batch["image"].dtype == torch.uint8
+    for key in ("input_ids", "attention_mask", "token_type_ids"):
+        assert batch[key].dtype == torch.long and batch[key].shape[0] == 4
+    assert batch["image_id"].shape == batch["index"].shape == (4,)
+    # dynamic padding: the longest caption in the batch has no padding at all
+    assert batch["attention_mask"].sum(1).max() == batch["input_ids"].shape[1]
+
+
+def test_padding_multiple_and_truncation(tmp_path: Path) -> None:
+    train = coco_style(tmp_path, num_images=4, captions_per_image=1)
+    dm = _dm(train, pad_to_multiple_of=8)
+    dm.setup("fit")
+    batch = next(iter(dm.val_dataloader()))
+    assert batch["input_ids"].shape[1] % 8 == 0
+    dm_short = _dm(train, max_length=5)
+    dm_short.setup("fit")
+    assert next(iter(dm_short.val_dataloader()))["input_ids"].shape[1] == 5
+
+
+def test_multi_caption_train_draws_one_caption_per_image(tmp_path: Path) -> None:
+    dm = _dm(coco_style(tmp_path, num_images=3, captions_per_image=4), caption_sampling="random")
+    dm.setup("fit")
+    train, val = dm.datasets["train"], dm.datasets["val"]
+    assert len(train) == 3 and len(val) == 12
+    seen = {train[0]["caption"] for _ in range(40)}
+    assert len(seen) > 1 and all(c.startswith("a red circle number 0 ") for c in seen)
+    expanded = _dm(tmp_path / "split.jsonl", caption_sampling="all")
+    expanded.setup("fit")
+    assert len(expanded.datasets["train"]) == 12
+
+
+def test_eval_keeps_every_caption_with_image_ids(tmp_path: Path) -> None:
+    dm = _dm(coco_style(tmp_path, num_images=3, captions_per_image=2))
+    dm.setup("validate")
+    rows = [r for b in dm.val_dataloader() for r in zip(b["image_id"].tolist(), b["index"].tolist(), strict=True)]
+    assert [i for _, i in rows] == list(range(6))
+    assert [img for img, _ in rows] == [0, 0, 1, 1, 2, 2]
+
+
+def test_same_image_on_several_lines_gets_one_id(tmp_path: Path) -> None:
+    save_image(tmp_path / "images" / "a.jpg")
+    save_image(tmp_path / "images" / "b.jpg", seed=1)
+    rows = [
+        {"image_path": "images/a.jpg", "caption": "first a"},
+        {"image_path": "images/b.jpg", "caption": "only b"},
+        {"image_path": "./images/../images/a.jpg", "caption": "second a"},
+    ]
+    train = write_jsonl(tmp_path / "seeds.jsonl", rows)
+    dm = _dm(train, image_key="image_path", text_key="caption", caption_sampling="random")
+    dm.setup("fit")
+    ids = dm.datasets["val"].index.image_ids.tolist()
+    assert ids[0] == ids[2] != ids[1]
+    assert len(dm.datasets["train"]) == 2  # one item per image in training
+    assert {dm.datasets["train"][ids[0]]["caption"] for _ in range(30)} == {"first a", "second a"}
+
+
+def test_image_root_option(tmp_path: Path) -> None:
+    save_image(tmp_path / "pics" / "a.jpg")
+    train = write_jsonl(tmp_path / "meta" / "train.jsonl", [{"image": "a.jpg", "text": "a cat"}])
+    dm = _dm(train, image_root=str(tmp_path / "pics"))
+    dm.setup("fit")
+    assert dm.datasets["train"][0]["image"].shape == (3, 32, 32)
+
+
+def test_eval_transform_is_deterministic_train_is_random(tmp_path: Path) -> None:
+    dm = _dm(coco_style(tmp_path, num_images=1, captions_per_image=1, size=(80, 40)), train_scale=(0.3, 1.0))
+    dm.setup("fit")
+    assert torch.equal(dm.datasets["val"][0]["image"], dm.datasets["val"][0]["image"])
+    crops = [dm.datasets["train"][0]["image"] for _ in range(5)]
+    assert any(not torch.equal(crops[0], c) for c in crops[1:])
+
+
+class _Recorder(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(()))
+        self.images: list[torch.Tensor] = []
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        self.images.append(batch["image"])
+        return self.w * batch["image"].mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+@pytest.mark.parametrize("on_device", [True, False])
+def test_model_receives_normalized_float_images(tmp_path: Path, on_device: bool) -> None:
+    dm = _dm(coco_style(tmp_path, num_images=4, captions_per_image=1), normalize_on_device=on_device, val_file=None)
+    model = _Recorder()
+    trainer = pl.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(model, datamodule=dm)
+    image = model.images[0]
+    assert image.dtype == torch.float32
+    # the normalized batch maps back to the uint8 pixels exactly (same crop RNG is not needed for that)
+    pixels = image * torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) + torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
+    assert pixels.min() >= -1e-5 and pixels.max() <= 1 + 1e-5
+    assert torch.allclose(pixels * 255, (pixels * 255).round(), atol=1e-3)
+    # from Python without a Trainer: uint8 until normalize_batch (device mode), float either way after it
+    batch = dm.normalize_batch(next(iter(dm.train_dataloader())))
+    assert batch["image"].dtype == torch.float32
+
+
+def test_collate_and_dataset_pickle_without_tokenizer(tmp_path: Path) -> None:
+    dm = _dm(coco_style(tmp_path, num_images=4, captions_per_image=1))
+    dm.setup("fit")
+    next(iter(dm.train_dataloader()))  # loads the tokenizer in this process
+    blob = pickle.dumps(dm.collate)
+    assert b"WordPiece" not in blob and len(blob) < 10_000
+    restored = pickle.loads(pickle.dumps(dm.datasets["train"]))
+    assert restored.index._fh is None  # the open JSONL handle never travels to workers
+    assert restored[1]["caption"] == dm.datasets["train"][1]["caption"] == "a red circle number 1 version 0 left"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("context", ["spawn", "fork"])
+def test_workers_with_spawn_and_fork(tmp_path: Path, context: str) -> None:
+    dm = _dm(coco_style(tmp_path, num_images=8, captions_per_image=1), num_workers=2,
+             multiprocessing_context=context, persistent_workers=True, prefetch_factor=2)
+    dm.setup("fit")
+    indices = sorted(i for b in dm.val_dataloader() for i in b["index"].tolist())
+    assert indices == list(range(8))
