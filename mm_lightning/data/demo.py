@@ -25,6 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from PIL import Image, ImageDraw
+from typing_extensions import override
+
+from mm_lightning.data.datamodule import MultimodalDataModule
 
 SHAPES = ("circle", "square", "triangle", "diamond", "star", "cross")
 COLOURS: dict[str, tuple[int, int, int]] = {
@@ -196,3 +199,51 @@ def is_complete(root: Path, params: dict[str, Any]) -> bool:
         if len(list((root / "images" / split).iterdir())) != count:
             return False
     return True
+
+
+class DemoDataModule(MultimodalDataModule):
+    """The synthetic demo as a datamodule: generates the data on first use, then reads it like user data.
+
+    Args:
+        data_dir: Cache directory for the generated files (JSONL + PNG images).
+        render_size: Side of the generated images in pixels (the transforms then resize to ``image_size``).
+        train_renders: Renders (random jitter) of each training attribute combination.
+        num_val: Validation images (held-out attribute combinations, unique captions).
+        num_test: Test images (held-out attribute combinations, unique captions).
+        demo_seed: Seed of the generator (the dataset is a pure function of these arguments).
+        **kwargs: Any other :class:`MultimodalDataModule` argument (batch_size, image_size, tokenizer, ...).
+    """
+
+    def __init__(
+        self,
+        data_dir: str = "data/demo",
+        render_size: int = 64,
+        train_renders: int = 4,
+        num_val: int = 150,
+        num_test: int = 150,
+        demo_seed: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        root = Path(data_dir)
+        super().__init__(
+            train_file=str(root / "train.jsonl"),
+            val_file=str(root / "val.jsonl"),
+            test_file=str(root / "test.jsonl"),
+            predict_file=str(root / "test.jsonl"),
+            **kwargs,
+        )
+        self.data_dir = root
+        self.generator_args = {
+            "image_size": render_size,
+            "train_renders": train_renders,
+            "num_val": num_val,
+            "num_test": num_test,
+            "seed": demo_seed,
+        }
+
+    @override
+    def prepare_data(self) -> None:
+        # Lightning calls this on one process per node before setup(); generation is atomic, so an interrupted
+        # run leaves no half-written dataset at data_dir.
+        generate_demo_dataset(self.data_dir, **self.generator_args)
+        super().prepare_data()
