@@ -54,7 +54,7 @@ def test_registered_with_explicit_signature() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("variant", ["per_parameter", "bucketed"])
+@pytest.mark.parametrize("variant", ["per_parameter", "bucketed", "bucketed_overlap"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_bit_exact_with_ddp(parity_dir: Path, case: str, variant: str) -> None:
     for rank in RANKS:
@@ -67,7 +67,7 @@ def test_bit_exact_with_ddp(parity_dir: Path, case: str, variant: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["ddp", "per_parameter", "bucketed"])
+@pytest.mark.parametrize("variant", ["ddp", "per_parameter", "bucketed", "bucketed_overlap"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_ranks_hold_identical_parameters(parity_dir: Path, case: str, variant: str) -> None:
     rank0, rank1 = (load(parity_dir, case, variant, rank)["state"] for rank in RANKS)
@@ -95,6 +95,9 @@ def test_cases_exercise_what_they_claim(parity_dir: Path) -> None:
     for rank in RANKS:
         scales = load(parity_dir, "fp16_scaler", "bucketed", rank)["scales"]
         assert scales[0] == 65536.0 and scales[-1] == 16384.0
+    # Overlap really launched buckets during backward (all of them when every parameter got a gradient).
+    overlapped = load(parity_dir, "fp32", "bucketed_overlap", 0)["overlapped_buckets"]
+    assert len(overlapped) == 6 and min(overlapped) >= 3
     # The rank-0-only head got (averaged) gradients on rank 1 too; the never-used layer kept grad=None.
     for rank in RANKS:
         none = load(parity_dir, "one_rank_param", "per_parameter", rank)["grads_none"]

@@ -3,13 +3,19 @@
 from lightning.pytorch.strategies import StrategyRegistry
 
 from mm_lightning.strategies.explicit_ddp import CollectiveError, ExplicitAllReduceDDPStrategy
-from mm_lightning.strategies.reducers import BucketedReducer, GradientReducer, PerParameterReducer
+from mm_lightning.strategies.reducers import (
+    BucketedReducer,
+    GradientReducer,
+    OverlappingBucketedReducer,
+    PerParameterReducer,
+)
 
 __all__ = [
     "BucketedReducer",
     "CollectiveError",
     "ExplicitAllReduceDDPStrategy",
     "GradientReducer",
+    "OverlappingBucketedReducer",
     "PerParameterReducer",
 ]
 

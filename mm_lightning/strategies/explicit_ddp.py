@@ -31,7 +31,12 @@ from torch.nn import Module, Parameter
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from mm_lightning.strategies.reducers import BucketedReducer, GradientReducer, PerParameterReducer
+from mm_lightning.strategies.reducers import (
+    BucketedReducer,
+    GradientReducer,
+    OverlappingBucketedReducer,
+    PerParameterReducer,
+)
 
 ReductionMode = Literal["per_parameter", "bucketed"]
 
@@ -47,6 +52,8 @@ class ExplicitAllReduceDDPStrategy(DDPStrategy):
         mode: ``"per_parameter"`` (the seeds' loop: one ``all_reduce(SUM)`` per parameter, then divide) or
             ``"bucketed"`` (gradients flattened into buckets, one collective per bucket).
         bucket_cap_mb: the bucket size for ``mode="bucketed"``, in megabytes.
+        overlap_backward: with ``mode="bucketed"``, start each bucket's all-reduce during the last backward,
+            as soon as its gradients exist (post-accumulate-grad hooks), instead of after it.
         timeout_s: seconds a collective may wait for its peers before the process fails (gloo and NCCL
             process-group timeout); bounds how long a rank waits when another one dies or hangs.
         process_group_backend: ``"gloo"``, ``"nccl"`` or ``None`` (Lightning picks from the device).
@@ -65,6 +72,7 @@ class ExplicitAllReduceDDPStrategy(DDPStrategy):
         self,
         mode: ReductionMode = "bucketed",
         bucket_cap_mb: float = 25.0,
+        overlap_backward: bool = False,
         timeout_s: float = 1800.0,
         process_group_backend: str | None = None,
         start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
@@ -76,6 +84,8 @@ class ExplicitAllReduceDDPStrategy(DDPStrategy):
     ) -> None:
         if mode not in ("per_parameter", "bucketed"):
             raise ValueError(f"mode must be 'per_parameter' or 'bucketed', got {mode!r}")
+        if overlap_backward and mode != "bucketed":
+            raise ValueError("overlap_backward=True needs mode='bucketed'")
         if bucket_cap_mb <= 0:
             raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
         if timeout_s <= 0:
@@ -92,6 +102,7 @@ class ExplicitAllReduceDDPStrategy(DDPStrategy):
         )
         self.mode = mode
         self.bucket_cap_mb = bucket_cap_mb
+        self.overlap_backward = overlap_backward
         self.timeout_s = timeout_s
         self._reducers: dict[tuple[int, ...], GradientReducer] = {}
         # DDP's `require_forward_param_sync`: None outside fitting (no buffer sync, like an unwrapped model).
@@ -105,14 +116,19 @@ class ExplicitAllReduceDDPStrategy(DDPStrategy):
         # Instead of wrapping in DistributedDataParallel, do what its constructor does: rank 0's state wins.
         assert self.model is not None
         self._collective("broadcast parameters and buffers from rank 0", _sync_module_states, self.model)
-        self._reducers.clear()
+        self._close_reducers()
         self._sync_buffers_before_forward = True
 
     @override
     def teardown(self) -> None:
         self._sync_buffers_before_forward = None
-        self._reducers.clear()
+        self._close_reducers()
         super().teardown()
+
+    def _close_reducers(self) -> None:
+        for reducer in self._reducers.values():
+            reducer.close()
+        self._reducers.clear()
 
     # ------------------------------------------------------------------ gradients
     def reduce_gradients(self, optimizer: Optimizer | None = None) -> None:
@@ -125,13 +141,16 @@ class ExplicitAllReduceDDPStrategy(DDPStrategy):
             optimizer: reduce only this optimizer's parameters (a ``LightningOptimizer`` is accepted); by
                 default all trainable parameters of the LightningModule.
         """
+        self._collective(f"gradient all-reduce ({self.mode})", self._reducer_for(optimizer).reduce)
+        self._backward_since_reduce = False
+
+    def _reducer_for(self, optimizer: Optimizer | None) -> GradientReducer:
+        # Keyed by the parameter list, so freezing or unfreezing parameters mid-training builds a new reducer.
         params = self._trainable_params(optimizer)
         key = tuple(id(p) for p in params)
-        reducer = self._reducers.get(key)
-        if reducer is None:
-            reducer = self._reducers[key] = self._make_reducer(params)
-        self._collective(f"gradient all-reduce ({self.mode})", reducer.reduce)
-        self._backward_since_reduce = False
+        if key not in self._reducers:
+            self._reducers[key] = self._make_reducer(params)
+        return self._reducers[key]
 
     def _trainable_params(self, optimizer: Optimizer | None) -> list[Parameter]:
         if optimizer is None:
@@ -151,6 +170,8 @@ class ExplicitAllReduceDDPStrategy(DDPStrategy):
     def _make_reducer(self, params: list[Parameter]) -> GradientReducer:
         if self.mode == "per_parameter":
             return PerParameterReducer(params)
+        if self.overlap_backward:
+            return OverlappingBucketedReducer(params, bucket_cap_mb=self.bucket_cap_mb)
         return BucketedReducer(params, bucket_cap_mb=self.bucket_cap_mb)
 
     @override
@@ -173,6 +194,8 @@ class ExplicitAllReduceDDPStrategy(DDPStrategy):
         automatic = self.lightning_module.automatic_optimization
 
         def closure_then_reduce() -> Any:
+            if automatic:
+                self._reducer_for(None).arm()
             result = closure()
             if automatic:
                 self.reduce_gradients()

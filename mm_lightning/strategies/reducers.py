@@ -14,7 +14,7 @@ The usage agreement costs one extra small collective per reduction (a ``uint8`` 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -41,6 +41,12 @@ class GradientReducer(ABC):
     @abstractmethod
     def reduce(self) -> None:
         """Averages ``param.grad`` over all ranks, in place."""
+
+    def arm(self) -> None:  # noqa: B027 - optional hook: only overlapping reducers act on it
+        """Called right before the backward that completes a step; reducers that overlap start watching."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook: only reducers holding hooks act on it
+        """Releases hooks; the reducer is not used afterwards."""
 
     def _globally_used(self) -> list[bool]:
         """Agrees across ranks on which parameters received a gradient on at least one rank."""
@@ -152,3 +158,88 @@ class BucketedReducer(GradientReducer):
                 param.grad = view.clone()
             else:
                 param.grad.copy_(view)
+
+
+class OverlappingBucketedReducer(BucketedReducer):
+    """Bucketed reduction whose collectives start during the last backward (what DDP's C++ reducer does).
+
+    A post-accumulate-grad hook on every parameter counts gradients as backward produces them; once all
+    parameters of the *next* bucket have theirs, that bucket is filled and launched asynchronously, so
+    communication overlaps the rest of the backward. Buckets are launched strictly in index order, so all
+    ranks issue the same collective sequence even when a parameter is unused on some rank (its bucket and
+    the later ones are then launched after backward, with zeros for the missing gradient). Which parameters
+    no rank used is agreed after the buckets, off the backward's critical path.
+
+    Args:
+        params: the parameters to reduce, in the same order on every rank.
+        bucket_cap_mb: the maximum bucket size in megabytes.
+        group: the process group (``None``: the default group).
+    """
+
+    def __init__(
+        self, params: Sequence[Parameter], bucket_cap_mb: float = 25.0, group: dist.ProcessGroup | None = None
+    ) -> None:
+        super().__init__(params, bucket_cap_mb, group)
+        self._bucket_of = {i: b for b, members in enumerate(self.buckets) for i in members}
+        self._armed = False
+        self._seen: set[int] = set()
+        self._missing: list[int] = []
+        self._next = 0
+        self._works: list[dist.Work] = []
+        self.overlapped_buckets = 0  # buckets launched during the last backward, for tests and benchmarks
+        self._hooks = [
+            p.register_post_accumulate_grad_hook(self._make_hook(i)) for i, p in enumerate(self.params)
+        ]
+
+    def arm(self) -> None:
+        """Starts watching for gradients: call it right before the backward that completes the step."""
+        self._armed = True
+        self._seen.clear()
+        self._missing = [len(members) for members in self.buckets]
+        self._next = 0
+        self._works = []
+        self.overlapped_buckets = 0
+
+    def _make_hook(self, index: int) -> Callable[[Tensor], None]:
+        def on_grad_ready(_: Tensor) -> None:
+            if not self._armed:
+                return
+            if index in self._seen:
+                # A second accumulation after the bucket may have been sent would be silently lost.
+                raise RuntimeError(
+                    f"ExplicitAllReduceDDPStrategy(overlap_backward=True): parameter {index} received its gradient "
+                    "twice in one backward (reentrant checkpointing?); use overlap_backward=False."
+                )
+            self._seen.add(index)
+            self._missing[self._bucket_of[index]] -= 1
+            while self._next < len(self.buckets) and self._missing[self._next] == 0:
+                self._launch_next()
+                self.overlapped_buckets += 1
+
+        return on_grad_ready
+
+    def _launch_next(self) -> None:
+        flat = self._fill(self._next, self.buckets[self._next])
+        self._works.append(dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group, async_op=True))
+        self._next += 1
+
+    def reduce(self) -> None:
+        """Launches the buckets backward did not complete, waits for all, and writes the averages back."""
+        if not self._armed:  # e.g. manual optimization: nothing was launched during backward
+            self.arm()
+        while self._next < len(self.buckets):
+            self._launch_next()
+        used = self._globally_used()
+        for work in self._works:
+            work.wait()
+        for bucket_index, members in enumerate(self.buckets):
+            flat = self._flat[bucket_index]
+            assert flat is not None
+            self._unpack(flat, members, used)
+        self._armed = False
+
+    def close(self) -> None:
+        """Removes the gradient hooks (the strategy calls this at teardown)."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []

@@ -33,7 +33,7 @@ CASES: dict[str, dict[str, Any]] = {
     "one_rank_param": {"trainer": {"max_steps": 6}, "model": {"rank0_only_head": True}, "find_unused": True},
     "manual_two_optimizers": {"trainer": {"max_steps": 4}, "model": {"manual": True}},
 }
-VARIANTS = ("ddp", "per_parameter", "bucketed")
+VARIANTS = ("ddp", "per_parameter", "bucketed", "bucketed_overlap")
 CONTROL_CASE = "fp32"
 
 
@@ -56,12 +56,25 @@ class RecordScale(pl.Callback):
         self.scales.append(float(trainer.precision_plugin.scaler.get_scale()))
 
 
+class RecordOverlap(pl.Callback):
+    """Records how many buckets each step launched during backward (bucketed_overlap only)."""
+
+    def __init__(self) -> None:
+        self.overlapped: list[int] = []
+
+    @override
+    def on_before_optimizer_step(self, trainer: pl.Trainer, *args: Any) -> None:
+        self.overlapped += [r.overlapped_buckets for r in trainer.strategy._reducers.values()]
+
+
 def make_strategy(variant: str, find_unused: bool) -> Strategy:
     if variant == "ddp":
         return DDPStrategy(find_unused_parameters=find_unused)
     if variant == "no_reduce":
         return NoReduceStrategy()
     # A tiny bucket cap forces several buckets, so bucket boundaries are exercised too.
+    if variant == "bucketed_overlap":
+        return ExplicitAllReduceDDPStrategy(mode="bucketed", bucket_cap_mb=0.002, overlap_backward=True)
     return ExplicitAllReduceDDPStrategy(mode=variant, bucket_cap_mb=0.002)
 
 
@@ -70,11 +83,12 @@ def run_case(name: str, variant: str, out_dir: Path) -> None:
     # Different initial weights per rank: every strategy must start from rank 0's.
     torch.manual_seed(100 + int(os.environ["RANK"]))
     model = TinyNet(**case["model"])
-    callbacks: list[pl.Callback] = []
+    scale, overlap = RecordScale(), RecordOverlap()
+    callbacks: list[pl.Callback] = [overlap] if variant == "bucketed_overlap" else []
     plugins = []
     if case.get("scaler"):
         plugins.append(MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu")))
-        callbacks.append(RecordScale())
+        callbacks.append(scale)
     trainer_args = {"num_sanity_val_steps": 1, "limit_val_batches": 0, **case["trainer"]}
     trainer = pl.Trainer(
         accelerator="cpu",
@@ -93,7 +107,8 @@ def run_case(name: str, variant: str, out_dir: Path) -> None:
         "state": {k: v.detach().clone() for k, v in model.state_dict().items()},
         "grads_none": sorted(n for n, p in model.named_parameters() if p.requires_grad and p.grad is None),
         "pre_clip_grad_norms": model.pre_clip_grad_norms,
-        "scales": callbacks[0].scales if callbacks else [],
+        "scales": scale.scales,
+        "overlapped_buckets": overlap.overlapped,
         "global_step": trainer.global_step,
     }
     target = out_dir / name
