@@ -178,7 +178,7 @@ class MultimodalDataModule(pl.LightningDataModule):
         return self.datasets[split]
 
     def _rank_info(self) -> tuple[int, int]:
-        trainer = self._trainer
+        trainer = self.trainer
         return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
 
     @override
