@@ -14,6 +14,8 @@ this chunked version keeps memory at chunk x images and states the tie rule.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -43,7 +45,7 @@ def retrieval_metrics(
     ks: tuple[int, ...] = DEFAULT_KS,
     chunk_size: int = 1024,
 ) -> dict[str, Tensor]:
-    """Recall@k both directions plus the alignment gap.
+    """Recall@k both directions plus the alignment gap, from per-row embeddings (cosine similarity).
 
     Args:
         image_emb: (N, D) image embedding of each row (rows of one image may repeat it).
@@ -59,14 +61,40 @@ def retrieval_metrics(
     img = F.normalize(image_emb.float(), dim=-1)
     txt = F.normalize(text_emb.float(), dim=-1)
     _, images, column = dedup_images(img, image_ids)
-    n_text, n_img = txt.shape[0], images.shape[0]
-    t2i_rank = torch.empty(n_text, dtype=torch.long, device=txt.device)
-    # for each image: the best score among its captions, and per caption-chunk the wrong-caption scores
-    best_positive = torch.full((n_img,), float("-inf"), device=txt.device)
-    pos_sum = torch.zeros((), device=txt.device)
-    total_sum = torch.zeros((), device=txt.device)
+    return _retrieval(lambda s, e: txt[s:e] @ images.T, txt.shape[0], images.shape[0], column, ks, chunk_size)
+
+
+@torch.no_grad()
+def similarity_retrieval_metrics(
+    similarity: Tensor, column: Tensor, ks: tuple[int, ...] = DEFAULT_KS, chunk_size: int = 1024
+) -> dict[str, Tensor]:
+    """The same metrics from a given (captions x distinct images) similarity matrix.
+
+    Args:
+        similarity: (T, I) score of every caption against every distinct image.
+        column: (T,) the image (column) each caption belongs to.
+        ks: recall cut-offs.
+        chunk_size: captions per chunk.
+    """
+    sim = similarity.float()
+    return _retrieval(lambda s, e: sim[s:e], sim.shape[0], sim.shape[1], column, ks, chunk_size)
+
+
+def _retrieval(
+    scores: Callable[[int, int], Tensor],
+    n_text: int,
+    n_img: int,
+    column: Tensor,
+    ks: tuple[int, ...],
+    chunk_size: int,
+) -> dict[str, Tensor]:
+    device = column.device
+    t2i_rank = torch.empty(n_text, dtype=torch.long, device=device)
+    best_positive = torch.full((n_img,), float("-inf"), device=device)
+    pos_sum = torch.zeros((), device=device)
+    total_sum = torch.zeros((), device=device)
     for start in range(0, n_text, chunk_size):
-        sim = txt[start : start + chunk_size] @ images.T  # (c, I)
+        sim = scores(start, start + chunk_size)  # (c, I)
         col = column[start : start + chunk_size]
         positive = sim.gather(1, col[:, None])  # (c, 1)
         wrong = torch.ones_like(sim, dtype=torch.bool).scatter_(1, col[:, None], False)
@@ -74,10 +102,10 @@ def retrieval_metrics(
         best_positive = best_positive.scatter_reduce(0, col, positive.squeeze(1), reduce="amax")
         pos_sum += positive.sum()
         total_sum += sim.sum()
-    # second pass: count captions of other images scoring >= each image's best caption
-    i2t_rank = torch.zeros(n_img, dtype=torch.long, device=txt.device)
+    # second pass: per image, count captions of other images scoring >= its best caption (needs all captions)
+    i2t_rank = torch.zeros(n_img, dtype=torch.long, device=device)
     for start in range(0, n_text, chunk_size):
-        sim = txt[start : start + chunk_size] @ images.T
+        sim = scores(start, start + chunk_size)
         col = column[start : start + chunk_size]
         wrong = torch.ones_like(sim, dtype=torch.bool).scatter_(1, col[:, None], False)
         i2t_rank += ((sim >= best_positive[None, :]) & wrong).sum(0)
@@ -86,6 +114,6 @@ def retrieval_metrics(
         out[f"r{k}_t2i"] = (t2i_rank < k).float().mean()
         out[f"r{k}_i2t"] = (i2t_rank < k).float().mean()
     n_neg = n_text * n_img - n_text
-    neg_mean = (total_sum - pos_sum) / n_neg if n_neg > 0 else torch.zeros((), device=txt.device)
+    neg_mean = (total_sum - pos_sum) / n_neg if n_neg > 0 else torch.zeros((), device=device)
     out["alignment_gap"] = pos_sum / n_text - neg_mean
     return out

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn.functional as dist_fn
+import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -34,7 +34,9 @@ def gather_with_grad(tensor: Tensor) -> Tensor:
     """
     if distributed_world()[1] == 1:
         return tensor
-    return torch.cat(dist_fn.all_gather(tensor), dim=0)
+    # torch's suggested replacement for the deprecated torch.distributed.nn.functional.all_gather;
+    # its backward is a sum reduce-scatter (also on gloo)
+    return funcol.all_gather_single(tensor.contiguous(), 0, dist.group.WORLD)
 
 
 def gather_no_grad(tensor: Tensor) -> Tensor:

@@ -1,0 +1,84 @@
+"""Writes the embeddings of ``predict`` to one file per rank.
+
+File format (``embeddings_rank{R}.pt`` or ``.npz``), one row per (image, caption) pair of the predict split:
+
+- ``image_embeddings``: (N, D) float32, L2-normalized;
+- ``text_embeddings``: (N, D) float32, L2-normalized;
+- ``image_id``: (N,) int64, same id = same image;
+- ``index``: (N,) int64, line index of the record in the predict JSONL file.
+
+Load with ``torch.load(path)`` (a dict of tensors) or ``numpy.load(path)`` for ``.npz``. Under multi-device
+predict, ranks may repeat a few rows (the distributed sampler pads); deduplicate by ``index``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import BasePredictionWriter
+from torch import Tensor
+from typing_extensions import override
+
+FIELDS = ("image_embeddings", "text_embeddings", "image_id", "index")
+
+
+class EmbeddingWriter(BasePredictionWriter):
+    """Collects ``predict_step`` outputs on CPU and writes them once per rank at the end of predict.
+
+    Args:
+        output_dir: folder for the files (created if missing).
+        file_format: ``pt`` (``torch.save`` of a dict of tensors) or ``npz`` (``numpy.savez``).
+    """
+
+    def __init__(self, output_dir: str = "predictions", file_format: Literal["pt", "npz"] = "pt") -> None:
+        super().__init__(write_interval="batch")
+        if file_format not in ("pt", "npz"):
+            raise ValueError(f"file_format must be 'pt' or 'npz', got {file_format!r}")
+        self.output_dir = Path(output_dir)
+        self.file_format = file_format
+        self._rows: dict[str, list[Tensor]] = {k: [] for k in FIELDS}
+
+    def path_for_rank(self, rank: int) -> Path:
+        """File written by ``rank``."""
+        return self.output_dir / f"embeddings_rank{rank}.{self.file_format}"
+
+    @override
+    def on_predict_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._rows = {k: [] for k in FIELDS}
+
+    @override
+    def write_on_batch_end(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        prediction: Any,
+        batch_indices: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int,
+    ) -> None:
+        missing = [k for k in FIELDS if k not in prediction]
+        if missing:
+            raise KeyError(f"predict_step must return {FIELDS}; missing {missing}")
+        for key in FIELDS:
+            self._rows[key].append(prediction[key].detach().cpu())
+
+    @override
+    def on_predict_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not self._rows["index"]:
+            return
+        data = {k: torch.cat(v) for k, v in self._rows.items()}
+        data["image_embeddings"] = data["image_embeddings"].float()
+        data["text_embeddings"] = data["text_embeddings"].float()
+        data["image_id"], data["index"] = data["image_id"].long(), data["index"].long()
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        path = self.path_for_rank(trainer.global_rank)
+        if self.file_format == "pt":
+            torch.save(data, path)
+        else:
+            np.savez(path, **{k: v.numpy() for k, v in data.items()})
+        self._rows = {k: [] for k in FIELDS}
