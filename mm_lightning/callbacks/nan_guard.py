@@ -1,0 +1,102 @@
+"""NaN/Inf guard: skip optimizer steps whose loss or gradient norm is not finite, stop after K in a row.
+
+Add it with ``--trainer.callbacks+=mm_lightning.callbacks.NaNGuard`` or use the CLI's ``nan_guard`` group
+(``--nan_guard.max_consecutive 5``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from torch.optim import Optimizer
+from typing_extensions import override
+
+
+class NonFiniteTrainingError(RuntimeError):
+    """Raised on every rank when too many consecutive optimizer steps had a non-finite loss or gradient."""
+
+
+class NaNGuard(Callback):
+    """Skip optimizer steps with a non-finite loss or gradient norm; raise after ``max_consecutive`` in a row.
+
+    The check runs in ``on_before_optimizer_step``: after all backward passes of the step (gradient
+    accumulation included), after DDP's gradient all-reduce and after AMP unscaling. Each rank contributes
+    "was my loss finite, is my gradient norm finite" and the flags are all-gathered, so every rank takes the
+    same decision even when only one rank's loss is bad (a loss that is NaN through a term without gradient
+    leaves the gradients finite, so ranks would otherwise diverge). A skipped step sets every gradient to
+    ``None``, which makes torch optimizers leave those parameters and their state (Adam moments, weight decay)
+    untouched; ``global_step`` and step-wise LR schedulers still advance. The running count is logged as
+    ``train/skipped_steps``.
+
+    Under a 16-bit ``GradScaler`` inf gradients are expected while the scale is calibrated and the scaler
+    already skips those steps, so only the loss is checked there.
+
+    Args:
+        max_consecutive: Number of consecutive non-finite steps after which training stops with
+            :class:`NonFiniteTrainingError`.
+    """
+
+    def __init__(self, max_consecutive: int = 3) -> None:
+        if max_consecutive < 1:
+            raise ValueError(f"max_consecutive must be >= 1, got {max_consecutive}")
+        self.max_consecutive = max_consecutive
+        self.skipped_steps = 0
+        self.consecutive = 0
+        self._loss_nonfinite: torch.Tensor | None = None
+
+    @override
+    def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
+        # Kept as a tensor (no host sync here); accumulates over the micro-batches of one optimizer step.
+        bad = ~torch.isfinite(loss.detach()).all()
+        self._loss_nonfinite = bad if self._loss_nonfinite is None else self._loss_nonfinite | bad
+
+    @override
+    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Optimizer) -> None:
+        device = trainer.strategy.root_device
+        loss_bad = torch.zeros((), dtype=torch.bool, device=device)
+        if self._loss_nonfinite is not None:
+            loss_bad = self._loss_nonfinite.to(device)
+        self._loss_nonfinite = None
+        grad_bad = torch.zeros((), dtype=torch.bool, device=device)
+        if getattr(trainer.precision_plugin, "scaler", None) is None:
+            grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+            if grads:
+                grad_bad = ~torch.isfinite(torch.nn.utils.get_total_norm(grads)).to(device)
+        local = torch.stack([loss_bad, grad_bad]).float()
+        flags = self._gather_flags(trainer, local).reshape(-1, 2).bool()
+        if flags.any():
+            optimizer.zero_grad(set_to_none=True)
+            self.skipped_steps += 1
+            self.consecutive += 1
+            if self.consecutive >= self.max_consecutive:
+                raise NonFiniteTrainingError(self._message(trainer, flags))
+        else:
+            self.consecutive = 0
+        pl_module.log("train/skipped_steps", float(self.skipped_steps), on_step=True, on_epoch=False, batch_size=1)
+
+    def _gather_flags(self, trainer: Trainer, local: torch.Tensor) -> torch.Tensor:
+        """All ranks' ``[loss_bad, grad_bad]`` flags; every rank receives the same tensor."""
+        return trainer.strategy.all_gather(local)
+
+    def _message(self, trainer: Trainer, flags: torch.Tensor) -> str:
+        loss_ranks = flags[:, 0].nonzero().flatten().tolist()
+        grad_ranks = flags[:, 1].nonzero().flatten().tolist()
+        first = trainer.global_step - self.consecutive + 1
+        return (
+            f"NaNGuard: {self.consecutive} consecutive optimizer steps (global steps {first}..{trainer.global_step})"
+            f" had a non-finite loss or gradient norm; at the last one the loss was non-finite on rank(s)"
+            f" {loss_ranks} and the gradient norm on rank(s) {grad_ranks}. {self.skipped_steps} steps were skipped"
+            f" in total. Lower the learning rate or enable gradient clipping, check the data"
+            f" (python -m mm_lightning audit --config ...), or raise NaNGuard(max_consecutive=...)."
+        )
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"skipped_steps": self.skipped_steps, "consecutive": self.consecutive}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.skipped_steps = state_dict["skipped_steps"]
+        self.consecutive = state_dict["consecutive"]

@@ -1,0 +1,294 @@
+"""Checkpoints that survive kills: atomic writes, ``last.ckpt`` every N steps, exact RNG resume, preemption.
+
+* :class:`AtomicCheckpointIO` writes each checkpoint to a temporary file next to the target, fsyncs it and
+  renames it over the target, so a kill during a save leaves the previous ``last.ckpt`` intact.
+* :class:`ResilientCheckpoint` is a drop-in ``ModelCheckpoint`` whose ``last.ckpt`` is written every
+  ``every_n_train_steps`` and at every training epoch end, independently of the monitored metric.
+* :class:`RNGStateCheckpoint` stores Python / NumPy / torch RNG states in the checkpoint (as tensors, so it
+  loads with ``weights_only=True``) and reseeds per batch, which makes a mid-epoch resume bit-exact.
+* :class:`PreemptionCheckpoint` turns SIGTERM / SIGUSR1 into "save ``last.ckpt`` after this batch, then exit 0",
+  with the same decision on every rank.
+
+Resume with ``python -m mm_lightning fit --config ... --ckpt_path last``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import tempfile
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import numpy as np
+import torch
+from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
+from lightning.fabric.utilities.types import _PATH
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from typing_extensions import override
+
+_TMP_PREFIX = ".tmp-"
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """``TorchCheckpointIO`` whose local saves are atomic and durable.
+
+    Lightning's own save serializes into memory and then writes through an fsspec transaction whose temporary
+    file lives in the system temp dir; when that is another filesystem (local ``/tmp`` vs. a shared checkpoint
+    volume) the final move is a copy, which a kill can interrupt halfway, and nothing is fsynced. Here the
+    temporary file sits in the target's directory (so ``os.replace`` is an atomic rename), is fsynced before the
+    rename, and the directory is fsynced after it. Remote paths fall back to Lightning's implementation.
+    """
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
+        """Write ``checkpoint`` to ``path`` atomically.
+
+        Args:
+            checkpoint: The state to save.
+            path: Target file.
+            storage_options: Unsupported, as in ``TorchCheckpointIO``.
+        """
+        if storage_options is not None or not _is_local_file_protocol(path):
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f"{_TMP_PREFIX}{target.name}.", dir=target.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp_name, target)
+        except BaseException:
+            Path(tmp_name).unlink(missing_ok=True)
+            raise
+        _fsync_dir(target.parent)
+        _remove_stale_temporaries(target)
+
+
+def _fsync_dir(directory: Path) -> None:
+    # Makes the rename itself durable (a crash right after os.replace could otherwise lose the new entry).
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove_stale_temporaries(target: Path) -> None:
+    # Temporaries of this target left behind by a process killed mid-save (SIGKILL runs no cleanup).
+    for stale in target.parent.glob(f"{_TMP_PREFIX}{target.name}.*"):
+        stale.unlink(missing_ok=True)
+
+
+def use_atomic_checkpoint_io(trainer: Trainer) -> None:
+    """Swap the trainer's default ``TorchCheckpointIO`` for :class:`AtomicCheckpointIO` (custom IOs are kept).
+
+    Args:
+        trainer: The trainer whose strategy saves checkpoints.
+    """
+    if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
+        trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+
+
+class ResilientCheckpoint(ModelCheckpoint):
+    """``ModelCheckpoint`` whose ``last.ckpt`` never waits for validation.
+
+    Stock ``ModelCheckpoint`` with a ``monitor`` defers step-triggered saves (``last.ckpt`` included) until the
+    monitored metric exists, i.e. until the next validation; a run killed before it loses everything since the
+    previous one. Here ``last.ckpt`` is written every ``every_n_train_steps`` optimizer steps and at each
+    training epoch end regardless of the monitor; top-k "best" checkpoints keep Lightning's behaviour. Saves go
+    through :class:`AtomicCheckpointIO` unless the trainer has a custom checkpoint IO. Takes exactly
+    ``ModelCheckpoint``'s arguments; ``save_last`` defaults to ``True``.
+    """
+
+    def __init__(self, *args: Any, save_last: bool | None = True, **kwargs: Any) -> None:
+        if save_last == "link":
+            raise ValueError("ResilientCheckpoint writes last.ckpt itself; use save_last=True, not 'link'.")
+        super().__init__(*args, save_last=save_last, **kwargs)
+        self._last_only_step: int | None = None
+
+    @override
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        use_atomic_checkpoint_io(trainer)
+        super().setup(trainer, pl_module, stage)
+
+    @override
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        every = self._every_n_train_steps
+        if every >= 1 and trainer.global_step % every == 0:
+            self.save_last_now(trainer)
+
+    @override
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        # Always rewritten here (even if this step was saved after its batch) so that a resume starts the next
+        # epoch with the state *after* epoch-end validation, as an uninterrupted run does.
+        self.save_last_now(trainer, force=True)
+
+    def save_last_now(self, trainer: Trainer, force: bool = False) -> None:
+        """Write ``last.ckpt`` for the current state (every rank must call this; rank 0 writes).
+
+        Args:
+            trainer: The running trainer.
+            force: Rewrite even if ``last.ckpt`` already holds this global step.
+        """
+        if not self.save_last or trainer.fast_dev_run or trainer.state.fn != "fit" or trainer.sanity_checking:
+            return
+        step = trainer.global_step
+        if not force and step in (self._last_global_step_saved, self._last_only_step):
+            return
+        saved_step, saved_path = self._last_global_step_saved, self._last_checkpoint_saved
+        self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        # Lightning's top-k logic skips any step marked as saved; a last-only save must not cost the step its
+        # deferred "best" checkpoint at the next validation.
+        self._last_global_step_saved, self._last_checkpoint_saved = saved_step, saved_path
+        self._last_only_step = step
+
+
+class RNGStateCheckpoint(Callback):
+    """Make resumed runs draw the same random numbers as uninterrupted ones.
+
+    Lightning checkpoints do not contain RNG states. This callback stores the Python, NumPy and torch (CPU and
+    CUDA) states and restores them when the checkpoint is loaded, which covers a resume at an epoch boundary
+    (the next epoch's shuffling and worker seeds are drawn from them). Within an epoch, Lightning's prefetching,
+    validation and the data loader's iterator creation draw from the global generators at points that differ
+    between a resumed and an uninterrupted run, so with ``reseed_every_batch`` the generators are also reseeded
+    at every training batch from ``(seed, batch counter)``: a batch's dropout etc. then depends only on its
+    position in training, not on what ran before it in this process.
+
+    Args:
+        seed: Base seed of the per-batch reseeding; ``None`` uses the one ``seed_everything`` set (0 if none).
+        reseed_every_batch: Reseed the global generators at each training batch.
+    """
+
+    def __init__(self, seed: int | None = None, reseed_every_batch: bool = True) -> None:
+        self.seed = seed
+        self.reseed_every_batch = reseed_every_batch
+
+    @override
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self.seed is None:
+            self.seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+
+    @override
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        if self.reseed_every_batch:
+            # total_batch_idx is restored from the checkpoint, so the seed of a batch survives a resume.
+            batch_seed = hash((self.seed, trainer.fit_loop.total_batch_idx)) % 2**32
+            random.seed(batch_seed)
+            np.random.seed(batch_seed)
+            torch.manual_seed(batch_seed)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        np_state = np.random.get_state()
+        state: dict[str, Any] = {
+            "seed": self.seed,
+            "python": random.getstate(),
+            # NumPy's state holds an ndarray; stored as a tensor so the checkpoint loads with weights_only=True.
+            "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]),
+            "torch": torch.get_rng_state(),
+        }
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.seed = state_dict["seed"]
+        random.setstate(state_dict["python"])
+        name, keys, *rest = state_dict["numpy"]
+        np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+        torch.set_rng_state(state_dict["torch"])
+        if "cuda" in state_dict and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state_dict["cuda"])
+
+
+class PreemptionCheckpoint(Callback):
+    """Save ``last.ckpt`` and exit cleanly (code 0) when the job is told to stop (SIGTERM, SIGUSR1).
+
+    Lightning 2.6 on SIGTERM only sets ``trainer.received_sigterm`` and raises ``SIGTERMException`` after the
+    current batch (or in the middle of validation) *without* saving; SIGUSR1 is handled only under SLURM with
+    auto-requeue, and that handler saves an ``hpc_ckpt`` from inside the signal handler, i.e. at an arbitrary
+    point of a step. This callback replaces the SIGTERM / SIGUSR1 handlers while fitting with one that only sets
+    a flag; after each training batch and after each validation the ranks agree (one all-reduce) whether any
+    received a signal, and if so all save ``last.ckpt`` through the first ``ModelCheckpoint`` (so
+    ``--ckpt_path last`` finds it) at that consistent point and raise ``SIGTERMException`` (exit status 0), which
+    lets SLURM's ``--requeue`` or any scheduler restart the job. Lightning restores the previous handlers at
+    teardown.
+
+    Args:
+        signals: Names of the signals that mean "save and stop".
+    """
+
+    def __init__(self, signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1")) -> None:
+        self.signals = tuple(signal.Signals[name] for name in signals)
+        self.received: signal.Signals | None = None
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        # Only a flag: the handler runs between two bytecodes of whatever is executing, so it must not save.
+        self.received = signal.Signals(signum)
+
+    def _install(self) -> None:
+        for signum in self.signals:
+            try:
+                signal.signal(signum, self._on_signal)
+            except ValueError:  # not the main thread (e.g. a notebook's worker thread): nothing to install
+                return
+
+    @override
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        use_atomic_checkpoint_io(trainer)
+        self.received = None
+        # Installed before Lightning registers its SIGTERM handler, so data-loader workers forked at the start
+        # of the first epoch inherit a handler that does not kill them.
+        self._install()
+
+    @override
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # Lightning's own handler (registered after `setup`) would raise in the middle of validation.
+        self._install()
+
+    @override
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._save_and_exit_if_signalled(trainer)
+
+    @override
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self._save_and_exit_if_signalled(trainer)
+
+    def _save_and_exit_if_signalled(self, trainer: Trainer) -> None:
+        if not trainer.strategy.reduce_boolean_decision(self.received is not None, all=False):
+            return
+        what = self.received.name if self.received is not None else "another rank's signal"
+        path = self._save_last(trainer)
+        rank_zero_info(f"Received {what}: saved {path} at global step {trainer.global_step}; exiting.")
+        raise SIGTERMException
+
+    @staticmethod
+    def _save_last(trainer: Trainer) -> str:
+        for callback in trainer.checkpoint_callbacks:
+            if isinstance(callback, ResilientCheckpoint):
+                callback.save_last_now(trainer, force=True)
+                return callback.last_model_path
+            if isinstance(callback, ModelCheckpoint) and callback.save_last:
+                callback._save_last_checkpoint(trainer, callback._monitor_candidates(trainer))
+                return callback.last_model_path
+        path = os.path.join(trainer.default_root_dir, "checkpoints", "last.ckpt")
+        trainer.save_checkpoint(path)
+        return path

@@ -1,0 +1,133 @@
+"""A tiny LightningModule and data for the resilience tests (seconds per run on CPU)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from torch.utils.data import DataLoader, TensorDataset
+from typing_extensions import override
+
+from mm_lightning.callbacks.nan_guard import NaNGuard
+
+
+class TinyModule(LightningModule):
+    """Two small "encoders" and a head on random features; can poison its loss on chosen (rank, step) pairs.
+
+    Args:
+        poison: ``{rank: [global_step, ...]}`` where the loss is made NaN.
+        poison_graph: NaN through the graph (gradients become NaN) instead of through a constant term
+            (loss NaN, gradients finite).
+        dropout: Dropout probability (exercises RNG state on resume).
+    """
+
+    def __init__(
+        self,
+        poison: dict[int, list[int]] | None = None,
+        poison_graph: bool = False,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.image_encoder = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(dropout))
+        self.text_encoder = torch.nn.Linear(8, 16)
+        self.head = torch.nn.Linear(32, 1)
+
+    @override
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        features = torch.cat([self.image_encoder(x), self.text_encoder(x.flip(1))], dim=1)
+        loss = torch.nn.functional.mse_loss(self.head(features).squeeze(1), y)
+        if self.global_step in (self.hparams.poison or {}).get(self.global_rank, []):
+            loss = loss * float("nan") if self.hparams.poison_graph else loss + torch.tensor(float("nan"))
+        self.log("train/loss", loss, batch_size=x.shape[0])
+        return loss
+
+    @override
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        x, y = batch
+        features = torch.cat([self.image_encoder(x), self.text_encoder(x.flip(1))], dim=1)
+        self.log("val/loss", torch.nn.functional.mse_loss(self.head(features).squeeze(1), y), batch_size=x.shape[0])
+
+    @override
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.AdamW(self.parameters(), lr=0.05, weight_decay=0.1)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def random_loader(n: int = 64, batch_size: int = 8, shuffle: bool = False, seed: int = 0) -> DataLoader:
+    """A loader over fixed random regression data."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 8, generator=g)
+    return DataLoader(TensorDataset(x, x.sum(1)), batch_size=batch_size, shuffle=shuffle)
+
+
+def flat_params(module: torch.nn.Module) -> torch.Tensor:
+    """All parameters concatenated into one vector (a copy)."""
+    return torch.cat([p.detach().flatten() for p in module.parameters()]).clone()
+
+
+class SaveParamsAtEnd(Callback):
+    """Writes each rank's final parameters and the guard's counters to ``out_dir/rank{r}.pt``.
+
+    Args:
+        out_dir: Folder for the per-rank files.
+    """
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = out_dir
+
+    @override
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        guard = next((c for c in trainer.callbacks if isinstance(c, NaNGuard)), None)
+        torch.save(
+            {
+                "params": flat_params(pl_module),
+                "skipped_steps": None if guard is None else guard.skipped_steps,
+                "global_step": trainer.global_step,
+                "logged_skipped": trainer.callback_metrics.get("train/skipped_steps"),
+            },
+            Path(self.out_dir) / f"rank{trainer.global_rank}.pt",
+        )
+
+
+class UnsyncedNaNGuard(NaNGuard):
+    """Control for the tests: decides on this rank's flags only (what the guard must not do)."""
+
+    @override
+    def _gather_flags(self, trainer: Trainer, local: torch.Tensor) -> torch.Tensor:
+        return local
+
+
+def _ddp_worker(rank: int, world_size: int, port: int, fn: Callable[[str], None], out_dir: str) -> None:
+    # Lightning treats a process with LOCAL_RANK set as launched externally (like torchrun) and only joins the
+    # process group, so each rank can catch its own exception instead of the launcher killing its peers.
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world_size), NODE_RANK="0",
+        LOCAL_RANK=str(rank), RANK=str(rank),
+    )
+    try:
+        fn(out_dir)
+    except Exception as error:  # recorded for the test, which runs in the parent process
+        (Path(out_dir) / f"rank{rank}.err").write_text(f"{type(error).__name__}: {error}")
+
+
+def run_on_two_ranks(fn: Callable[[str], None], out_dir: Path) -> None:
+    """Run ``fn(out_dir)`` in 2 spawned processes that form a gloo group (``fn`` builds a 2-device Trainer).
+
+    Args:
+        fn: A picklable (module-level) function.
+        out_dir: Folder the ranks write their results to.
+    """
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.multiprocessing.start_processes(
+        _ddp_worker, args=(2, port, fn, str(out_dir)), nprocs=2, join=True, start_method="spawn"
+    )
