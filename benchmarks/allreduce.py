@@ -1,0 +1,157 @@
+"""Step time of stock DDP vs ``ddp_explicit`` (bucketed, bucketed + overlap, per_parameter) on 2 gloo processes.
+
+Run: ``python benchmarks/allreduce.py`` (add ``--models demo`` or ``--steps 4 --reps 1`` for a quick look).
+
+Two CPU processes (gloo, one thread each) train the project's ``MultimodalModule`` on synthetic batches:
+``demo`` is the configs/demo.yaml model, ``25m`` swaps in a ResNet-50 image tower (~25M parameters, 100 MB
+of fp32 gradients per step). Variants run interleaved, ``--reps`` times each, so load from other processes
+on the machine hits them alike; the step time of a variant is the median over all its timed steps (rank 0,
+from ``on_train_batch_start`` to ``on_train_batch_end``: forward, backward, reduction, optimizer step).
+The last line is ``RESULT allreduce ratio=<bucketed / ddp step time on the 25m model> (...)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+import torch.multiprocessing as mp
+import yaml
+from lightning.pytorch.strategies import DDPStrategy, Strategy
+from torch.utils.data import DataLoader, Dataset
+from typing_extensions import override
+
+from mm_lightning.models import MultimodalModule
+from mm_lightning.strategies import ExplicitAllReduceDDPStrategy
+
+REPO = Path(__file__).resolve().parents[1]
+VARIANTS = ("ddp", "bucketed", "bucketed_overlap", "per_parameter")
+WARMUP_STEPS = 2
+
+
+def model_args(name: str) -> dict[str, Any]:
+    args = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())["model"]
+    args["image_size"] = 64
+    if name == "25m":
+        args.update(image_encoder="resnet50", image_encoder_kwargs=None)
+    return args
+
+
+class SyntheticPairs(Dataset):
+    """Random normalized images and token ids shaped like the DataModule's batches (no decoding cost)."""
+
+    def __init__(self, n: int, image_size: int, length: int = 16, vocab: int = 36) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.images = torch.randn(n, 3, image_size, image_size, generator=generator)
+        self.ids = torch.randint(5, vocab, (n, length), generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {
+            "image": self.images[i],
+            "input_ids": self.ids[i],
+            "attention_mask": torch.ones_like(self.ids[i]),
+            "image_id": torch.tensor(i),
+            "index": torch.tensor(i),
+        }
+
+
+class StepTimer(pl.Callback):
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._start = 0.0
+
+    @override
+    def on_train_batch_start(self, *args: Any) -> None:
+        self._start = time.perf_counter()
+
+    @override
+    def on_train_batch_end(self, *args: Any) -> None:
+        self.times.append(time.perf_counter() - self._start)
+
+
+def make_strategy(variant: str) -> Strategy:
+    if variant == "ddp":
+        return DDPStrategy()
+    if variant == "bucketed_overlap":
+        return ExplicitAllReduceDDPStrategy(mode="bucketed", overlap_backward=True)
+    return ExplicitAllReduceDDPStrategy(mode=variant)
+
+
+def time_fit(model_name: str, variant: str, steps: int, batch_size: int) -> list[float]:
+    torch.manual_seed(0)
+    model = MultimodalModule(**model_args(model_name))
+    timer = StepTimer()
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=2, strategy=make_strategy(variant), max_steps=WARMUP_STEPS + steps,
+        callbacks=[timer], logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, limit_val_batches=0,
+    )  # fmt: skip
+    data = SyntheticPairs(2 * batch_size * (WARMUP_STEPS + steps), image_size=64)
+    trainer.fit(model, train_dataloaders=DataLoader(data, batch_size=batch_size))
+    return timer.times[WARMUP_STEPS:]
+
+
+def worker(rank: int, port: int, out_dir: str, args: argparse.Namespace) -> None:
+    # torchrun-style variables: Lightning joins this process group instead of launching processes itself.
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      GROUP_RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")  # fmt: skip
+    torch.set_num_threads(1)
+    times: dict[str, dict[str, list[float]]] = {}
+    for model_name in args.models:
+        batch_size = 32 if model_name == "demo" else 8
+        for _ in range(args.reps):
+            for variant in VARIANTS:
+                step_times = time_fit(model_name, variant, args.steps, batch_size)
+                times.setdefault(model_name, {}).setdefault(variant, []).extend(step_times)
+    if rank == 0:
+        (Path(out_dir) / "times.json").write_text(json.dumps(times))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["demo", "25m"], choices=["demo", "25m"])
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per fit (after 2 warm-up steps)")
+    parser.add_argument("--reps", type=int, default=3, help="interleaved repetitions of every variant")
+    args = parser.parse_args()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with tempfile.TemporaryDirectory() as out_dir:
+        mp.spawn(worker, args=(port, out_dir, args), nprocs=2, join=True)
+        times = json.loads((Path(out_dir) / "times.json").read_text())
+
+    summary = {}
+    for model_name, per_variant in times.items():
+        n_params = sum(p.numel() for p in MultimodalModule(**model_args(model_name)).parameters())
+        medians = {v: statistics.median(t) for v, t in per_variant.items()}
+        summary[model_name] = {v: medians[v] / medians["ddp"] for v in VARIANTS}
+        print(
+            f"{model_name} ({n_params / 1e6:.1f}M params), median step time over {len(per_variant['ddp'])} steps:"
+        )
+        for variant in VARIANTS:
+            print(
+                f"  {variant:17s} {medians[variant] * 1000:8.1f} ms   x{summary[model_name][variant]:.3f} vs ddp"
+            )
+    key = "25m" if "25m" in summary else args.models[0]
+    details = ", ".join(
+        f"{m}: " + " ".join(f"{v}={r:.3f}" for v, r in s.items() if v != "ddp") for m, s in summary.items()
+    )
+    print(
+        f"RESULT allreduce ratio={summary[key]['bucketed']:.3f} (bucketed/ddp step time on {key}; {details})"
+    )
+
+
+if __name__ == "__main__":
+    main()
