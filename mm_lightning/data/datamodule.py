@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, RandomSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 from typing_extensions import override
 
@@ -193,6 +193,13 @@ class MultimodalDataModule(pl.LightningDataModule):
                 seed=int(os.getenv("PL_GLOBAL_SEED", "0")), window_batches=hp.length_window,
             )
             return StatefulDataLoader(dataset, sampler=sampler, drop_last=True, **kwargs)
+        if self._rank_info()[0] > 1:
+            # A plain torch RandomSampler is what Lightning replaces by its DistributedSampler (seeded by
+            # PL_GLOBAL_SEED, reshuffled by set_epoch: same order on every rank, replayable on resume). With
+            # shuffle=True the loader would make torchdata's RandomSampler, which Lightning only wraps, and
+            # ranks whose global RNGs differ would then draw overlapping samples.
+            return StatefulDataLoader(dataset, sampler=RandomSampler(dataset), drop_last=True, **kwargs)
+        # Single process: torchdata's stateful RandomSampler checkpoints its generator.
         return StatefulDataLoader(dataset, shuffle=True, drop_last=True, **kwargs)
 
     @override
