@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import partial
+import os
 from pathlib import Path
 from typing import Any
 
@@ -86,21 +86,41 @@ def test_skip_counter_is_checkpointed() -> None:
     assert guard.state_dict() == {"skipped_steps": 4, "consecutive": 1}
 
 
-def _ddp_fit(out_dir: str, guard_cls: type[NaNGuard], max_consecutive: int, poison: dict[int, list[int]]) -> None:
-    callbacks = [guard_cls(max_consecutive=max_consecutive), SaveParamsAtEnd(out_dir)]
-    _fit(TinyModule(poison=poison), callbacks, steps=6, devices=2, strategy="ddp")
+SCENARIOS = {  # name: (guard class, max_consecutive, {rank: poisoned global steps})
+    "synced": (NaNGuard, 3, {1: [2, 3]}),
+    "control-unsynced": (UnsyncedNaNGuard, 3, {1: [2, 3]}),
+    "stop": (NaNGuard, 2, {1: [1, 2]}),
+}
+
+
+def _ddp_scenarios(out_dir: str) -> None:
+    # One pair of processes runs every scenario (process start-up dominates the cost of these tiny fits).
+    for name, (guard_cls, max_consecutive, poison) in SCENARIOS.items():
+        run_dir = Path(out_dir) / name
+        run_dir.mkdir(exist_ok=True)
+        callbacks = [guard_cls(max_consecutive=max_consecutive), SaveParamsAtEnd(str(run_dir))]
+        try:
+            _fit(TinyModule(poison=poison), callbacks, steps=6, devices=2, strategy="ddp")
+        except NonFiniteTrainingError as error:
+            (run_dir / f"rank{int(os.environ['RANK'])}.err").write_text(str(error))
+
+
+@pytest.fixture(scope="module")
+def ddp_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("nan_guard_ddp")
+    run_on_two_ranks(_ddp_scenarios, out)
+    return out
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
-@pytest.mark.parametrize("guard_cls", [NaNGuard, UnsyncedNaNGuard], ids=["synced", "control-unsynced"])
-def test_loss_nan_on_one_rank_only_gives_same_decision_everywhere(tmp_path: Path, guard_cls: type) -> None:
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("scenario", ["synced", "control-unsynced"])
+def test_loss_nan_on_one_rank_only_gives_same_decision_everywhere(ddp_results: Path, scenario: str) -> None:
     # The NaN enters rank 1's loss through a constant term, so the all-reduced gradients stay finite: only the
     # exchanged flags can tell rank 0 to skip too.
-    run_on_two_ranks(partial(_ddp_fit, guard_cls=guard_cls, max_consecutive=3, poison={1: [2, 3]}), tmp_path)
-    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    r0, r1 = (torch.load(ddp_results / scenario / f"rank{r}.pt") for r in (0, 1))
     assert r0["global_step"] == r1["global_step"] == 6
-    if guard_cls is NaNGuard:
+    if scenario == "synced":
         assert r0["skipped_steps"] == r1["skipped_steps"] == 2
         assert r0["logged_skipped"].item() == r1["logged_skipped"].item() == 2.0
         assert torch.equal(r0["params"], r1["params"])
@@ -111,11 +131,10 @@ def test_loss_nan_on_one_rank_only_gives_same_decision_everywhere(tmp_path: Path
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_nan_on_one_rank_stops_every_rank(tmp_path: Path) -> None:
-    run_on_two_ranks(partial(_ddp_fit, guard_cls=NaNGuard, max_consecutive=2, poison={1: [1, 2]}), tmp_path)
+@pytest.mark.timeout(300)
+def test_nan_on_one_rank_stops_every_rank(ddp_results: Path) -> None:
     for rank in (0, 1):
-        message = (tmp_path / f"rank{rank}.err").read_text()
-        assert message.startswith("NonFiniteTrainingError: NaNGuard: 2 consecutive optimizer steps")
+        message = (ddp_results / "stop" / f"rank{rank}.err").read_text()
+        assert message.startswith("NaNGuard: 2 consecutive optimizer steps (global steps 1..2)")
         assert "loss was non-finite on rank(s) [1]" in message
-    assert not (tmp_path / "rank0.pt").exists()  # training did not reach its end on any rank
+        assert not (ddp_results / "stop" / f"rank{rank}.pt").exists()  # training did not reach its end
