@@ -47,7 +47,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """
 
     @override
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None
+    ) -> None:
         """Write ``checkpoint`` to ``path`` atomically.
 
         Args:
@@ -183,7 +185,9 @@ class RNGStateCheckpoint(Callback):
             self.seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
 
     @override
-    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         if self.reseed_every_batch:
             # total_batch_idx is restored from the checkpoint, so the seed of a batch survives a resume.
             batch_seed = hash((self.seed, trainer.fit_loop.total_batch_idx)) % 2**32

@@ -53,7 +53,9 @@ class NaNGuard(Callback):
         self._loss_nonfinite = bad if self._loss_nonfinite is None else self._loss_nonfinite | bad
 
     @override
-    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Optimizer) -> None:
+    def on_before_optimizer_step(
+        self, trainer: Trainer, pl_module: LightningModule, optimizer: Optimizer
+    ) -> None:
         device = trainer.strategy.root_device
         loss_bad = torch.zeros((), dtype=torch.bool, device=device)
         if self._loss_nonfinite is not None:
@@ -61,7 +63,9 @@ class NaNGuard(Callback):
         self._loss_nonfinite = None
         grad_bad = torch.zeros((), dtype=torch.bool, device=device)
         if getattr(trainer.precision_plugin, "scaler", None) is None:
-            grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+            grads = [
+                p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None
+            ]
             if grads:
                 grad_bad = ~torch.isfinite(torch.nn.utils.get_total_norm(grads)).to(device)
         local = torch.stack([loss_bad, grad_bad]).float()
@@ -74,7 +78,9 @@ class NaNGuard(Callback):
                 raise NonFiniteTrainingError(self._message(trainer, flags))
         else:
             self.consecutive = 0
-        pl_module.log("train/skipped_steps", float(self.skipped_steps), on_step=True, on_epoch=False, batch_size=1)
+        pl_module.log(
+            "train/skipped_steps", float(self.skipped_steps), on_step=True, on_epoch=False, batch_size=1
+        )
 
     def _gather_flags(self, trainer: Trainer, local: torch.Tensor) -> torch.Tensor:
         """All ranks' ``[loss_bad, grad_bad]`` flags; every rank receives the same tensor."""

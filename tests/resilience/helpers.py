@@ -34,7 +34,9 @@ class TinyModule(LightningModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.image_encoder = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(dropout))
+        self.image_encoder = torch.nn.Sequential(
+            torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(dropout)
+        )
         self.text_encoder = torch.nn.Linear(8, 16)
         self.head = torch.nn.Linear(32, 1)
 
@@ -52,7 +54,9 @@ class TinyModule(LightningModule):
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         x, y = batch
         features = torch.cat([self.image_encoder(x), self.text_encoder(x.flip(1))], dim=1)
-        self.log("val/loss", torch.nn.functional.mse_loss(self.head(features).squeeze(1), y), batch_size=x.shape[0])
+        self.log(
+            "val/loss", torch.nn.functional.mse_loss(self.head(features).squeeze(1), y), batch_size=x.shape[0]
+        )
 
     @override
     def configure_optimizers(self) -> Any:
@@ -109,8 +113,12 @@ def _ddp_worker(rank: int, world_size: int, port: int, fn: Callable[[str], None]
     # Lightning treats a process with LOCAL_RANK set as launched externally (like torchrun) and only joins the
     # process group, so each rank can catch its own exception instead of the launcher killing its peers.
     os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world_size), NODE_RANK="0",
-        LOCAL_RANK=str(rank), RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        WORLD_SIZE=str(world_size),
+        NODE_RANK="0",
+        LOCAL_RANK=str(rank),
+        RANK=str(rank),
     )
     try:
         fn(out_dir)
