@@ -62,8 +62,9 @@ class BadRecordLogger(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._count(batch)
-        if trainer.global_step % trainer.log_every_n_steps == 0:
-            self._log(trainer, pl_module)
+        # Every step (the logger still writes every log_every_n_steps): one scalar all-reduce, and the
+        # Lightning logger's cadence stays the single source of truth.
+        self._log(trainer, pl_module)
 
     @override
     def on_validation_batch_end(
@@ -78,10 +79,6 @@ class BadRecordLogger(pl.Callback):
         dataloader_idx: int = 0,
     ) -> None:
         self._count(batch)
-
-    @override
-    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._log(trainer, pl_module)
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
