@@ -121,15 +121,18 @@ class MultimodalDataModule(pl.LightningDataModule):
             log.first.extend(ds.index.skips.first[: max(0, log.keep - len(log.first))])
         return log
 
-    def build_index(self, split: Split) -> JsonlIndex:
-        """Index one split's JSONL (validates every line; bad lines raise or are counted per ``on_bad_record``)."""
+    def record_parser(self, split: Split) -> RecordParser:
+        """The line parser/validator of one split (also used by the data audit)."""
         hp = self.hparams
         file = self.files[split]
         if file is None:
             raise ValueError(f"{split}_file is not set")
         root = hp.image_root if hp.image_root is not None else os.path.dirname(os.path.abspath(file))
-        parser = RecordParser(file, hp.image_key, hp.text_key, root, hp.confine_to_root)
-        return JsonlIndex(parser, hp.on_bad_record)
+        return RecordParser(file, hp.image_key, hp.text_key, root, hp.confine_to_root)
+
+    def build_index(self, split: Split) -> JsonlIndex:
+        """Index one split's JSONL (validates every line; bad lines raise or are counted per ``on_bad_record``)."""
+        return JsonlIndex(self.record_parser(split), self.hparams.on_bad_record)
 
     def build_dataset(self, split: Split) -> ImageTextDataset:
         hp = self.hparams

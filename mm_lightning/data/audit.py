@@ -1,0 +1,231 @@
+"""Data audit: verify image-text data before training.
+
+    python -m mm_lightning audit --config configs/base.yaml [--audit.output audit.json] [--audit.max_error_rate 0.01]
+
+Reads the ``data`` section of a training config (other sections are accepted and ignored), scans every split:
+decodes every image in a process pool, tokenizes every caption, and writes a JSON report with bad lines,
+missing/undecodable images, empty and overlong captions, duplicate images and captions, and histograms of
+image size/mode and caption length. Exits 1 when errors exceed ``--audit.max_error_rate``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections import Counter, defaultdict
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import yaml
+from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
+from PIL import Image
+from tqdm import tqdm
+
+from mm_lightning.data.collate import load_tokenizer
+from mm_lightning.data.datamodule import MultimodalDataModule
+from mm_lightning.data.images import ImageDecodeError, decode_image_file
+from mm_lightning.data.records import RecordError
+
+# Sections of a full training config that the audit does not use.
+IGNORED_KEYS = ("model", "trainer", "ckpt_path", "seed_everything", "optimizer", "lr_scheduler")
+SIZE_BUCKETS = (0, 32, 64, 128, 224, 384, 512, 1024, 2048)
+TOKEN_BUCKETS = (0, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512)
+EXAMPLES = 10
+
+
+def _line_category(reason: str) -> str:
+    for key, category in (("malformed JSON", "malformed_json"), ("expected a JSON object", "malformed_json"),
+                          ("missing key", "missing_key"), ("caption is empty", "empty_caption"),
+                          ("empty list", "empty_caption"), ("escapes image_root", "path_escapes_root")):
+        if key in reason:
+            return category
+    return "bad_field"
+
+
+def inspect_image(path: str, max_pixels: int | None) -> dict[str, Any]:
+    """Decode one image fully; return its size, mode, content hash, or the reason it fails."""
+    try:
+        image = decode_image_file(path, max_pixels=max_pixels)
+        with Image.open(path) as img:
+            mode = img.mode
+        with open(path, "rb") as f:
+            digest = hashlib.blake2b(f.read(), digest_size=16).hexdigest()
+        return {"ok": True, "height": image.shape[1], "width": image.shape[2], "mode": mode, "hash": digest}
+    except ImageDecodeError as err:
+        return {"ok": False, "reason": str(err)}
+
+
+def _histogram(values: list[int], edges: tuple[int, ...]) -> dict[str, int]:
+    counts = np.histogram(np.asarray(values, dtype=np.int64), bins=[*edges, np.iinfo(np.int64).max])[0]
+    labels = [f"{lo}-{hi - 1}" for lo, hi in zip(edges[:-1], edges[1:], strict=True)] + [f">={edges[-1]}"]
+    return {label: int(c) for label, c in zip(labels, counts, strict=True) if c}
+
+
+@dataclass
+class SplitScan:
+    """Line-level scan of one split (images are checked afterwards, in parallel)."""
+
+    file: str
+    records: int = 0
+    bad_lines: Counter = field(default_factory=Counter)
+    examples: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    images: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))  # path -> line numbers
+    captions: list[str] = field(default_factory=list)
+
+    def error(self, category: str, message: str) -> None:
+        self.bad_lines[category] += 1
+        if len(self.examples[category]) < EXAMPLES:
+            self.examples[category].append(message)
+
+
+def scan_lines(dm: MultimodalDataModule, split: str) -> SplitScan:
+    """Parse and validate every line of ``split``."""
+    parser = dm.record_parser(split)  # type: ignore[arg-type]
+    scan = SplitScan(parser.file)
+    with open(parser.file, "rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            scan.records += 1
+            try:
+                record = parser.parse(raw, line_no)
+            except RecordError as err:
+                scan.error(_line_category(err.reason), str(err))
+                continue
+            scan.images[record.image].append(line_no)
+            scan.captions.extend(record.captions)
+    return scan
+
+
+def _caption_report(captions: list[str], tokenizer: str, max_length: int) -> dict[str, Any]:
+    tok = load_tokenizer(tokenizer)
+    lengths: list[int] = []
+    for start in range(0, len(captions), 1024):
+        lengths += [len(ids) for ids in tok(captions[start : start + 1024], truncation=False)["input_ids"]]
+    counts = Counter(captions)
+    return {
+        "captions": len(captions),
+        "overlong_captions": sum(n > max_length for n in lengths),
+        "duplicate_captions": sum(c - 1 for c in counts.values() if c > 1),
+        "top_duplicate_captions": [[c, n] for c, n in counts.most_common(EXAMPLES) if n > 1],
+        "caption_tokens_histogram": _histogram(lengths, TOKEN_BUCKETS),
+        "caption_tokens_max": max(lengths, default=0),
+    }
+
+
+def _image_report(scan: SplitScan, results: dict[str, dict[str, Any]]) -> tuple[dict[str, Any], int]:
+    missing = undecodable = bad_records = 0
+    modes: Counter = Counter()
+    sides: list[int] = []
+    by_hash: dict[str, list[str]] = defaultdict(list)
+    for path, lines in scan.images.items():
+        res = results[path]
+        if not res["ok"]:
+            category = "missing_image" if "not found" in res["reason"] else "undecodable_image"
+            missing += category == "missing_image"
+            undecodable += category == "undecodable_image"
+            bad_records += len(lines)
+            scan.error(category, f"{scan.file}:{lines[0]} (image {path!r}): {res['reason']}")
+            scan.bad_lines[category] += len(lines) - 1
+            continue
+        modes[res["mode"]] += 1
+        sides.append(min(res["height"], res["width"]))
+        by_hash[res["hash"]].append(path)
+    return {
+        "images": len(scan.images),
+        "missing_images": missing,
+        "undecodable_images": undecodable,
+        "lines_sharing_an_image": sum(len(v) - 1 for v in scan.images.values()),
+        "duplicate_images_by_content": sum(len(v) - 1 for v in by_hash.values() if len(v) > 1),
+        "duplicate_image_examples": [v for v in by_hash.values() if len(v) > 1][:EXAMPLES],
+        "image_modes": dict(modes),
+        "image_short_side_histogram": _histogram(sides, SIZE_BUCKETS),
+    }, bad_records
+
+
+def audit(dm: MultimodalDataModule, splits: list[str], workers: int, progress: bool) -> dict[str, Any]:
+    """Scan ``splits`` of ``dm`` and return the report (a JSON-able dict)."""
+    hp = dm.hparams
+    scans = {s: scan_lines(dm, s) for s in splits if dm.files.get(s)}
+    paths = sorted({p for scan in scans.values() for p in scan.images})
+    with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
+        results = dict(zip(paths, tqdm(
+            pool.map(inspect_image, paths, [hp.max_image_pixels] * len(paths), chunksize=16),
+            total=len(paths), desc="audit: decoding images", disable=not progress,
+        ), strict=True))  # fmt: skip
+    report: dict[str, Any] = {"splits": {}}
+    total_records = total_errors = 0
+    for split, scan in scans.items():
+        images, bad_image_records = _image_report(scan, results)
+        errors = sum(n for k, n in scan.bad_lines.items() if k not in ("missing_image", "undecodable_image"))
+        errors += bad_image_records
+        report["splits"][split] = {
+            "file": scan.file,
+            "records": scan.records,
+            "errors": errors,
+            "bad_lines": dict(scan.bad_lines),
+            "examples": dict(scan.examples),
+            **images,
+            **_caption_report(scan.captions, hp.tokenizer, hp.max_length),
+        }
+        total_records, total_errors = total_records + scan.records, total_errors + errors
+    report["records"], report["errors"] = total_records, total_errors
+    report["error_rate"] = total_errors / total_records if total_records else 0.0
+    return report
+
+
+def build_parser(config_keys: set[str]) -> ArgumentParser:
+    """``data`` as in the training CLI, the ``audit`` options, and ignored other sections of a config."""
+    parser = ArgumentParser(prog="python -m mm_lightning audit", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", action=ActionConfigFile)
+    parser.add_subclass_arguments(MultimodalDataModule, "data", required=True)
+    parser.add_argument("--audit.output", type=str, default="audit_report.json", help="JSON report path")
+    parser.add_argument("--audit.splits", type=list[str], default=["train", "val", "test"])
+    parser.add_argument("--audit.workers", type=int, default=os.cpu_count() or 1, help="decoding processes")
+    parser.add_argument("--audit.max_error_rate", type=float, default=0.0,
+                        help="exit 1 when (bad records / records) exceeds this")
+    parser.add_argument("--audit.progress", type=bool, default=True)
+    # A full training config also has trainer/model/callback sections (and whatever groups the CLI adds).
+    for key in sorted(set(IGNORED_KEYS) | config_keys - {"data", "audit", "config"}):
+        parser.add_argument(f"--{key}", type=Any, default=None)
+    return parser
+
+
+def _config_keys(argv: list[str]) -> set[str]:
+    paths = [v for f, v in zip(argv, argv[1:], strict=False) if f == "--config"]
+    paths += [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+    keys: set[str] = set()
+    for path in paths:
+        if os.path.isfile(path):
+            with open(path) as f:
+                keys |= set(yaml.safe_load(f) or {})
+    return keys
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the audit; return the exit code (0 ok, 1 too many errors)."""
+    argv = list(argv or [])
+    parser = build_parser(_config_keys(argv))
+    cfg = parser.parse_args(argv)
+    model = cfg.get("model")
+    init_args = cfg.data.init_args
+    # Same link as the training CLI: the tokenizer follows the text encoder unless the data section sets it.
+    if isinstance(model, (dict, Namespace)) and model.get("text_encoder") and "--data.init_args.tokenizer" not in argv:
+        init_args.tokenizer = model.get("text_encoder")
+    dm = parser.instantiate_classes(cfg).data
+    dm.prepare_data()
+    report = audit(dm, cfg.audit.splits, cfg.audit.workers, cfg.audit.progress)
+    report["max_error_rate"] = cfg.audit.max_error_rate
+    os.makedirs(os.path.dirname(os.path.abspath(cfg.audit.output)), exist_ok=True)
+    with open(cfg.audit.output, "w") as f:
+        json.dump(report, f, indent=2)
+    failed = report["error_rate"] > cfg.audit.max_error_rate
+    print(f"audit: {report['records']} records, {report['errors']} errors "
+          f"(rate {report['error_rate']:.4f}, max {cfg.audit.max_error_rate}); report: {cfg.audit.output}")
+    for split, rep in report["splits"].items():
+        print(f"  {split}: {rep['records']} records, {rep['images']} images, bad {rep['bad_lines'] or 'none'}, "
+              f"overlong captions {rep['overlong_captions']}, duplicate captions {rep['duplicate_captions']}")
+    return 1 if failed else 0
