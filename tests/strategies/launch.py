@@ -48,21 +48,34 @@ class RankResult:
     output: str
 
 
-def run_ranks(
-    args: list[str], log_dir: Path, world_size: int = 2, timeout: float = 300.0
-) -> list[RankResult]:
-    """Runs ``python *args`` as ``world_size`` ranks; kills them all if any is still running after ``timeout``."""
+def start_ranks(args: list[str], log_dir: Path, world_size: int = 2) -> list[subprocess.Popen]:
+    """Starts ``python *args`` as ``world_size`` ranks; each writes ``log_dir/rank<r>.log``."""
     port = free_port()
-    logs = [log_dir / f"rank{rank}.log" for rank in range(world_size)]
     procs = []
-    for rank, log in enumerate(logs):
-        with log.open("w") as sink:  # files, not pipes: a full pipe would block a rank mid-collective
+    for rank in range(world_size):
+        # Files, not pipes: an unread full pipe would block a rank mid-collective.
+        with (log_dir / f"rank{rank}.log").open("w") as sink:
             procs.append(
                 subprocess.Popen(
                     [sys.executable, *args], env=rank_env(rank, world_size, port), cwd=REPO, stdout=sink,
                     stderr=subprocess.STDOUT,
                 )
             )  # fmt: skip
+    return procs
+
+
+def kill_all(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def run_ranks(
+    args: list[str], log_dir: Path, world_size: int = 2, timeout: float = 300.0
+) -> list[RankResult]:
+    """Runs ``python *args`` as ``world_size`` ranks; kills them all if any is still running after ``timeout``."""
+    procs = start_ranks(args, log_dir, world_size)
     deadline = time.monotonic() + timeout
     try:
         for proc in procs:
@@ -70,8 +83,8 @@ def run_ranks(
     except subprocess.TimeoutExpired:
         pass
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    return [RankResult(proc.returncode, log.read_text()) for proc, log in zip(procs, logs, strict=True)]
+        kill_all(procs)
+    return [
+        RankResult(proc.returncode, (log_dir / f"rank{rank}.log").read_text())
+        for rank, proc in enumerate(procs)
+    ]
