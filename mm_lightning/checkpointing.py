@@ -102,14 +102,19 @@ def use_atomic_checkpoint_io(trainer: Trainer) -> None:
 
 
 class ResilientCheckpoint(ModelCheckpoint):
-    """``ModelCheckpoint`` whose ``last.ckpt`` never waits for validation.
+    """``ModelCheckpoint`` whose ``last.ckpt`` never waits for validation and whose "best" uses fresh metrics.
 
-    Stock ``ModelCheckpoint`` with a ``monitor`` defers step-triggered saves (``last.ckpt`` included) until the
-    monitored metric exists, i.e. until the next validation; a run killed before it loses everything since the
-    previous one. Here ``last.ckpt`` is written every ``every_n_train_steps`` optimizer steps and at each
-    training epoch end regardless of the monitor; top-k "best" checkpoints keep Lightning's behaviour. Saves go
-    through :class:`AtomicCheckpointIO` unless the trainer has a custom checkpoint IO. Takes exactly
-    ``ModelCheckpoint``'s arguments; ``save_last`` defaults to ``True``.
+    With a ``monitor``, stock ``ModelCheckpoint`` (Lightning 2.6) defers step-triggered saves, ``last.ckpt``
+    included, until the metric exists and then compares each step's checkpoint against the *previous*
+    validation's value; a run killed before its first validation has no checkpoint at all. Here:
+
+    * ``last.ckpt`` is written every ``every_n_train_steps`` optimizer steps and at each training epoch end
+      (after that epoch's validation), whatever the monitor;
+    * with a ``monitor``, top-k checkpoints are considered right after each validation, with its metrics;
+      without one, top-k saving is Lightning's.
+
+    Saves go through :class:`AtomicCheckpointIO` unless the trainer has a custom checkpoint IO. Takes exactly
+    ``ModelCheckpoint``'s arguments; ``save_last`` defaults to ``True`` ("link" is not supported).
     """
 
     def __init__(self, *args: Any, save_last: bool | None = True, **kwargs: Any) -> None:
@@ -127,14 +132,23 @@ class ResilientCheckpoint(ModelCheckpoint):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if self.monitor is None:
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         every = self._every_n_train_steps
         if every >= 1 and trainer.global_step % every == 0:
             self.save_last_now(trainer)
 
     @override
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.monitor is None:
+            super().on_validation_end(trainer, pl_module)
+        elif not self._should_skip_saving_checkpoint(trainer):
+            self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        super().on_train_epoch_end(trainer, pl_module)
+        if self.monitor is None:
+            super().on_train_epoch_end(trainer, pl_module)
         # Always rewritten here (even if this step was saved after its batch) so that a resume starts the next
         # epoch with the state *after* epoch-end validation, as an uninterrupted run does.
         self.save_last_now(trainer, force=True)

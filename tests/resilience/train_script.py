@@ -1,0 +1,76 @@
+"""A tiny training run for the kill / signal tests: ``python -m tests.resilience.train_script --root DIR ...``.
+
+It uses the resilience callbacks the CLI installs, a shuffled stateful loader and dropout, sleeps a little per
+step so that a test can signal it mid-epoch, writes ``DIR/step<N>`` markers after each step and
+``DIR/final.pt`` (the parameters) when training ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
+from torch.utils.data import TensorDataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+from typing_extensions import override
+
+from mm_lightning.callbacks.nan_guard import NaNGuard
+from mm_lightning.checkpointing import PreemptionCheckpoint, ResilientCheckpoint, RNGStateCheckpoint
+from tests.resilience.helpers import TinyModule, flat_params
+
+
+class StepMarkers(Callback):
+    """Slows each step down and leaves a ``step<N>`` file after it, so a test can time its signal."""
+
+    def __init__(self, root: Path, sleep: float) -> None:
+        self.root = root
+        self.sleep = sleep
+
+    @override
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+        time.sleep(self.sleep)
+        (self.root / f"step{trainer.global_step}").touch()
+
+    @override
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        torch.save(
+            {"params": flat_params(pl_module), "global_step": trainer.global_step}, self.root / "final.pt"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--root", type=Path, required=True)
+    parser.add_argument("--max-steps", type=int, default=20)
+    parser.add_argument("--every", type=int, default=2, help="last.ckpt every N steps")
+    parser.add_argument("--sleep", type=float, default=0.0, help="seconds per step")
+    parser.add_argument("--ckpt-path", default=None)
+    args = parser.parse_args()
+
+    seed_everything(7)
+    data = torch.randn(56, 8, generator=torch.Generator().manual_seed(0))
+    # 7 batches per epoch: checkpoints every 2 steps fall in the middle of epochs.
+    loader = StatefulDataLoader(TensorDataset(data, data.sum(1)), batch_size=8, shuffle=True)
+    trainer = Trainer(
+        accelerator="cpu",
+        max_steps=args.max_steps,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[
+            ResilientCheckpoint(dirpath=args.root / "ckpts", every_n_train_steps=args.every, save_top_k=0),
+            PreemptionCheckpoint(),
+            RNGStateCheckpoint(),
+            NaNGuard(),
+            StepMarkers(args.root, args.sleep),
+        ],
+    )
+    trainer.fit(TinyModule(dropout=0.3), loader, ckpt_path=args.ckpt_path)
+
+
+if __name__ == "__main__":
+    main()
