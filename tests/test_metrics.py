@@ -86,7 +86,9 @@ def test_embeddings_path_dedups_images_and_uses_cosine() -> None:
     g = torch.Generator().manual_seed(0)
     distinct = torch.randn(5, 8, generator=g)
     image_ids = torch.tensor([10, 10, 11, 12, 12, 12, 13, 14])
-    rows_img = distinct[torch.unique(image_ids, return_inverse=True)[1]] * torch.rand(8, 1, generator=g).add(0.5)
+    rows_img = distinct[torch.unique(image_ids, return_inverse=True)[1]] * torch.rand(8, 1, generator=g).add(
+        0.5
+    )
     text = torch.randn(8, 8, generator=g)
     got = retrieval_metrics(rows_img, text, image_ids, chunk_size=3)
     _, images, column = dedup_images(rows_img, image_ids)

@@ -49,16 +49,17 @@ class SmallResNet(nn.Sequential):
 
     Args:
         widths: channels per stage; each stage after the first halves the resolution.
-        layers: number of ``BasicBlock`` per stage.
+        layers: number of ``BasicBlock`` per stage (default: one per stage).
         stem_stride: stride of the stem convolution.
     """
 
     def __init__(
         self,
         widths: Sequence[int] = (32, 64, 128, 256),
-        layers: Sequence[int] = (1, 1, 1, 1),
+        layers: Sequence[int] | None = None,
         stem_stride: int = 2,
     ) -> None:
+        layers = [1] * len(widths) if layers is None else layers
         if len(widths) != len(layers):
             raise ValueError(f"widths {list(widths)} and layers {list(layers)} must have the same length")
         modules: list[nn.Module] = [
