@@ -40,11 +40,11 @@ WORDS = ("a man woman dog cat person people street table plate food bus train ca
 
 
 def coco_like_lengths(n: int, seed: int = 0) -> np.ndarray:
-    """Caption word counts shaped like COCO's (mean ~10.5, sd ~2.5, a thin long tail to 50)."""
+    """Caption word counts shaped like COCO's (mean ~10.5, sd ~2.5, 1% long tail 18-50 words)."""
     rng = np.random.default_rng(seed)
     lengths = np.clip(np.round(rng.normal(10.5, 2.5, n)), 6, 50).astype(int)
-    tail = rng.random(n) < 0.02
-    lengths[tail] = rng.integers(20, 51, tail.sum())
+    tail = rng.random(n) < 0.01
+    lengths[tail] = rng.integers(18, 51, tail.sum())
     return lengths
 
 
