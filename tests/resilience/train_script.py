@@ -49,7 +49,11 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=2, help="last.ckpt every N steps")
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds per step")
     parser.add_argument("--ckpt-path", default=None)
+    parser.add_argument(
+        "--no-rng-state", action="store_true", help="leave out RNGStateCheckpoint (a control)"
+    )
     args = parser.parse_args()
+    args.root.mkdir(parents=True, exist_ok=True)
 
     seed_everything(7)
     data = torch.randn(56, 8, generator=torch.Generator().manual_seed(0))
@@ -64,9 +68,9 @@ def main() -> None:
         callbacks=[
             ResilientCheckpoint(dirpath=args.root / "ckpts", every_n_train_steps=args.every, save_top_k=0),
             PreemptionCheckpoint(),
-            RNGStateCheckpoint(),
             NaNGuard(),
             StepMarkers(args.root, args.sleep),
+            *([] if args.no_rng_state else [RNGStateCheckpoint()]),
         ],
     )
     trainer.fit(TinyModule(dropout=0.3), loader, ckpt_path=args.ckpt_path)

@@ -1,0 +1,73 @@
+"""Preemption and exact resume with real processes: SIGTERM / SIGUSR1 save and exit 0; SIGKILL + resume is exact."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.resilience.test_checkpointing import REPO, wait_for
+
+
+def start(root: Path, *args: str) -> subprocess.Popen:
+    """Start the tiny training script in its own process."""
+    cmd = [sys.executable, "-m", "tests.resilience.train_script", "--root", str(root), *args]
+    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(process: subprocess.Popen, timeout: float = 120) -> str:
+    """Wait for the process; return its output, failing if it did not exit with 0."""
+    output, _ = process.communicate(timeout=timeout)
+    assert process.returncode == 0, output
+    return output
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
+def test_signal_saves_last_checkpoint_and_exits_cleanly(tmp_path: Path, signum: signal.Signals) -> None:
+    # Step-triggered checkpoints are off (every 1000 steps): any last.ckpt comes from the signal.
+    process = start(tmp_path, "--max-steps", "1000", "--every", "1000", "--sleep", "0.05")
+    wait_for(tmp_path / "step3", process)
+    process.send_signal(signum)
+    output = finish(process, timeout=60)
+    assert f"Received {signum.name}: saved" in output
+    checkpoint = torch.load(tmp_path / "ckpts" / "last.ckpt", weights_only=True)
+    step = checkpoint["global_step"]
+    assert 3 <= step < 1000
+    assert not (tmp_path / "final.pt").exists()  # stopped, did not run to the end
+    if signum == signal.SIGTERM:  # the saved run resumes and continues from where it stopped
+        finish(start(tmp_path, "--max-steps", str(step + 3), "--every", "1000", "--ckpt-path", "last"))
+        assert torch.load(tmp_path / "final.pt")["global_step"] == step + 3
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sigkill_mid_epoch_then_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    finish(start(full, "--max-steps", "20"))
+    expected = torch.load(full / "final.pt")["params"]
+
+    process = start(killed, "--max-steps", "20", "--sleep", "0.3")
+    wait_for(killed / "step11", process)  # 7 batches per epoch: step 11 is inside the second epoch
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+    assert not (killed / "final.pt").exists()
+    step = torch.load(killed / "ckpts" / "last.ckpt", weights_only=True)["global_step"]
+    assert step in (10, 12) and step % 7 != 0  # a mid-epoch checkpoint
+    control = tmp_path / "control"
+    shutil.copytree(killed, control)
+
+    finish(start(killed, "--max-steps", "20", "--ckpt-path", "last"))
+    resumed = torch.load(killed / "final.pt")
+    assert resumed["global_step"] == 20
+    torch.testing.assert_close(resumed["params"], expected, rtol=0, atol=1e-6)
+
+    # Control: the same resume without the RNG state callback draws other dropout masks, and the check sees it.
+    finish(start(control, "--max-steps", "20", "--ckpt-path", "last", "--no-rng-state"))
+    assert (torch.load(control / "final.pt")["params"] - expected).abs().max() > 1e-6
