@@ -67,7 +67,8 @@ class MultimodalCLI(LightningCLI):
         parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
         parser.set_defaults({"lr_monitor.logging_interval": "step"})
         parser.add_lightning_class_args(ThroughputMonitor, "throughput")
-        parser.set_defaults({"throughput.batch_size_fn": batch_size_of})
+        # samples/s and batches/s over a sliding window of steps (Lightning's default window is 100 steps)
+        parser.set_defaults({"throughput.batch_size_fn": batch_size_of, "throughput.window_size": 20})
         # >>> resilience defaults (argument groups)
         # <<< resilience defaults (argument groups)
         parser.link_arguments("model.text_encoder", "data.init_args.tokenizer")
@@ -90,13 +91,13 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> MultimodalCLI:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m mm_lightning`` and the ``mm-lightning`` script."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    args = list(sys.argv[1:] if argv is None else argv)
     # Tokenization runs in the collate (often in forked workers); the Rust tokenizer's own thread pool would
     # warn and disable itself after a fork, so keep it single-threaded per worker from the start.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if argv and argv[0] == "audit":
+    if args and args[0] == "audit":
         from mm_lightning.data.audit import main as audit_main
 
-        return audit_main(argv[1:])
-    cli_main(argv)
+        return audit_main(args[1:])
+    cli_main(argv)  # None -> LightningCLI reads sys.argv itself
     return 0

@@ -1,0 +1,55 @@
+"""Shared fixtures: one tiny real training run through the CLI, reused by the CLI and TensorBoard tests."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO_CONFIG = REPO / "configs" / "demo.yaml"
+
+
+def tiny_demo_args(root: Path, *extra: str, max_steps: int = 6) -> list[str]:
+    """CLI arguments for a seconds-long demo run whose files all live under ``root``."""
+    return [
+        "--config", str(DEMO_CONFIG),
+        "--data.init_args.data_dir", str(root / "demo"),
+        "--data.init_args.render_size", "32",
+        "--data.init_args.image_size", "32",
+        "--data.init_args.train_renders", "1",
+        "--data.init_args.num_val", "24",
+        "--data.init_args.num_test", "24",
+        "--data.init_args.batch_size", "16",
+        "--data.init_args.num_workers", "0",
+        "--trainer.max_steps", str(max_steps),
+        "--trainer.max_epochs", "1",
+        "--trainer.val_check_interval", "3",
+        "--trainer.log_every_n_steps", "1",
+        "--trainer.enable_progress_bar", "false",
+        "--trainer.logger.init_args.save_dir", str(root / "logs"),
+        "--checkpoint.dirpath", str(root / "checkpoints"),
+        "--throughput.window_size", "3",
+        *extra,
+    ]  # fmt: skip
+
+
+@dataclass
+class TinyRun:
+    root: Path
+    log_dir: Path
+    checkpoint_dir: Path
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> TinyRun:
+    """A real ``fit`` of the demo config, shrunk to a few steps, with its logs and checkpoints."""
+    from mm_lightning.cli import cli_main
+
+    root = tmp_path_factory.mktemp("tiny_run")
+    cli = cli_main(["fit", *tiny_demo_args(root)])
+    return TinyRun(root=root, log_dir=Path(cli.trainer.logger.log_dir), checkpoint_dir=root / "checkpoints")
