@@ -34,9 +34,11 @@ from torchvision.io import ImageReadMode, decode_jpeg
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mm_lightning.data import MultimodalDataModule  # noqa: E402
 
-WORDS = ("a man woman dog cat person people street table plate food bus train car sitting standing next to "
-         "on of in with the red blue white black green large small two three near top front holding giant "
-         "kitchen room field grass water beach sky building city road sign tree group young old wooden").split()
+WORDS = (
+    "a man woman dog cat person people street table plate food bus train car sitting standing next to "
+    "on of in with the red blue white black green large small two three near top front holding giant "
+    "kitchen room field grass water beach sky building city road sign tree group young old wooden"
+).split()
 
 
 def coco_like_lengths(n: int, seed: int = 0) -> np.ndarray:
@@ -57,7 +59,9 @@ def natural_image(rng: np.random.Generator, width: int = 640, height: int = 480)
     field = np.zeros((height, width, 3), np.float32)
     for cells, amp in ((4, 120), (16, 60), (80, 25)):
         low = (rng.random((cells * 3 // 4 + 1, cells, 3)) * 255).astype(np.uint8)
-        field += amp / 255 * np.asarray(Image.fromarray(low).resize((width, height), Image.BICUBIC), np.float32)
+        field += (
+            amp / 255 * np.asarray(Image.fromarray(low).resize((width, height), Image.BICUBIC), np.float32)
+        )
     img = Image.fromarray(np.clip(field * 255 / field.max(), 0, 255).astype(np.uint8))
     draw = ImageDraw.Draw(img)
     for _ in range(6):
@@ -94,8 +98,9 @@ class SeedsDataset(Dataset):
         self.rows = [json.loads(line) for line in open(jsonl)]
         self.root = jsonl.parent
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer)
-        self.transform = T.Compose([T.Resize((224, 224)), T.ToTensor(),
-                                    T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+        self.transform = T.Compose(
+            [T.Resize((224, 224)), T.ToTensor(), T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])]
+        )
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -103,9 +108,14 @@ class SeedsDataset(Dataset):
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         row = self.rows[i]
         image = self.transform(Image.open(self.root / row["image"]).convert("RGB"))
-        tokens = self.tokenizer(row["text"][0], padding="max_length", max_length=512, truncation=True,
-                                return_tensors="pt")
-        return {"image": image, "input_ids": tokens["input_ids"][0], "attention_mask": tokens["attention_mask"][0]}
+        tokens = self.tokenizer(
+            row["text"][0], padding="max_length", max_length=512, truncation=True, return_tensors="pt"
+        )
+        return {
+            "image": image,
+            "input_ids": tokens["input_ids"][0],
+            "attention_mask": tokens["attention_mask"][0],
+        }
 
 
 def stack_collate(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -144,7 +154,11 @@ def samples_per_second(loader: DataLoader, epochs: int, after: object = None) ->
 
 
 def loader_kwargs(args: argparse.Namespace) -> dict:
-    return {"batch_size": args.batch_size, "num_workers": args.workers, "persistent_workers": args.workers > 0}
+    return {
+        "batch_size": args.batch_size,
+        "num_workers": args.workers,
+        "persistent_workers": args.workers > 0,
+    }
 
 
 def gpu_decode(jsonl: Path, batch_size: int) -> str:
@@ -183,20 +197,36 @@ def main() -> None:
     jsonl = make_dataset(args.data, args.images)
 
     def ours(**kw: object) -> tuple[DataLoader, object]:
-        dm = MultimodalDataModule(train_file=str(jsonl), tokenizer=tokenizer, image_size=224,
-                                  batch_size=args.batch_size, num_workers=args.workers,
-                                  persistent_workers=args.workers > 0, **kw)
+        dm = MultimodalDataModule(
+            train_file=str(jsonl),
+            tokenizer=tokenizer,
+            image_size=224,
+            batch_size=args.batch_size,
+            num_workers=args.workers,
+            persistent_workers=args.workers > 0,
+            **kw,
+        )
         dm.setup("fit")
         return dm.train_dataloader(), dm.normalize_batch
 
     loaders = {
-        "a_seeds": (DataLoader(SeedsDataset(jsonl, tokenizer), shuffle=True, drop_last=True,
-                               collate_fn=stack_collate, **loader_kwargs(args)), None),
+        "a_seeds": (
+            DataLoader(
+                SeedsDataset(jsonl, tokenizer),
+                shuffle=True,
+                drop_last=True,
+                collate_fn=stack_collate,
+                **loader_kwargs(args),
+            ),
+            None,
+        ),
         "b_ours": ours(),
         "b_ours_worker_normalize": ours(normalize_on_device=False),
         "b_ours_full_decode": ours(reduced_decode=False),
-        "c_decode_only": (DataLoader(DecodeOnly(jsonl), shuffle=True, collate_fn=list_collate,
-                                     **loader_kwargs(args)), None),
+        "c_decode_only": (
+            DataLoader(DecodeOnly(jsonl), shuffle=True, collate_fn=list_collate, **loader_kwargs(args)),
+            None,
+        ),
     }
     best: dict[str, float] = {}
     for r in range(args.rounds):
@@ -211,10 +241,12 @@ def main() -> None:
         extra = "; " + gpu_decode(jsonl, args.batch_size)
         print(extra[2:])
     a, b, c = best["a_seeds"], best["b_ours"], best["c_decode_only"]
-    print(f"RESULT data_pipeline ratio={b / a:.2f} (b/a: ours {b:.0f} vs seeds {a:.0f} samples/s; "
-          f"b/c={b / c:.2f} vs full decode {c:.0f}; worker-normalize {best['b_ours_worker_normalize']:.0f}, "
-          f"no reduced decode {best['b_ours_full_decode']:.0f}; {args.workers} workers, "
-          f"batch {args.batch_size}, {args.images} images 640x480{extra})")
+    print(
+        f"RESULT data_pipeline ratio={b / a:.2f} (b/a: ours {b:.0f} vs seeds {a:.0f} samples/s; "
+        f"b/c={b / c:.2f} vs full decode {c:.0f}; worker-normalize {best['b_ours_worker_normalize']:.0f}, "
+        f"no reduced decode {best['b_ours_full_decode']:.0f}; {args.workers} workers, "
+        f"batch {args.batch_size}, {args.images} images 640x480{extra})"
+    )
 
 
 if __name__ == "__main__":

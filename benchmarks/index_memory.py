@@ -75,7 +75,6 @@ def count(batch: list[str]) -> int:
 
 
 def child(kind: str, path: str, visit: int, workers: int) -> dict[str, float]:
-    import torch
     from torch.utils.data import DataLoader
 
     import mm_lightning.data.records  # noqa: F401  (library imports are not index memory)
@@ -86,8 +85,15 @@ def child(kind: str, path: str, visit: int, workers: int) -> dict[str, float]:
     build_s = time.perf_counter() - start
     after = rss_mb()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    loader = DataLoader(dataset, batch_size=1000, sampler=range(visit), num_workers=workers, collate_fn=count,
-                        multiprocessing_context="fork", persistent_workers=True)
+    loader = DataLoader(
+        dataset,
+        batch_size=1000,
+        sampler=range(visit),
+        num_workers=workers,
+        collate_fn=count,
+        multiprocessing_context="fork",
+        persistent_workers=True,
+    )
     kids = psutil.Process().children
     uss_start, uss_end = [], []
     for n, _ in enumerate(loader):
@@ -118,18 +124,33 @@ def main() -> None:
     make_jsonl(args.path, args.lines)
     results = {}
     for kind in ("list", "index"):
-        cmd = [sys.executable, __file__, "--child", kind, "--path", str(args.path), "--visit", str(args.visit),
-               "--workers", str(args.workers)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            kind,
+            "--path",
+            str(args.path),
+            "--visit",
+            str(args.visit),
+            "--workers",
+            str(args.workers),
+        ]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
         results[kind] = json.loads(out)
         r = results[kind]
-        print(f"{kind:5s}: index +{r['index_mb']:.0f} MB RSS (peak +{r['peak_mb']:.0f} MB), built in "
-              f"{r['build_s']:.1f} s; worker USS {r['worker_uss_start_mb']:.0f} MB, grows "
-              f"{r['worker_growth_mb']:+.0f} MB per worker over {args.visit} reads", flush=True)
+        print(
+            f"{kind:5s}: index +{r['index_mb']:.0f} MB RSS (peak +{r['peak_mb']:.0f} MB), built in "
+            f"{r['build_s']:.1f} s; worker USS {r['worker_uss_start_mb']:.0f} MB, grows "
+            f"{r['worker_growth_mb']:+.0f} MB per worker over {args.visit} reads",
+            flush=True,
+        )
     lst, idx = results["list"], results["index"]
-    print(f"RESULT index_memory ratio={lst['index_mb'] / idx['index_mb']:.1f} (list of dicts +{lst['index_mb']:.0f} MB "
-          f"vs JsonlIndex +{idx['index_mb']:.0f} MB (peak +{idx['peak_mb']:.0f}) for {args.lines} lines; worker "
-          f"growth {lst['worker_growth_mb']:+.0f} vs {idx['worker_growth_mb']:+.0f} MB/worker over {args.visit} reads)")
+    print(
+        f"RESULT index_memory ratio={lst['index_mb'] / idx['index_mb']:.1f} (list of dicts +{lst['index_mb']:.0f} MB "
+        f"vs JsonlIndex +{idx['index_mb']:.0f} MB (peak +{idx['peak_mb']:.0f}) for {args.lines} lines; worker "
+        f"growth {lst['worker_growth_mb']:+.0f} vs {idx['worker_growth_mb']:+.0f} MB/worker over {args.visit} reads)"
+    )
 
 
 if __name__ == "__main__":

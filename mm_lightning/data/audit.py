@@ -37,9 +37,14 @@ EXAMPLES = 10
 
 
 def _line_category(reason: str) -> str:
-    for key, category in (("malformed JSON", "malformed_json"), ("expected a JSON object", "malformed_json"),
-                          ("missing key", "missing_key"), ("caption is empty", "empty_caption"),
-                          ("empty list", "empty_caption"), ("escapes image_root", "path_escapes_root")):
+    for key, category in (
+        ("malformed JSON", "malformed_json"),
+        ("expected a JSON object", "malformed_json"),
+        ("missing key", "missing_key"),
+        ("caption is empty", "empty_caption"),
+        ("empty list", "empty_caption"),
+        ("escapes image_root", "path_escapes_root"),
+    ):
         if key in reason:
             return category
     return "bad_field"
@@ -185,8 +190,12 @@ def build_parser(config_keys: set[str]) -> ArgumentParser:
     parser.add_argument("--audit.output", type=str, default="audit_report.json", help="JSON report path")
     parser.add_argument("--audit.splits", type=list[str], default=["train", "val", "test"])
     parser.add_argument("--audit.workers", type=int, default=os.cpu_count() or 1, help="decoding processes")
-    parser.add_argument("--audit.max_error_rate", type=float, default=0.0,
-                        help="exit 1 when (bad records / records) exceeds this")
+    parser.add_argument(
+        "--audit.max_error_rate",
+        type=float,
+        default=0.0,
+        help="exit 1 when (bad records / records) exceeds this",
+    )
     parser.add_argument("--audit.progress", type=bool, default=True)
     # A full training config also has trainer/model/callback sections (and whatever groups the CLI adds).
     for key in sorted(set(IGNORED_KEYS) | config_keys - {"data", "audit", "config"}):
@@ -213,7 +222,11 @@ def main(argv: list[str] | None = None) -> int:
     model = cfg.get("model")
     init_args = cfg.data.init_args
     # Same link as the training CLI: the tokenizer follows the text encoder unless the data section sets it.
-    if isinstance(model, (dict, Namespace)) and model.get("text_encoder") and "--data.init_args.tokenizer" not in argv:
+    if (
+        isinstance(model, (dict, Namespace))
+        and model.get("text_encoder")
+        and "--data.init_args.tokenizer" not in argv
+    ):
         init_args.tokenizer = model.get("text_encoder")
     dm = parser.instantiate_classes(cfg).data
     dm.prepare_data()
@@ -223,9 +236,13 @@ def main(argv: list[str] | None = None) -> int:
     with open(cfg.audit.output, "w") as f:
         json.dump(report, f, indent=2)
     failed = report["error_rate"] > cfg.audit.max_error_rate
-    print(f"audit: {report['records']} records, {report['errors']} errors "
-          f"(rate {report['error_rate']:.4f}, max {cfg.audit.max_error_rate}); report: {cfg.audit.output}")
+    print(
+        f"audit: {report['records']} records, {report['errors']} errors "
+        f"(rate {report['error_rate']:.4f}, max {cfg.audit.max_error_rate}); report: {cfg.audit.output}"
+    )
     for split, rep in report["splits"].items():
-        print(f"  {split}: {rep['records']} records, {rep['images']} images, bad {rep['bad_lines'] or 'none'}, "
-              f"overlong captions {rep['overlong_captions']}, duplicate captions {rep['duplicate_captions']}")
+        print(
+            f"  {split}: {rep['records']} records, {rep['images']} images, bad {rep['bad_lines'] or 'none'}, "
+            f"overlong captions {rep['overlong_captions']}, duplicate captions {rep['duplicate_captions']}"
+        )
     return 1 if failed else 0

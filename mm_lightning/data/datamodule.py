@@ -14,7 +14,6 @@ import os
 from typing import Any, Literal
 
 import lightning.pytorch as pl
-import torch
 from torch.utils.data import DataLoader, RandomSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 from typing_extensions import override
@@ -24,7 +23,13 @@ from mm_lightning.data.dataset import CaptionSampling, ImageTextDataset
 from mm_lightning.data.images import DEFAULT_MAX_PIXELS
 from mm_lightning.data.records import JsonlIndex, RecordParser, SkipLog
 from mm_lightning.data.samplers import LengthGroupedSampler
-from mm_lightning.data.transforms import IMAGENET_MEAN, IMAGENET_STD, Normalize, eval_transform, train_transform
+from mm_lightning.data.transforms import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    Normalize,
+    eval_transform,
+    train_transform,
+)
 
 Split = Literal["train", "val", "test", "predict"]
 
@@ -104,11 +109,17 @@ class MultimodalDataModule(pl.LightningDataModule):
         super().__init__()
         self.save_hyperparameters()
         self.files: dict[str, str | None] = {
-            "train": train_file, "val": val_file, "test": test_file, "predict": predict_file
+            "train": train_file,
+            "val": val_file,
+            "test": test_file,
+            "predict": predict_file,
         }
         self.normalize = Normalize(mean, std)
         self.collate = MultimodalCollate(
-            tokenizer, max_length, pad_to_multiple_of, normalize=None if normalize_on_device else self.normalize
+            tokenizer,
+            max_length,
+            pad_to_multiple_of,
+            normalize=None if normalize_on_device else self.normalize,
         )
         self.datasets: dict[str, ImageTextDataset] = {}
 
@@ -154,7 +165,10 @@ class MultimodalDataModule(pl.LightningDataModule):
     @override
     def setup(self, stage: str) -> None:
         wanted: dict[str, tuple[str, ...]] = {
-            "fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",)
+            "fit": ("train", "val"),
+            "validate": ("val",),
+            "test": ("test",),
+            "predict": ("predict",),
         }
         for split in wanted.get(stage, ()):
             if self.files[split] is not None and split not in self.datasets:
@@ -192,8 +206,12 @@ class MultimodalDataModule(pl.LightningDataModule):
         if hp.length_grouping:
             world, rank = self._rank_info()
             sampler = LengthGroupedSampler(
-                dataset.lengths(), hp.batch_size, num_replicas=world, rank=rank,
-                seed=int(os.getenv("PL_GLOBAL_SEED", "0")), window_batches=hp.length_window,
+                dataset.lengths(),
+                hp.batch_size,
+                num_replicas=world,
+                rank=rank,
+                seed=int(os.getenv("PL_GLOBAL_SEED", "0")),
+                window_batches=hp.length_window,
             )
             return StatefulDataLoader(dataset, sampler=sampler, drop_last=True, **kwargs)
         if self._rank_info()[0] > 1:
@@ -229,4 +247,3 @@ class MultimodalDataModule(pl.LightningDataModule):
     def normalize_batch(self, batch: dict[str, Any]) -> dict[str, Any]:
         """For use outside a Trainer: the same conversion Lightning applies after transfer."""
         return self.on_after_batch_transfer(batch, 0)
-

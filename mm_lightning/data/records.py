@@ -58,7 +58,9 @@ class RecordParser:
         confine_to_root: reject image paths (absolute, ``..`` or symlinks) that leave ``image_root``.
     """
 
-    def __init__(self, file: str, image_key: str, text_key: str, image_root: str, confine_to_root: bool) -> None:
+    def __init__(
+        self, file: str, image_key: str, text_key: str, image_root: str, confine_to_root: bool
+    ) -> None:
         self.file, self.image_key, self.text_key = file, image_key, text_key
         self.image_root = os.path.abspath(image_root)
         self.confine_to_root = confine_to_root
@@ -80,7 +82,9 @@ class RecordParser:
                 raise RecordError(self.file, line, f"missing key {key!r} (keys: {sorted(obj)})")
         image = obj[self.image_key]
         if not isinstance(image, str) or not image:
-            raise RecordError(self.file, line, f"{self.image_key!r} must be a non-empty string path, got {image!r}")
+            raise RecordError(
+                self.file, line, f"{self.image_key!r} must be a non-empty string path, got {image!r}"
+            )
         return Record(self.resolve(image, line), self._captions(obj[self.text_key], line, image))
 
     def resolve(self, image: str, line: int) -> str:
@@ -94,7 +98,9 @@ class RecordParser:
         if self.confine_to_root:
             real, root = os.path.realpath(path), os.path.realpath(self.image_root)
             if os.path.commonpath([real, root]) != root:
-                raise RecordError(self.file, line, f"image path escapes image_root {root!r} (via a link)", path)
+                raise RecordError(
+                    self.file, line, f"image path escapes image_root {root!r} (via a link)", path
+                )
 
     def _captions(self, value: object, line: int, image: str) -> list[str]:
         captions = value if isinstance(value, list) else [value]
@@ -102,7 +108,9 @@ class RecordParser:
             raise RecordError(self.file, line, f"{self.text_key!r} is an empty list", image)
         for cap in captions:
             if not isinstance(cap, str):
-                raise RecordError(self.file, line, f"caption must be a string, got {type(cap).__name__}", image)
+                raise RecordError(
+                    self.file, line, f"caption must be a string, got {type(cap).__name__}", image
+                )
             if not cap.strip():
                 raise RecordError(self.file, line, "caption is empty", image)
         return captions
@@ -176,7 +184,9 @@ class JsonlIndex:
         self.image_ids = _first_appearance_ids(np.frombuffer(hashes, dtype=np.int64))
         # Captions grouped by image: image i owns by_image[starts[i]:starts[i + 1]].
         self.by_image = np.argsort(self.image_ids, kind="stable").astype(np.int32)
-        self.starts = np.searchsorted(self.image_ids[self.by_image], np.arange(self.num_images + 1)).astype(np.int64)
+        self.starts = np.searchsorted(self.image_ids[self.by_image], np.arange(self.num_images + 1)).astype(
+            np.int64
+        )
         self._fh: object = None
         self._pid = -1
 

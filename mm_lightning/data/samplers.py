@@ -36,7 +36,9 @@ class LengthGroupedSampler(DistributedSampler):
         window_batches: int = 32,
         drop_last: bool = True,
     ) -> None:
-        super().__init__(lengths, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=drop_last)
+        super().__init__(
+            lengths, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=drop_last
+        )
         self.lengths = np.asarray(lengths)
         self.batch_size, self.window_batches = batch_size, window_batches
         per_step = batch_size * num_replicas

@@ -49,17 +49,19 @@ class Normalize(torch.nn.Module):
         std: channel standard deviations in [0, 1] units.
     """
 
-    def __init__(self, mean: tuple[float, ...] = IMAGENET_MEAN, std: tuple[float, ...] = IMAGENET_STD) -> None:
+    def __init__(
+        self, mean: tuple[float, ...] = IMAGENET_MEAN, std: tuple[float, ...] = IMAGENET_STD
+    ) -> None:
         super().__init__()
         self.mean, self.std = list(mean), list(std)
         # Fold the /255 into the affine so one fused multiply-add does the whole conversion.
         self.register_buffer("scale", 1.0 / (255.0 * torch.tensor(std).view(-1, 1, 1)), persistent=False)
-        self.register_buffer("shift", -torch.tensor(mean).view(-1, 1, 1) / torch.tensor(std).view(-1, 1, 1),
-                             persistent=False)
+        self.register_buffer(
+            "shift", -torch.tensor(mean).view(-1, 1, 1) / torch.tensor(std).view(-1, 1, 1), persistent=False
+        )
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         if images.is_floating_point():
             return v2.functional.normalize(images, self.mean, self.std)
         scale, shift = self.scale.to(images.device), self.shift.to(images.device)
         return torch.addcmul(shift, images.to(torch.float32), scale)
-

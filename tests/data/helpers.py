@@ -15,7 +15,9 @@ TOKENIZER = "mm-lightning/demo-bert"
 def natural_array(height: int, width: int, seed: int = 0) -> np.ndarray:
     """Smooth colour field plus mild noise: compresses and decodes like a photo, not like white noise."""
     rng = np.random.default_rng(seed)
-    low = Image.fromarray((rng.random((6, 8, 3)) * 255).astype(np.uint8)).resize((width, height), Image.BICUBIC)
+    low = Image.fromarray((rng.random((6, 8, 3)) * 255).astype(np.uint8)).resize(
+        (width, height), Image.BICUBIC
+    )
     arr = np.asarray(low, dtype=np.float32) + rng.normal(0, 6, (height, width, 3))
     return arr.clip(0, 255).astype(np.uint8)
 
@@ -36,7 +38,9 @@ def write_jsonl(path: Path, rows: Iterable[dict | str]) -> Path:
     return path
 
 
-def coco_style(root: Path, num_images: int = 6, captions_per_image: int = 3, size: tuple[int, int] = (48, 40)) -> Path:
+def coco_style(
+    root: Path, num_images: int = 6, captions_per_image: int = 3, size: tuple[int, int] = (48, 40)
+) -> Path:
     """A COCO-style split: one line per image, ``text`` a list of captions; returns the JSONL path."""
     rows = []
     for i in range(num_images):

@@ -55,7 +55,16 @@ def _config(root: Path, train: Path) -> Path:
 def test_audit_report_and_exit_code(tmp_path: Path) -> None:
     config = _config(tmp_path, _dataset(tmp_path))
     out = tmp_path / "report.json"
-    args = ["--config", str(config), "--audit.output", str(out), "--audit.workers", "1", "--audit.progress", "false"]
+    args = [
+        "--config",
+        str(config),
+        "--audit.output",
+        str(out),
+        "--audit.workers",
+        "1",
+        "--audit.progress",
+        "false",
+    ]
     assert main(args) == 1  # default threshold 0: any error fails
     rep = json.loads(out.read_text())["splits"]["train"]
     assert rep["records"] == 10
@@ -82,9 +91,22 @@ def test_audit_clean_data_passes_through_cli(tmp_path: Path) -> None:
 
     for i in range(3):
         save_image(tmp_path / f"{i}.png", seed=i)
-    train = write_jsonl(tmp_path / "train.jsonl", [{"image": f"{i}.png", "text": f"circle {i}"} for i in range(3)])
+    train = write_jsonl(
+        tmp_path / "train.jsonl", [{"image": f"{i}.png", "text": f"circle {i}"} for i in range(3)]
+    )
     out = tmp_path / "r.json"
-    code = cli_main(["audit", "--config", str(_config(tmp_path, train)), "--audit.output", str(out),
-                     "--audit.workers", "1", "--audit.progress", "false"])
+    code = cli_main(
+        [
+            "audit",
+            "--config",
+            str(_config(tmp_path, train)),
+            "--audit.output",
+            str(out),
+            "--audit.workers",
+            "1",
+            "--audit.progress",
+            "false",
+        ]
+    )
     assert code == 0
     assert json.loads(out.read_text())["errors"] == 0

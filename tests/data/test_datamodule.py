@@ -57,7 +57,9 @@ def test_multi_caption_train_draws_one_caption_per_image(tmp_path: Path) -> None
 def test_eval_keeps_every_caption_with_image_ids(tmp_path: Path) -> None:
     dm = _dm(coco_style(tmp_path, num_images=3, captions_per_image=2))
     dm.setup("validate")
-    rows = [r for b in dm.val_dataloader() for r in zip(b["image_id"].tolist(), b["index"].tolist(), strict=True)]
+    rows = [
+        r for b in dm.val_dataloader() for r in zip(b["image_id"].tolist(), b["index"].tolist(), strict=True)
+    ]
     assert [i for _, i in rows] == list(range(6))
     assert [img for img, _ in rows] == [0, 0, 1, 1, 2, 2]
 
@@ -111,15 +113,25 @@ class _Recorder(pl.LightningModule):
 
 @pytest.mark.parametrize("on_device", [True, False])
 def test_model_receives_normalized_float_images(tmp_path: Path, on_device: bool) -> None:
-    dm = _dm(coco_style(tmp_path, num_images=4, captions_per_image=1), normalize_on_device=on_device, val_file=None)
+    dm = _dm(
+        coco_style(tmp_path, num_images=4, captions_per_image=1), normalize_on_device=on_device, val_file=None
+    )
     model = _Recorder()
-    trainer = pl.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False)
+    trainer = pl.Trainer(
+        max_steps=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(model, datamodule=dm)
     image = model.images[0]
     assert image.dtype == torch.float32
     # the normalized batch maps back to the uint8 pixels exactly (same crop RNG is not needed for that)
-    pixels = image * torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) + torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
+    pixels = image * torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) + torch.tensor(IMAGENET_MEAN).view(
+        1, 3, 1, 1
+    )
     assert pixels.min() >= -1e-5 and pixels.max() <= 1 + 1e-5
     assert torch.allclose(pixels * 255, (pixels * 255).round(), atol=1e-3)
     # from Python without a Trainer: uint8 until normalize_batch (device mode), float either way after it
@@ -135,15 +147,22 @@ def test_collate_and_dataset_pickle_without_tokenizer(tmp_path: Path) -> None:
     assert b"WordPiece" not in blob and len(blob) < 10_000
     restored = pickle.loads(pickle.dumps(dm.datasets["train"]))
     assert restored.index._fh is None  # the open JSONL handle never travels to workers
-    assert restored[1]["caption"] == dm.datasets["train"][1]["caption"] == "a red circle number 1 version 0 left"
+    assert (
+        restored[1]["caption"] == dm.datasets["train"][1]["caption"] == "a red circle number 1 version 0 left"
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("context", ["spawn", "fork"])
 def test_workers_with_spawn_and_fork(tmp_path: Path, context: str) -> None:
-    dm = _dm(coco_style(tmp_path, num_images=8, captions_per_image=1), num_workers=2,
-             multiprocessing_context=context, persistent_workers=True, prefetch_factor=2)
+    dm = _dm(
+        coco_style(tmp_path, num_images=8, captions_per_image=1),
+        num_workers=2,
+        multiprocessing_context=context,
+        persistent_workers=True,
+        prefetch_factor=2,
+    )
     dm.setup("fit")
     indices = sorted(i for b in dm.val_dataloader() for i in b["index"].tolist())
     assert indices == list(range(8))

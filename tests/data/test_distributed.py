@@ -40,13 +40,29 @@ class _ShardRecorder(pl.LightningModule):
 @pytest.mark.parametrize("length_grouping", [False, True])
 def test_two_ranks_disjoint_cover_and_reshuffle(tmp_path: Path, length_grouping: bool) -> None:
     train = coco_style(tmp_path, num_images=24, captions_per_image=1, size=(20, 16))
-    dm = MultimodalDataModule(train_file=str(train), tokenizer=TOKENIZER, image_size=16, batch_size=4,
-                              length_grouping=length_grouping, length_window=2)
+    dm = MultimodalDataModule(
+        train_file=str(train),
+        tokenizer=TOKENIZER,
+        image_size=16,
+        batch_size=4,
+        length_grouping=length_grouping,
+        length_window=2,
+    )
     pl.seed_everything(SEED)
-    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", max_epochs=2, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp_spawn",
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(_ShardRecorder(str(tmp_path)), datamodule=dm)
-    seen = [{int(k): v for k, v in json.loads((tmp_path / f"rank{r}.json").read_text()).items()} for r in (0, 1)]
+    seen = [
+        {int(k): v for k, v in json.loads((tmp_path / f"rank{r}.json").read_text()).items()} for r in (0, 1)
+    ]
 
     for epoch in (0, 1):
         ranks = [seen[0][epoch], seen[1][epoch]]
@@ -60,7 +76,9 @@ def test_two_ranks_disjoint_cover_and_reshuffle(tmp_path: Path, length_grouping:
             if length_grouping:
                 dm.setup("fit")  # the spawned ranks had their own copy; index here for the lengths
                 lengths = dm.datasets["train"].lengths()
-                sampler = LengthGroupedSampler(lengths, 4, num_replicas=2, rank=rank, seed=SEED, window_batches=2)
+                sampler = LengthGroupedSampler(
+                    lengths, 4, num_replicas=2, rank=rank, seed=SEED, window_batches=2
+                )
                 sampler.set_epoch(epoch)
                 expected = list(sampler)
             else:

@@ -75,8 +75,15 @@ def _fit(dm: MultimodalDataModule, root: Path, max_steps: int, ckpt: str | None 
     model = _IndexRecorder()
     # Checkpoints written mid-epoch by ModelCheckpoint (after fit ends, Lightning has dropped the iterator).
     saver = ModelCheckpoint(dirpath=root / "ckpt", every_n_train_steps=2, save_top_k=-1, filename="{step}")
-    trainer = pl.Trainer(max_steps=max_steps, accelerator="cpu", logger=False, callbacks=[saver],
-                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(root))
+    trainer = pl.Trainer(
+        max_steps=max_steps,
+        accelerator="cpu",
+        logger=False,
+        callbacks=[saver],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(root),
+    )
     trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
     return model.seen
 
@@ -88,8 +95,14 @@ def test_mid_epoch_resume_continues_the_same_order(tmp_path: Path, length_groupi
     train = coco_style(tmp_path, num_images=24, captions_per_image=1)
 
     def dm() -> MultimodalDataModule:
-        return MultimodalDataModule(train_file=str(train), tokenizer=TOKENIZER, image_size=16, batch_size=4,
-                                    length_grouping=length_grouping, length_window=2)
+        return MultimodalDataModule(
+            train_file=str(train),
+            tokenizer=TOKENIZER,
+            image_size=16,
+            batch_size=4,
+            length_grouping=length_grouping,
+            length_window=2,
+        )
 
     full = _fit(dm(), tmp_path, max_steps=5)  # one epoch has 6 batches: resume inside it
     ckpt = tmp_path / "ckpt" / "step=2.ckpt"
@@ -97,4 +110,6 @@ def test_mid_epoch_resume_continues_the_same_order(tmp_path: Path, length_groupi
     assert state.get("combined_loader"), "train loader position missing from the checkpoint"
     resumed = _fit(dm(), tmp_path / "resumed", max_steps=5, ckpt=str(ckpt))
     assert resumed == full[2:]
-    assert sorted(i for b in full for i in b) != [i for b in full for i in b]  # control: the order is shuffled
+    assert sorted(i for b in full for i in b) != [
+        i for b in full for i in b
+    ]  # control: the order is shuffled

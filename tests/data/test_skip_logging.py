@@ -34,12 +34,26 @@ def test_skips_are_logged_to_tensorboard(tmp_path: Path) -> None:
     rows.insert(1, "{not json")  # dropped while indexing
     rows.insert(3, {"image": "images/missing.jpg", "text": "gone"})  # replaced at load time, every visit
     train = write_jsonl(tmp_path / "train.jsonl", rows)
-    dm = MultimodalDataModule(train_file=str(train), tokenizer=TOKENIZER, image_size=16, batch_size=5,
-                              on_bad_record="skip", caption_sampling="all")
+    dm = MultimodalDataModule(
+        train_file=str(train),
+        tokenizer=TOKENIZER,
+        image_size=16,
+        batch_size=5,
+        on_bad_record="skip",
+        caption_sampling="all",
+    )
     logger = TensorBoardLogger(tmp_path / "logs", name="", version="")
     callback = BadRecordLogger()
-    trainer = pl.Trainer(max_epochs=2, accelerator="cpu", logger=logger, callbacks=[callback], log_every_n_steps=1,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = pl.Trainer(
+        max_epochs=2,
+        accelerator="cpu",
+        logger=logger,
+        callbacks=[callback],
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     with pytest.warns(UserWarning, match="skipping bad records"):
         trainer.fit(_Tiny(), datamodule=dm)
 
