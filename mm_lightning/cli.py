@@ -27,6 +27,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
 
 import mm_lightning.strategies  # noqa: F401  (registers the "ddp_explicit" strategy name)
+from mm_lightning.callbacks import EmbeddingWriter
 from mm_lightning.data import MultimodalDataModule
 from mm_lightning.models import MultimodalModule
 
@@ -69,7 +70,31 @@ class MultimodalCLI(LightningCLI):
         parser.add_lightning_class_args(ThroughputMonitor, "throughput")
         # samples/s and batches/s over a sliding window of steps (Lightning's default window is 100 steps)
         parser.set_defaults({"throughput.batch_size_fn": batch_size_of, "throughput.window_size": 20})
+        # Acts only in `predict`: one embeddings file per rank (see README "Predict: export embeddings").
+        parser.add_lightning_class_args(EmbeddingWriter, "prediction")
         # >>> resilience defaults (argument groups)
+        from mm_lightning.callbacks import (
+            GradNormMonitor,
+            NaNGuard,
+            PeakMemoryMonitor,
+            RetrievalGridLogger,
+            StepTimeMonitor,
+        )
+        from mm_lightning.checkpointing import PreemptionCheckpoint, RNGStateCheckpoint
+
+        # Always-on groups (configurable, e.g. --nan_guard.max_consecutive 5): NaN/Inf guard, SIGTERM/SIGUSR1 ->
+        # save last.ckpt + exit 0, RNG state for exact resume, and the monitors the README's tag table lists.
+        resilience_groups = {
+            "nan_guard": NaNGuard,
+            "preemption": PreemptionCheckpoint,
+            "rng_state": RNGStateCheckpoint,
+            "step_time": StepTimeMonitor,
+            "peak_memory": PeakMemoryMonitor,
+            "grad_norm": GradNormMonitor,
+            "retrieval_grid": RetrievalGridLogger,
+        }
+        for group, callback_class in resilience_groups.items():
+            parser.add_lightning_class_args(callback_class, group)
         # <<< resilience defaults (argument groups)
         parser.link_arguments("model.text_encoder", "data.init_args.tokenizer")
         parser.link_arguments("data.init_args.image_size", "model.image_size")
