@@ -149,6 +149,8 @@ class MultimodalModule(LightningModule):
             self.image_encoder.set_gradient_checkpointing(True)
             self.text_encoder.set_gradient_checkpointing(True)
         self._eval_outputs: list[dict[str, Tensor]] = []
+        # Lightning keeps each submodule's mode as found, so frozen towers must start in eval mode
+        self.train()
 
     @override
     def train(self, mode: bool = True) -> MultimodalModule:

@@ -1,0 +1,214 @@
+"""MultimodalModule on real tiny trainings: learning, logged names, checkpoints, predict files, precision."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch import Callback, Trainer
+
+from mm_lightning.callbacks import EmbeddingWriter
+from mm_lightning.models import MultimodalModule
+from mm_lightning.models.module import complexity_weights
+from tests.models.helpers import make_batch, pair_loader, tiny_module
+
+TRAIN_NAMES = {"train/loss", "train/loss_itc", "train/loss_itm", "train/temperature", "train/weight_itc"}
+EVAL_NAMES = {f"r{k}_{d}" for k in (1, 5, 10) for d in ("t2i", "i2t")} | {"loss", "alignment_gap"}
+
+
+def _trainer(tmp_path: Path, **kwargs: Any) -> Trainer:
+    defaults = dict(
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=tmp_path,
+    )
+    return Trainer(**(defaults | kwargs))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[MultimodalModule, Trainer, dict]:
+    torch.manual_seed(0)
+    model = tiny_module(lr=1e-2, text_pooling="mean")
+    before = _trainer(Path()).validate(model, pair_loader(batch_size=16), verbose=False)[0]
+    trainer = _trainer(tmp_path_factory.mktemp("fit"), max_epochs=5)
+    trainer.fit(model, pair_loader(), pair_loader(batch_size=16))
+    return model, trainer, before
+
+
+def test_training_learns_retrieval_and_logs_contract_names(trained) -> None:
+    model, trainer, before = trained
+    metrics = trainer.callback_metrics
+    assert TRAIN_NAMES <= set(metrics)
+    assert {f"val/{n}" for n in EVAL_NAMES} <= set(metrics)
+    # 8 distinct images: chance R@1 is 1/8
+    assert before["val/r1_t2i"] < 0.35
+    assert metrics["val/r1_t2i"] > 0.5 and metrics["val/r1_i2t"] > 0.5
+    assert metrics["val/alignment_gap"] > before["val/alignment_gap"] + 0.1
+    assert metrics["val/loss"] < before["val/loss"]
+
+
+def test_checkpoint_reloads_offline_with_identical_outputs(trained, tmp_path: Path) -> None:
+    model, trainer, _ = trained
+    path = tmp_path / "model.ckpt"
+    trainer.save_checkpoint(path)
+    reloaded = MultimodalModule.load_from_checkpoint(path, map_location="cpu")
+    batch = make_batch(image_size=32)
+    model.eval()
+    reloaded.eval()
+    with torch.no_grad():
+        a, b = model(batch), reloaded(batch)
+    torch.testing.assert_close(a["image_embeddings"], b["image_embeddings"])
+    torch.testing.assert_close(a["text_embeddings"], b["text_embeddings"])
+
+
+@pytest.mark.parametrize("file_format", ["pt", "npz"])
+def test_embedding_writer_writes_loadable_file(trained, tmp_path: Path, file_format: str) -> None:
+    model, _, _ = trained
+    writer = EmbeddingWriter(str(tmp_path / "pred"), file_format=file_format)
+    _trainer(tmp_path, callbacks=[writer]).predict(
+        model, pair_loader(batch_size=16), return_predictions=False
+    )
+    path = writer.path_for_rank(0)
+    data = torch.load(path) if file_format == "pt" else dict(np.load(path))
+    data = {k: torch.as_tensor(v) for k, v in data.items()}
+    assert data["image_embeddings"].shape == (48, 16) and data["text_embeddings"].shape == (48, 16)
+    assert data["image_embeddings"].dtype == torch.float32
+    torch.testing.assert_close(data["text_embeddings"].norm(dim=1), torch.ones(48))
+    assert data["index"].tolist() == list(range(48))
+    assert data["image_id"].tolist() == [i % 8 for i in range(48)]
+    # the README's text->image search: the best image for each caption is mostly its own
+    sims = data["text_embeddings"] @ data["image_embeddings"].T
+    assert (data["image_id"][sims.argmax(1)] == data["image_id"]).float().mean() > 0.5
+
+
+def test_itm_off_builds_no_fusion_and_every_parameter_trains() -> None:
+    model = tiny_module(itm_weight=0.0)
+    assert model.itm is None
+    model.training_step(make_batch(), 0).backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_every_parameter_gets_a_gradient_with_itm() -> None:
+    """DDP without find_unused_parameters requires it."""
+    model = tiny_module()
+    model.training_step(make_batch(captions_per_image=2), 0).backward()
+    assert [n for n, p in model.named_parameters() if p.grad is None] == []
+
+
+def test_param_groups_lrs_and_no_weight_decay_sets(tmp_path: Path) -> None:
+    model = tiny_module(
+        lr=1e-3, lr_image_encoder=1e-4, lr_text_encoder=5e-5, weight_decay=0.1, freeze_text=True
+    )
+    trainer = _trainer(tmp_path, max_steps=1)
+    trainer.fit(model, pair_loader())
+    groups = {g["name"]: g for g in trainer.optimizers[0].param_groups}
+    assert set(groups) == {
+        "image_encoder",
+        "image_encoder_no_decay",
+        "heads",
+        "heads_no_decay",
+    }  # text frozen
+    assert groups["image_encoder"]["initial_lr"] == 1e-4 and groups["heads"]["initial_lr"] == 1e-3
+    assert groups["heads"]["weight_decay"] == 0.1 and groups["heads_no_decay"]["weight_decay"] == 0.0
+    no_decay = {id(p) for p in groups["heads_no_decay"]["params"]}
+    assert id(model.contrastive.logit_scale) in no_decay and id(model.image_proj.bias) in no_decay
+    assert id(model.image_proj.weight) not in no_decay
+    n_trainable = sum(1 for p in model.parameters() if p.requires_grad)
+    assert sum(len(g["params"]) for g in groups.values()) == n_trainable
+
+
+def test_warmup_then_cosine_per_step(tmp_path: Path) -> None:
+    lrs: list[float] = []
+
+    class RecordLR(Callback):
+        def on_train_batch_start(self, trainer, *args) -> None:
+            lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+    model = tiny_module(lr=1e-3, warmup_steps=3, min_lr_ratio=0.1)
+    _trainer(tmp_path, max_steps=9, callbacks=[RecordLR()]).fit(model, pair_loader(batch_size=4))
+    want = [1e-3 * (s + 1) / 3 for s in range(3)]
+    want += [1e-3 * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * (s - 3) / 6))) for s in range(3, 9)]
+    np.testing.assert_allclose(lrs, want, rtol=1e-6)
+
+
+class ClipProbe(MultimodalModule):
+    """Records the per-tower gradient norms right after clipping."""
+
+    def configure_gradient_clipping(
+        self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None
+    ) -> None:
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        self.norms = {
+            name: torch.stack([p.grad.norm() for p in module.parameters() if p.grad is not None])
+            .norm()
+            .item()
+            for name, module in (("image", self.image_encoder), ("text", self.text_encoder))
+        }
+
+
+def test_grouped_gradient_clipping_per_tower(tmp_path: Path) -> None:
+    from tests.models.helpers import TINY_MODEL
+
+    model = ClipProbe(**(TINY_MODEL | {"clip_image_encoder": 1e-3}))
+    _trainer(tmp_path, max_steps=1).fit(model, pair_loader())
+    assert model.norms["image"] <= 1e-3 * (1 + 1e-4)
+    assert model.norms["text"] > 1e-2  # not clipped
+    unclipped = ClipProbe(**TINY_MODEL)
+    _trainer(tmp_path, max_steps=1).fit(unclipped, pair_loader())
+    assert unclipped.norms["image"] > 1e-2  # control: the image gradient is normally far larger
+
+
+def test_frozen_image_tower_stays_in_eval_and_unchanged(tmp_path: Path) -> None:
+    model = tiny_module(freeze_image=True)
+    before = {k: v.clone() for k, v in model.image_encoder.state_dict().items()}
+    text_before = model.text_proj.weight.clone()
+    _trainer(tmp_path, max_steps=3).fit(model, pair_loader())
+    model.train()
+    assert not model.image_encoder.training and model.text_encoder.training
+    after = model.image_encoder.state_dict()
+    assert [
+        k for k in before if not torch.equal(before[k], after[k])
+    ] == []  # weights and BatchNorm statistics
+    assert not torch.equal(text_before, model.text_proj.weight)
+
+
+def test_dwa_weights_are_used_and_logged(tmp_path: Path) -> None:
+    model = tiny_module(loss_weighting="dwa", dwa_window=2, itm_weight=0.5)
+    trainer = _trainer(tmp_path, max_steps=6)
+    trainer.fit(model, pair_loader(batch_size=8))
+    assert int(model.dwa.windows_done) == 3
+    assert model.dwa.weights.tolist() != [1.0, 0.5]  # adapted after two windows
+    torch.testing.assert_close(trainer.callback_metrics["train/weight_itm"], model.dwa.weights[1])
+
+
+def test_complexity_weights_favour_busy_images_and_long_captions() -> None:
+    images = torch.zeros(3, 3, 8, 8)
+    images[1] = torch.randn(3, 8, 8)  # busy image
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
+    w = complexity_weights(images, mask)
+    assert w.mean().item() == pytest.approx(1.0)
+    assert w[1] > w[0] and w[2] > w[0]
+    model = tiny_module(sample_weighting="complexity")
+    assert torch.isfinite(model.training_step(make_batch(), 0))
+
+
+def test_bf16_mixed_training_on_cpu(tmp_path: Path) -> None:
+    seen: dict[str, torch.dtype] = {}
+    model = tiny_module()
+
+    def record(module, inputs, out) -> None:
+        seen.setdefault("tokens", out.tokens.dtype)
+
+    model.image_encoder.register_forward_hook(record)
+    trainer = _trainer(tmp_path, max_steps=3, precision="bf16-mixed")
+    trainer.fit(model, pair_loader())
+    assert seen["tokens"] == torch.bfloat16  # encoders ran under autocast
+    loss = trainer.callback_metrics["train/loss_itc"]
+    assert torch.isfinite(loss) and model.contrastive.logit_scale.dtype == torch.float32
