@@ -21,9 +21,7 @@ from typing import Any, Literal
 import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
-from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
 from lightning.pytorch.overrides.distributed import _sync_module_states
-from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch import Tensor
@@ -59,11 +57,10 @@ class ExplicitAllReduceDDPStrategy(DDPStrategy):
         process_group_backend: ``"gloo"``, ``"nccl"`` or ``None`` (Lightning picks from the device).
         start_method: how Lightning starts local processes; ``"popen"`` re-runs the script (CLI default),
             ``"spawn"`` suits notebooks and tests.
-        accelerator: set by the Trainer.
-        parallel_devices: set by the Trainer.
-        cluster_environment: set by the Trainer (torchrun, SLURM, ... are detected automatically).
-        checkpoint_io: optional checkpoint IO plugin.
-        precision_plugin: set by the Trainer.
+
+    The Trainer sets the accelerator, devices, cluster environment (torchrun, SLURM, ... detected
+    automatically) and precision plugin, so they are not constructor arguments (which keeps the CLI's
+    ``--trainer.strategy.*`` options to the ones above).
     """
 
     strategy_name = "ddp_explicit"
@@ -76,11 +73,6 @@ class ExplicitAllReduceDDPStrategy(DDPStrategy):
         timeout_s: float = 1800.0,
         process_group_backend: str | None = None,
         start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
-        accelerator: pl.accelerators.Accelerator | None = None,
-        parallel_devices: list[torch.device] | None = None,
-        cluster_environment: ClusterEnvironment | None = None,
-        checkpoint_io: CheckpointIO | None = None,
-        precision_plugin: Precision | None = None,
     ) -> None:
         if mode not in ("per_parameter", "bucketed"):
             raise ValueError(f"mode must be 'per_parameter' or 'bucketed', got {mode!r}")
@@ -91,11 +83,6 @@ class ExplicitAllReduceDDPStrategy(DDPStrategy):
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         super().__init__(
-            accelerator=accelerator,
-            parallel_devices=parallel_devices,
-            cluster_environment=cluster_environment,
-            checkpoint_io=checkpoint_io,
-            precision_plugin=precision_plugin,
             process_group_backend=process_group_backend,
             timeout=timedelta(seconds=timeout_s),
             start_method=start_method,
