@@ -31,6 +31,8 @@ CASES: dict[str, dict[str, Any]] = {
     },
     "fp16_scaler": {"trainer": {"max_steps": 6}, "model": {"overflow_rank1_steps": (2, 4)}, "scaler": True},
     "one_rank_param": {"trainer": {"max_steps": 6}, "model": {"rank0_only_head": True}, "find_unused": True},
+    # The model engineer's global-negative contrastive loss (all_gather with gradient) under each strategy.
+    "contrastive_gather": {"trainer": {"max_steps": 5}, "model": {"contrastive": True}},
     "manual_two_optimizers": {"trainer": {"max_steps": 4}, "model": {"manual": True}},
 }
 VARIANTS = ("ddp", "per_parameter", "bucketed", "bucketed_overlap")

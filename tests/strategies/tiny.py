@@ -8,6 +8,8 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 from typing_extensions import override
 
+from mm_lightning.models import ContrastiveLoss
+
 
 def tiny_loader(n: int = 96, batch_size: int = 4, seed: int = 0) -> DataLoader:
     generator = torch.Generator().manual_seed(seed)
@@ -25,6 +27,8 @@ class TinyNet(pl.LightningModule):
         manual: manual optimization with two optimizers (body, head) and an explicit reduce per optimizer.
         manual_reduce: in manual optimization, call ``strategy.reduce_gradients`` (False: forget to).
         loss_scale: multiplies the loss (large values make gradient clipping bite).
+        contrastive: add the project's ContrastiveLoss (global negatives through a gradient-carrying all-gather)
+            between the head output and a projection of the targets.
         lr: SGD learning rate of the body (the head gets half).
     """
 
@@ -35,6 +39,7 @@ class TinyNet(pl.LightningModule):
         manual: bool = False,
         manual_reduce: bool = True,
         loss_scale: float = 1.0,
+        contrastive: bool = False,
         lr: float = 0.1,
     ) -> None:
         super().__init__()
@@ -45,6 +50,8 @@ class TinyNet(pl.LightningModule):
         self.frozen = nn.Linear(8, 4).requires_grad_(False)
         self.rank0_only_head = nn.Linear(16, 4) if rank0_only_head else None
         self.never_used = nn.Linear(3, 3) if rank0_only_head else None
+        self.contrastive = ContrastiveLoss() if contrastive else None
+        self.target_proj = nn.Linear(4, 4) if contrastive else None
         self.overflow_rank1_steps = overflow_rank1_steps
         self.lr = lr
         self.loss_scale = loss_scale
@@ -55,7 +62,10 @@ class TinyNet(pl.LightningModule):
     def loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
         x, y = batch
         features = self.body(x)
-        loss = self.loss_scale * nn.functional.mse_loss(self.head(features) + self.frozen(x), y)
+        out = self.head(features)
+        loss = self.loss_scale * nn.functional.mse_loss(out + self.frozen(x), y)
+        if self.contrastive is not None and self.target_proj is not None:
+            loss = loss + self.contrastive(out, self.target_proj(y))
         if self.rank0_only_head is not None and self.global_rank == 0:
             loss = loss + self.rank0_only_head(features).pow(2).mean()
         if self.global_rank == 1 and self.global_step in self.overflow_rank1_steps:
