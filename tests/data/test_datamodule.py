@@ -20,7 +20,7 @@ def _dm(train: Path, **kwargs: object) -> MultimodalDataModule:
 
 
 def test_batch_contract(tmp_path: Path) -> None:
-    dm = _dm(coco_style(tmp_path, num_images=4, captions_per_image=2))
+    dm = _dm(coco_style(tmp_path, num_images=4, captions_per_image=2), normalize_on="device")
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
     assert batch["image"].shape == (4, 3, 32, 32) and batch["image"].dtype == torch.uint8
@@ -111,10 +111,10 @@ class _Recorder(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.0)
 
 
-@pytest.mark.parametrize("on_device", [True, False])
-def test_model_receives_normalized_float_images(tmp_path: Path, on_device: bool) -> None:
+@pytest.mark.parametrize("normalize_on", ["device", "worker", "auto"])
+def test_model_receives_normalized_float_images(tmp_path: Path, normalize_on: str) -> None:
     dm = _dm(
-        coco_style(tmp_path, num_images=4, captions_per_image=1), normalize_on_device=on_device, val_file=None
+        coco_style(tmp_path, num_images=4, captions_per_image=1), normalize_on=normalize_on, val_file=None
     )
     model = _Recorder()
     trainer = pl.Trainer(
@@ -128,15 +128,23 @@ def test_model_receives_normalized_float_images(tmp_path: Path, on_device: bool)
     trainer.fit(model, datamodule=dm)
     image = model.images[0]
     assert image.dtype == torch.float32
-    # the normalized batch maps back to the uint8 pixels exactly (same crop RNG is not needed for that)
+    # normalized with the ImageNet statistics: maps back onto the uint8 pixel grid exactly
     pixels = image * torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) + torch.tensor(IMAGENET_MEAN).view(
         1, 3, 1, 1
     )
     assert pixels.min() >= -1e-5 and pixels.max() <= 1 + 1e-5
     assert torch.allclose(pixels * 255, (pixels * 255).round(), atol=1e-3)
-    # from Python without a Trainer: uint8 until normalize_batch (device mode), float either way after it
-    batch = dm.normalize_batch(next(iter(dm.train_dataloader())))
-    assert batch["image"].dtype == torch.float32
+    assert dm.normalizes_in_workers() == (normalize_on != "device")  # auto on a CPU trainer: workers
+
+
+@pytest.mark.parametrize("normalize_on", ["device", "worker", "auto"])
+def test_from_python_without_trainer(tmp_path: Path, normalize_on: str) -> None:
+    dm = _dm(coco_style(tmp_path, num_images=4, captions_per_image=1), normalize_on=normalize_on)
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    # auto outside a Trainer normalizes in the workers, so a plain loop feeds the model float images
+    assert batch["image"].dtype == (torch.uint8 if normalize_on == "device" else torch.float32)
+    assert dm.normalize_batch(batch)["image"].dtype == torch.float32
 
 
 def test_collate_and_dataset_pickle_without_tokenizer(tmp_path: Path) -> None:
