@@ -71,7 +71,7 @@ class MultimodalDataModule(pl.LightningDataModule):
             copy (``on_after_batch_transfer``; 4x fewer bytes through worker queues, pinned memory and PCIe);
             ``"worker"``: in the collate. ``"auto"``: device when training on an accelerator, workers on CPU
             and outside a Trainer (measured in ``benchmarks/data_pipeline.py``).
-        reduced_decode: let JPEGs decode at 1/2, 1/4, 1/8 size when the crop still needs no upsampling.
+        reduced_decode: let large JPEGs decode at 1/4 or 1/8 size when the crop still needs no upsampling.
         confine_to_root: reject image paths (absolute, ``..``, links) that leave ``image_root``.
         max_image_pixels: refuse images above this many pixels (decompression bombs); ``None`` disables.
     """
