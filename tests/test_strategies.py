@@ -16,6 +16,7 @@ import torch
 from lightning.pytorch.strategies import StrategyRegistry
 
 from mm_lightning.strategies import ExplicitAllReduceDDPStrategy
+from mm_lightning.strategies.reducers import assign_buckets
 from tests.strategies.launch import run_ranks
 from tests.strategies.parity_worker import CASES, CONTROL_CASE
 
@@ -50,6 +51,23 @@ def test_registered_with_explicit_signature() -> None:
     assert params["mode"].default == "bucketed" and params["bucket_cap_mb"].default == 25.0
     with pytest.raises(ValueError, match="mode must be"):
         ExplicitAllReduceDDPStrategy(mode="ring")  # type: ignore[arg-type]
+
+
+def test_bucket_assignment() -> None:
+    params = [
+        torch.zeros(100),  # 400 B
+        torch.zeros(100, dtype=torch.float16),  # 200 B, other dtype
+        torch.zeros(150),  # 600 B
+        torch.zeros(1000),  # 4000 B, larger than the cap
+        torch.zeros(50),  # 200 B
+        torch.zeros(10),  # 40 B
+    ]
+    buckets = assign_buckets(params, cap_bytes=1000)
+    # Reverse order, capped per bucket, dtypes never mixed, the oversize parameter alone, every index once.
+    assert buckets == [[5, 4], [3], [2, 0], [1]]
+    for bucket in buckets:
+        assert len({params[i].dtype for i in bucket}) == 1
+        assert len(bucket) == 1 or sum(params[i].numel() * params[i].element_size() for i in bucket) <= 1000
 
 
 @pytest.mark.slow

@@ -22,6 +22,27 @@ from torch import Tensor
 from torch.nn import Parameter
 
 
+def assign_buckets(params: Sequence[Tensor], cap_bytes: int) -> list[list[int]]:
+    """Groups parameter indices into buckets of at most ``cap_bytes``, in reverse order, one dtype/device each.
+
+    Reverse order approximates the order in which backward produces gradients (as DDP assumes); a parameter
+    larger than the cap gets a bucket of its own.
+    """
+    buckets: list[list[int]] = []
+    open_buckets: dict[tuple[torch.dtype, torch.device], tuple[list[int], int]] = {}
+    for index in reversed(range(len(params))):
+        param = params[index]
+        key = (param.dtype, param.device)
+        members, size = open_buckets.get(key, ([], 0))
+        nbytes = param.numel() * param.element_size()
+        if members and size + nbytes > cap_bytes:
+            buckets.append(members)
+            members, size = [], 0
+        open_buckets[key] = (members + [index], size + nbytes)
+    buckets.extend(members for members, _ in open_buckets.values() if members)
+    return buckets
+
+
 class GradientReducer(ABC):
     """Averages the gradients of a fixed, ordered list of parameters across the process group.
 
@@ -99,24 +120,9 @@ class BucketedReducer(GradientReducer):
         self, params: Sequence[Parameter], bucket_cap_mb: float = 25.0, group: dist.ProcessGroup | None = None
     ) -> None:
         super().__init__(params, group)
-        self.buckets = self._assign_buckets(int(bucket_cap_mb * 1024 * 1024))
+        self.buckets = assign_buckets(self.params, int(bucket_cap_mb * 1024 * 1024))
         # Flat buffers are allocated once and reused every step (DDP keeps its buckets alive the same way).
         self._flat: list[Tensor | None] = [None] * len(self.buckets)
-
-    def _assign_buckets(self, cap_bytes: int) -> list[list[int]]:
-        buckets: list[list[int]] = []
-        open_bucket: dict[tuple[torch.dtype, torch.device], tuple[list[int], int]] = {}
-        for index in reversed(range(len(self.params))):
-            param = self.params[index]
-            key = (param.dtype, param.device)
-            members, size = open_bucket.get(key, ([], 0))
-            nbytes = param.numel() * param.element_size()
-            if members and size + nbytes > cap_bytes:
-                buckets.append(members)
-                members, size = [], 0
-            open_bucket[key] = (members + [index], size + nbytes)
-        buckets.extend(members for members, _ in open_bucket.values() if members)
-        return buckets
 
     def reduce(self) -> None:
         """Averages ``param.grad`` over all ranks, one collective per bucket."""
@@ -141,6 +147,10 @@ class BucketedReducer(GradientReducer):
             view = flat[offset : offset + param.numel()]
             if param.grad is None:
                 view.zero_()
+            elif param.grad.is_sparse:
+                raise ValueError(
+                    "ExplicitAllReduceDDPStrategy does not support sparse gradients; use DDPStrategy."
+                )
             else:
                 torch.mul(param.grad.reshape(-1), scale, out=view)
             offset += param.numel()
