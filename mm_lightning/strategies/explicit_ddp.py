@@ -63,8 +63,6 @@ class ExplicitAllReduceDDPStrategy(DDPStrategy):
     ``--trainer.strategy.*`` options to the ones above).
     """
 
-    strategy_name = "ddp_explicit"
-
     def __init__(
         self,
         mode: ReductionMode = "bucketed",
