@@ -31,8 +31,9 @@ class ImageDecodeError(ValueError):
 def _draft_scale(size: tuple[int, int], min_side: int | None) -> int:
     """Largest libjpeg DCT scale denominator (1, 4, 8) that keeps the shorter side >= ``min_side``.
 
-    1/2 is never used: through PIL it measured no faster than torchvision's full decode plus the resize
-    (640x480 -> 224: 0.9x), while 1/4 and 1/8 win 1.6x and 2.2x (``benchmarks/data_pipeline.py``).
+    1/2 is not used: decode + crop through PIL at 1/2 measured within noise of torchvision's full decode
+    (640x480 -> 224 px: 1.07x), while 1/4 and 1/8 win 1.2x (1280x960) and ~2x (2560x1920), best of 7
+    alternating runs on one core (``benchmarks/data_pipeline.py`` prints these).
     """
     if not min_side:
         return 1
