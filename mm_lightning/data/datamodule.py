@@ -11,6 +11,7 @@ or from the CLI, ``python -m mm_lightning fit --config configs/base.yaml``.
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -32,6 +33,10 @@ from mm_lightning.data.transforms import (
 )
 
 Split = Literal["train", "val", "test", "predict"]
+
+# torchdata 0.11 calls a torch API that torch now flags as deprecated, once per loader iterator; it is not
+# actionable for users.
+warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
 
 
 class MultimodalDataModule(pl.LightningDataModule):
