@@ -4,8 +4,9 @@
   renames it over the target, so a kill during a save leaves the previous ``last.ckpt`` intact.
 * :class:`ResilientCheckpoint` is a drop-in ``ModelCheckpoint`` whose ``last.ckpt`` is written every
   ``every_n_train_steps`` and at every training epoch end, independently of the monitored metric.
-* :class:`RNGStateCheckpoint` stores Python / NumPy / torch RNG states in the checkpoint (as tensors, so it
-  loads with ``weights_only=True``) and reseeds per batch, which makes a mid-epoch resume bit-exact.
+* :class:`ExactResume` stores Python / NumPy / torch RNG states in the checkpoint (as tensors, so it loads
+  with ``weights_only=True``), reseeds per batch and re-applies the train loader's saved position when Lightning
+  skipped it, which makes a mid-epoch resume bit-exact.
 * :class:`PreemptionCheckpoint` turns SIGTERM / SIGUSR1 into "save ``last.ckpt`` after this batch, then exit 0",
   with the same decision on every rank.
 
@@ -173,16 +174,24 @@ class ResilientCheckpoint(ModelCheckpoint):
         self._last_only_step = step
 
 
-class RNGStateCheckpoint(Callback):
-    """Make resumed runs draw the same random numbers as uninterrupted ones.
+class ExactResume(Callback):
+    """Make a resumed run continue exactly like an uninterrupted one (RNG streams and data position).
 
-    Lightning checkpoints do not contain RNG states. This callback stores the Python, NumPy and torch (CPU and
-    CUDA) states and restores them when the checkpoint is loaded, which covers a resume at an epoch boundary
-    (the next epoch's shuffling and worker seeds are drawn from them). Within an epoch, Lightning's prefetching,
-    validation and the data loader's iterator creation draw from the global generators at points that differ
-    between a resumed and an uninterrupted run, so with ``reseed_every_batch`` the generators are also reseeded
-    at every training batch from ``(seed, batch counter)``: a batch's dropout etc. then depends only on its
-    position in training, not on what ran before it in this process.
+    * Lightning checkpoints do not contain RNG states. This callback stores the Python, NumPy and torch (CPU
+      and CUDA) states and restores them when the checkpoint is loaded, which covers a resume at an epoch
+      boundary (the next epoch's shuffling and worker seeds are drawn from them).
+    * Within an epoch, Lightning's prefetching, validation and the data loader's iterator creation draw from the
+      global generators at points that differ between a resumed and an uninterrupted run, so with
+      ``reseed_every_batch`` the generators are also reseeded at every training batch from ``(seed, batch
+      counter)``: a batch's dropout, negative sampling etc. depend only on its position in training.
+    * Lightning 2.6 applies the checkpoint's train-loader position (a ``StatefulDataLoader``'s state) in
+      ``FitLoop.setup_data``. When ``configure_optimizers`` reads ``trainer.estimated_stepping_batches`` (as
+      warmup/cosine schedules do), ``setup_data`` has already run before the checkpoint's loop state is read, the
+      position is never applied and the resumed epoch starts over with a new shuffle. ``on_train_start`` applies
+      it and restarts the not yet consumed iterator.
+
+    Random data augmentation is exact only if it does not draw from the global generators of the process that
+    loads the batch (see the README: per-sample seeding).
 
     Args:
         seed: Base seed of the per-batch reseeding; ``None`` uses the one ``seed_everything`` set (0 if none).
@@ -197,6 +206,17 @@ class RNGStateCheckpoint(Callback):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if self.seed is None:
             self.seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+
+    @override
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        fit_loop = trainer.fit_loop
+        pending = fit_loop._combined_loader_states_to_load
+        if pending and fit_loop._combined_loader is not None and fit_loop._data_fetcher is not None:
+            fit_loop._combined_loader._load_state_dicts(pending)
+            fit_loop._combined_loader_states_to_load = []
+            iter(
+                fit_loop._data_fetcher
+            )  # a new iterator from the restored position (the old one only prefetched)
 
     @override
     def on_train_batch_start(

@@ -80,14 +80,14 @@ class MultimodalCLI(LightningCLI):
             RetrievalGridLogger,
             StepTimeMonitor,
         )
-        from mm_lightning.checkpointing import PreemptionCheckpoint, RNGStateCheckpoint
+        from mm_lightning.checkpointing import ExactResume, PreemptionCheckpoint
 
         # Always-on groups (configurable, e.g. --nan_guard.max_consecutive 5): NaN/Inf guard, SIGTERM/SIGUSR1 ->
-        # save last.ckpt + exit 0, RNG state for exact resume, and the monitors the README's tag table lists.
+        # save last.ckpt + exit 0, exact resume (RNG states, loader position) and the README's monitors.
         resilience_groups = {
             "nan_guard": NaNGuard,
             "preemption": PreemptionCheckpoint,
-            "rng_state": RNGStateCheckpoint,
+            "exact_resume": ExactResume,
             "step_time": StepTimeMonitor,
             "peak_memory": PeakMemoryMonitor,
             "grad_norm": GradNormMonitor,

@@ -61,7 +61,10 @@ class TinyModule(LightningModule):
     @override
     def configure_optimizers(self) -> Any:
         optimizer = torch.optim.AdamW(self.parameters(), lr=0.05, weight_decay=0.1)
-        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+        # Like MultimodalModule's warmup/cosine: reading estimated_stepping_batches here makes Lightning set up
+        # the train loader before a checkpoint's loader position is known (see ExactResume).
+        total = self.trainer.estimated_stepping_batches
+        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=int(total))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 

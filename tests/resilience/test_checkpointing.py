@@ -17,7 +17,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from typing_extensions import override
 
-from mm_lightning.checkpointing import AtomicCheckpointIO, ResilientCheckpoint, RNGStateCheckpoint
+from mm_lightning.checkpointing import AtomicCheckpointIO, ExactResume, ResilientCheckpoint
 from tests.resilience.helpers import TinyModule, random_loader
 
 REPO = Path(__file__).resolve().parents[2]
@@ -133,7 +133,7 @@ def test_best_checkpoint_follows_each_validation(tmp_path: Path, checkpoint_cls:
 
 
 def test_rng_state_round_trip() -> None:
-    callback = RNGStateCheckpoint(seed=3)
+    callback = ExactResume(seed=3)
     state = callback.state_dict()
     expected = (random.random(), np.random.rand(), torch.rand(1))
     random.random(), np.random.rand(), torch.rand(5)  # move every generator on

@@ -68,6 +68,7 @@ def test_sigkill_mid_epoch_then_resume_matches_uninterrupted_run(tmp_path: Path)
     assert resumed["global_step"] == 20
     torch.testing.assert_close(resumed["params"], expected, rtol=0, atol=1e-6)
 
-    # Control: the same resume without the RNG state callback draws other dropout masks, and the check sees it.
-    finish(start(control, "--max-steps", "20", "--ckpt-path", "last", "--no-rng-state"))
+    # Control: the same resume without ExactResume (RNG states, loader position) ends elsewhere, and the check
+    # sees it.
+    finish(start(control, "--max-steps", "20", "--ckpt-path", "last", "--no-exact-resume"))
     assert (torch.load(control / "final.pt")["params"] - expected).abs().max() > 1e-6

@@ -19,7 +19,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from typing_extensions import override
 
 from mm_lightning.callbacks.nan_guard import NaNGuard
-from mm_lightning.checkpointing import PreemptionCheckpoint, ResilientCheckpoint, RNGStateCheckpoint
+from mm_lightning.checkpointing import ExactResume, PreemptionCheckpoint, ResilientCheckpoint
 from tests.resilience.helpers import TinyModule, flat_params
 
 
@@ -49,9 +49,7 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=2, help="last.ckpt every N steps")
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds per step")
     parser.add_argument("--ckpt-path", default=None)
-    parser.add_argument(
-        "--no-rng-state", action="store_true", help="leave out RNGStateCheckpoint (a control)"
-    )
+    parser.add_argument("--no-exact-resume", action="store_true", help="leave out ExactResume (a control)")
     args = parser.parse_args()
     args.root.mkdir(parents=True, exist_ok=True)
 
@@ -70,7 +68,7 @@ def main() -> None:
             PreemptionCheckpoint(),
             NaNGuard(),
             StepMarkers(args.root, args.sleep),
-            *([] if args.no_rng_state else [RNGStateCheckpoint()]),
+            *([] if args.no_exact_resume else [ExactResume()]),
         ],
     )
     trainer.fit(TinyModule(dropout=0.3), loader, ckpt_path=args.ckpt_path)
