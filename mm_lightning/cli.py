@@ -28,9 +28,10 @@ from typing_extensions import override
 
 import mm_lightning.strategies  # noqa: F401  (registers the "ddp_explicit" strategy name)
 from mm_lightning.callbacks import EmbeddingWriter
-from mm_lightning.data import MultimodalDataModule
+from mm_lightning.data import BadRecordLogger, MultimodalDataModule
 from mm_lightning.models import MultimodalModule
 
+EXPLICIT_STRATEGY = "mm_lightning.strategies.ExplicitAllReduceDDPStrategy"
 TRAINER_DEFAULTS: dict[str, Any] = {
     "logger": {
         "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
@@ -70,6 +71,8 @@ class MultimodalCLI(LightningCLI):
         parser.add_lightning_class_args(ThroughputMonitor, "throughput")
         # samples/s and batches/s over a sliding window of steps (Lightning's default window is 100 steps)
         parser.set_defaults({"throughput.batch_size_fn": batch_size_of, "throughput.window_size": 20})
+        # data/skipped (cumulative, all ranks) + the first reasons, when on_bad_record=skip replaces samples
+        parser.add_lightning_class_args(BadRecordLogger, "bad_records")
         # Acts only in `predict`: one embeddings file per rank (see README "Predict: export embeddings").
         parser.add_lightning_class_args(EmbeddingWriter, "prediction")
         # >>> resilience defaults (argument groups)
@@ -100,8 +103,26 @@ class MultimodalCLI(LightningCLI):
         parser.link_arguments("data.init_args.image_size", "model.image_size")
 
 
+def expand_strategy_name(args: list[str]) -> list[str]:
+    """Let ``--trainer.strategy ddp_explicit`` take nested options such as ``--trainer.strategy.mode``.
+
+    jsonargparse accepts a registry name only as a plain string, so nested options need the class path.
+    """
+    if not any(a.startswith("--trainer.strategy.") for a in args):
+        return args
+    out = list(args)
+    for i, arg in enumerate(out):
+        if arg == "--trainer.strategy=ddp_explicit":
+            out[i] = f"--trainer.strategy={EXPLICIT_STRATEGY}"
+        elif arg == "--trainer.strategy" and i + 1 < len(out) and out[i + 1] == "ddp_explicit":
+            out[i + 1] = EXPLICIT_STRATEGY
+    return out
+
+
 def cli_main(args: list[str] | None = None, run: bool = True) -> MultimodalCLI:
     """Build (and by default run) the CLI; ``args`` replaces ``sys.argv[1:]`` (used by tests and notebooks)."""
+    if args is not None:
+        args = expand_strategy_name(args)
     return MultimodalCLI(
         MultimodalModule,
         MultimodalDataModule,
@@ -124,5 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         from mm_lightning.data.audit import main as audit_main
 
         return audit_main(args[1:])
-    cli_main(argv)  # None -> LightningCLI reads sys.argv itself
+    if argv is None:
+        sys.argv[1:] = expand_strategy_name(sys.argv[1:])  # LightningCLI reads sys.argv itself
+    cli_main(argv)
     return 0

@@ -55,3 +55,8 @@ def test_strategy_shorthand_and_nested_override(capsys: pytest.CaptureFixture[st
     overlay = str(CONFIGS / "ddp_explicit.yaml")
     config = _print_config(capsys, "--config", demo, "--config", overlay, "--trainer.strategy.mode", "per_parameter")
     assert config["trainer"]["strategy"]["init_args"]["mode"] == "per_parameter"
+    config = _print_config(
+        capsys, "--config", demo, "--trainer.strategy", "ddp_explicit", "--trainer.strategy.mode", "per_parameter"
+    )
+    assert config["trainer"]["strategy"]["class_path"] == "mm_lightning.strategies.ExplicitAllReduceDDPStrategy"
+    assert config["trainer"]["strategy"]["init_args"]["mode"] == "per_parameter"
