@@ -19,6 +19,7 @@ import os
 import random
 import signal
 import tempfile
+import threading
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -274,14 +275,26 @@ class PreemptionCheckpoint(Callback):
     def __init__(self, signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1")) -> None:
         self.signals = tuple(signal.Signals[name] for name in signals)
         self.received: signal.Signals | None = None
+        self._active = False
+        self._previous: dict[signal.Signals, Any] = {}
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        # Only a flag: the handler runs between two bytecodes of whatever is executing, so it must not save.
-        self.received = signal.Signals(signum)
+        if self._active:
+            # Only a flag: the handler runs between two bytecodes of whatever is executing, so it must not save.
+            self.received = signal.Signals(signum)
+            return
+        # Outside fit (Lightning may reinstall this handler at its teardown): behave as before we were installed.
+        previous = self._previous.get(signal.Signals(signum), signal.SIG_DFL)
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
 
     def _install(self) -> None:
         for signum in self.signals:
             try:
+                self._previous.setdefault(signum, signal.getsignal(signum))
                 signal.signal(signum, self._on_signal)
             except ValueError:  # not the main thread (e.g. a notebook's worker thread): nothing to install
                 return
@@ -289,7 +302,9 @@ class PreemptionCheckpoint(Callback):
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         use_atomic_checkpoint_io(trainer)
-        self.received = None
+        if stage != "fit":
+            return
+        self.received, self._active, self._previous = None, True, {}
         # Installed before Lightning registers its SIGTERM handler, so data-loader workers forked at the start
         # of the first epoch inherit a handler that does not kill them.
         self._install()
@@ -298,6 +313,17 @@ class PreemptionCheckpoint(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # Lightning's own handler (registered after `setup`) would raise in the middle of validation.
         self._install()
+
+    @override
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._active = False
+        for signum, previous in self._previous.items():
+            if previous is not None and threading.current_thread() is threading.main_thread():
+                signal.signal(signum, previous)
+
+    @override
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._active = False  # Lightning restores our handler at its teardown; it then delegates (see above)
 
     @override
     def on_train_batch_end(

@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning.pytorch import Trainer
 
+from mm_lightning.checkpointing import PreemptionCheckpoint
+from tests.resilience.helpers import TinyModule, random_loader
 from tests.resilience.test_checkpointing import REPO, wait_for
 
 
@@ -72,3 +75,24 @@ def test_sigkill_mid_epoch_then_resume_matches_uninterrupted_run(tmp_path: Path)
     # sees it.
     finish(start(control, "--max-steps", "20", "--ckpt-path", "last", "--no-exact-resume"))
     assert (torch.load(control / "final.pt")["params"] - expected).abs().max() > 1e-6
+
+
+def test_signal_handlers_are_restored_after_fit() -> None:
+    watched = (signal.SIGTERM, signal.SIGUSR1)
+    before = {s: signal.getsignal(s) for s in watched}
+    seen_during_fit = {}
+
+    class Probe(PreemptionCheckpoint):
+        def on_train_batch_end(self, trainer: Trainer, *args: object) -> None:
+            seen_during_fit.update({s: signal.getsignal(s) for s in watched})
+            super().on_train_batch_end(trainer, *args)
+
+    trainer = Trainer(
+        accelerator="cpu", max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, callbacks=[Probe()],
+    )  # fmt: skip
+    trainer.fit(TinyModule(), random_loader(16))
+    assert all(
+        getattr(h, "__func__", None) is PreemptionCheckpoint._on_signal for h in seen_during_fit.values()
+    )
+    assert {s: signal.getsignal(s) for s in watched} == before
