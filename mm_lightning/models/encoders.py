@@ -50,7 +50,8 @@ class SmallResNet(nn.Sequential):
     Args:
         widths: channels per stage; each stage after the first halves the resolution.
         layers: number of ``BasicBlock`` per stage (default: one per stage).
-        stem_stride: stride of the stem convolution.
+        stem_stride: stride of the stem convolution; above 2 the stem is a non-overlapping patchify
+            convolution (kernel = stride), which cuts the cost of the first stage for larger images.
     """
 
     def __init__(
@@ -62,9 +63,10 @@ class SmallResNet(nn.Sequential):
         layers = [1] * len(widths) if layers is None else layers
         if len(widths) != len(layers):
             raise ValueError(f"widths {list(widths)} and layers {list(layers)} must have the same length")
+        kernel, padding = (3, 1) if stem_stride <= 2 else (stem_stride, 0)
         modules: list[nn.Module] = [
             nn.Sequential(
-                nn.Conv2d(3, widths[0], 3, stride=stem_stride, padding=1, bias=False),
+                nn.Conv2d(3, widths[0], kernel, stride=stem_stride, padding=padding, bias=False),
                 nn.BatchNorm2d(widths[0]),
                 nn.ReLU(inplace=True),
             )

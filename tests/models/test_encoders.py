@@ -46,6 +46,15 @@ def test_image_backbones_return_pooled_vector_and_tokens(name, pooled_dim, token
         assert _all_params_get_grad(encoder, images)
 
 
+def test_small_resnet_patchify_stem_downsamples_by_its_stride() -> None:
+    encoder = ImageEncoder("resnet_custom", image_size=64, kwargs={"widths": [8, 16], "stem_stride": 4})
+    stem = encoder.backbone[0][0]
+    assert stem.kernel_size == (4, 4) and stem.stride == (4, 4)
+    with torch.no_grad():
+        out = encoder(torch.randn(1, 3, 64, 64))
+    assert out.tokens.shape == (1, 8 * 8, 16)  # 64 / 4 = 16, then one stride-2 stage
+
+
 def test_resnet_pooled_vector_is_torchvision_penultimate_feature() -> None:
     import torchvision
 
