@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 from typing_extensions import override
 
@@ -123,10 +124,7 @@ def _ddp_worker(rank: int, world_size: int, port: int, fn: Callable[[str], None]
         LOCAL_RANK=str(rank),
         RANK=str(rank),
     )
-    try:
-        fn(out_dir)
-    except Exception as error:  # recorded for the test, which runs in the parent process
-        (Path(out_dir) / f"rank{rank}.err").write_text(f"{type(error).__name__}: {error}")
+    fn(out_dir)
 
 
 def run_on_two_ranks(fn: Callable[[str], None], out_dir: Path) -> None:
@@ -142,3 +140,20 @@ def run_on_two_ranks(fn: Callable[[str], None], out_dir: Path) -> None:
     torch.multiprocessing.start_processes(
         _ddp_worker, args=(2, port, fn, str(out_dir)), nprocs=2, join=True, start_method="spawn"
     )
+
+
+def fit_tiny(module: TinyModule, callbacks: list[Callback], steps: int = 5, **trainer_kwargs: Any) -> Trainer:
+    """Fit ``module`` on :func:`random_loader` for ``steps`` steps, without logger or default checkpoints."""
+    has_checkpoint = any(isinstance(c, ModelCheckpoint) for c in callbacks)
+    trainer = Trainer(
+        accelerator="cpu",
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=has_checkpoint,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+        **trainer_kwargs,
+    )
+    trainer.fit(module, random_loader())
+    return trainer
