@@ -23,6 +23,16 @@ from torch import Tensor
 DEFAULT_KS = (1, 5, 10)
 
 
+def first_occurrence(values: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Distinct values (sorted), the position of the first occurrence of each, and each value's slot."""
+    unique, inverse = torch.unique(values, sorted=True, return_inverse=True)
+    order = torch.arange(values.numel(), device=values.device)
+    first = torch.full_like(unique, values.numel(), dtype=torch.long).scatter_reduce(
+        0, inverse, order, reduce="amin"
+    )
+    return unique, first, inverse
+
+
 def dedup_images(image_emb: Tensor, image_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """One embedding per distinct image id (the first row of each).
 
@@ -30,10 +40,7 @@ def dedup_images(image_emb: Tensor, image_ids: Tensor) -> tuple[Tensor, Tensor, 
         ``(unique_ids, unique_emb, column)``: sorted distinct ids, their embeddings, and for every row the
         column of its image in ``unique_emb``.
     """
-    unique_ids, column = torch.unique(image_ids, sorted=True, return_inverse=True)
-    order = torch.arange(image_ids.numel(), device=image_ids.device)
-    first = torch.full((unique_ids.numel(),), image_ids.numel(), dtype=torch.long, device=image_ids.device)
-    first = first.scatter_reduce(0, column, order, reduce="amin")
+    unique_ids, first, column = first_occurrence(image_ids)
     return unique_ids, image_emb[first], column
 
 

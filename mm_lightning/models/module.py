@@ -14,7 +14,7 @@ from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 from typing_extensions import override
 
-from mm_lightning.metrics import retrieval_metrics
+from mm_lightning.metrics import first_occurrence, retrieval_metrics
 from mm_lightning.models.encoders import EncoderOutput, ImageEncoder, TextEncoder
 from mm_lightning.models.itm import ImageTextMatching
 from mm_lightning.models.losses import ContrastiveLoss, DynamicWeightAveraging
@@ -248,7 +248,7 @@ class MultimodalModule(LightningModule):
         rows = {
             k: torch.cat([g[r, : int(counts[r])] for r in range(g.shape[0])]) for k, g in gathered.items()
         }
-        _, keep = _first_occurrence(rows["index"])
+        _, keep, _ = first_occurrence(rows["index"])
         return {k: v[keep] for k, v in rows.items()}
 
     def _log_retrieval(self, stage: str) -> None:
@@ -321,11 +321,3 @@ class MultimodalModule(LightningModule):
             self.log(f"train/grad_norm_{name}", norm)
         # then the trainer's global clipping (Trainer(gradient_clip_val=...)), if configured
         self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
-
-
-def _first_occurrence(values: Tensor) -> tuple[Tensor, Tensor]:
-    """Distinct values and the position of the first occurrence of each."""
-    unique, inverse = torch.unique(values, return_inverse=True)
-    order = torch.arange(values.numel(), device=values.device)
-    first = torch.full_like(unique, values.numel()).scatter_reduce(0, inverse, order, reduce="amin")
-    return unique, first
