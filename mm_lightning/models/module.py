@@ -168,6 +168,22 @@ class MultimodalModule(LightningModule):
         text_out = self.text_encoder(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
         return image_out, text_out, self.image_proj(image_out.pooled), self.text_proj(text_out.pooled)
 
+    @torch.no_grad()
+    def embed_text(
+        self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None
+    ) -> Tensor:
+        """L2-normalized fp32 embeddings of tokenized captions (inference, e.g. search queries).
+
+        Accepts a tokenizer's output directly: ``model.embed_text(**tokenizer(texts, return_tensors="pt"))``.
+        """
+        out = self.text_encoder(input_ids, attention_mask, token_type_ids)
+        return F.normalize(self.text_proj(out.pooled).float(), dim=-1)
+
+    @torch.no_grad()
+    def embed_images(self, images: Tensor) -> Tensor:
+        """L2-normalized fp32 embeddings of (B, 3, H, W) normalized images (inference)."""
+        return F.normalize(self.image_proj(self.image_encoder(images).pooled).float(), dim=-1)
+
     @override
     def forward(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         """L2-normalized fp32 image and text embeddings of a batch."""

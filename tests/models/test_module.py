@@ -88,6 +88,28 @@ def test_embedding_writer_writes_loadable_file(trained, tmp_path: Path, file_for
     assert (data["image_id"][sims.argmax(1)] == data["image_id"]).float().mean() > 0.5
 
 
+def test_readme_text_to_image_search(trained, tmp_path: Path) -> None:
+    """The README's search snippet over a predict file: a caption's top image is its own."""
+    from mm_lightning.metrics import first_occurrence
+
+    model, _, _ = trained
+    model.eval()
+    writer = EmbeddingWriter(str(tmp_path))
+    _trainer(tmp_path, callbacks=[writer]).predict(
+        model, pair_loader(batch_size=16), return_predictions=False
+    )
+    emb = torch.load(writer.path_for_rank(0))
+    batch = make_batch(size=1)
+    dataset = pair_loader().dataset
+    batch["input_ids"] = dataset.input_ids[3:4]  # a caption of image 3
+    query = model.embed_text(batch["input_ids"], torch.ones_like(batch["input_ids"]))
+    torch.testing.assert_close(query, emb["text_embeddings"][3:4])  # same as the predict path
+    _, first, _ = first_occurrence(emb["image_id"])  # one row per image
+    top = (emb["image_embeddings"][first] @ query.T).squeeze(1).topk(3).indices
+    assert 3 in emb["image_id"][first][top].tolist()
+    torch.testing.assert_close(model.embed_images(dataset.images[:2]), emb["image_embeddings"][:2])
+
+
 def test_itm_off_builds_no_fusion_and_every_parameter_trains() -> None:
     model = tiny_module(itm_weight=0.0)
     assert model.itm is None
