@@ -234,3 +234,18 @@ def test_bf16_mixed_training_on_cpu(tmp_path: Path) -> None:
     assert seen["tokens"] == torch.bfloat16  # encoders ran under autocast
     loss = trainer.callback_metrics["train/loss_itc"]
     assert torch.isfinite(loss) and model.contrastive.logit_scale.dtype == torch.float32
+
+
+def test_grouped_clipping_acts_on_unscaled_gradients_under_16_mixed(tmp_path: Path) -> None:
+    """With GradScaler, Lightning unscales before configure_gradient_clipping: the clipped norm is the max norm.
+
+    Clipping the scaled gradients instead would leave the image tower at max_norm / scale after unscaling.
+    """
+    from lightning.pytorch.plugins import MixedPrecision
+
+    from tests.models.helpers import TINY_MODEL
+
+    model = ClipProbe(**(TINY_MODEL | {"clip_image_encoder": 1e-3}))
+    plugin = MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu", init_scale=2.0**12))
+    _trainer(tmp_path, max_steps=1, plugins=[plugin]).fit(model, pair_loader())
+    assert model.norms["image"] == pytest.approx(1e-3, rel=1e-2)
