@@ -22,12 +22,13 @@ import os
 import sys
 from typing import Any
 
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ThroughputMonitor
+from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
 
 import mm_lightning.strategies  # noqa: F401  (registers the "ddp_explicit" strategy name)
 from mm_lightning.callbacks import EmbeddingWriter
+from mm_lightning.checkpointing import ResilientCheckpoint
 from mm_lightning.data import BadRecordLogger, MultimodalDataModule
 from mm_lightning.models import MultimodalModule
 
@@ -55,7 +56,8 @@ class MultimodalCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # Callbacks added as argument groups are always present and configurable from the command line
         # (--checkpoint.every_n_train_steps 500), unlike trainer.callbacks which a config list replaces.
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        # ModelCheckpoint's arguments; last.ckpt every N steps and at epoch end, atomic writes, fresh "best".
+        parser.add_lightning_class_args(ResilientCheckpoint, "checkpoint")
         parser.set_defaults(
             {
                 "checkpoint.dirpath": "logs/mm_lightning/checkpoints",

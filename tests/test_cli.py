@@ -54,7 +54,7 @@ def test_fit_writes_checkpoints_and_config(tiny_run: TinyRun) -> None:
     best = list(tiny_run.checkpoint_dir.glob("best-*.ckpt"))
     assert len(best) == 1, best  # top-1 by val/r1_t2i
     checkpoint = torch.load(best[0], map_location="cpu", weights_only=False)
-    monitor = next(v for k, v in checkpoint["callbacks"].items() if k.startswith("ModelCheckpoint"))
+    monitor = next(v for k, v in checkpoint["callbacks"].items() if k.startswith("ResilientCheckpoint"))
     assert monitor["monitor"] == "val/r1_t2i"
     saved = (tiny_run.log_dir / "config.yaml").read_text()
     assert "mm_lightning.data.DemoDataModule" in saved and "fusion_heads" in saved

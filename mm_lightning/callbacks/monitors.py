@@ -159,11 +159,12 @@ class RetrievalGridLogger(Callback):
     def __init__(self, num_images: int = 8, num_batches: int = 4, tile: int = 128) -> None:
         self.num_images, self.num_batches, self.tile = num_images, num_batches, tile
         self._rows: list[dict[str, torch.Tensor]] = []
+        self._captions: list[str] = []
         self._tokenizer: Any = None
 
     @override
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._rows = []
+        self._rows, self._captions = [], []
 
     @override
     def on_validation_batch_end(
@@ -179,10 +180,13 @@ class RetrievalGridLogger(Callback):
             return
         with torch.no_grad():
             embeddings = pl_module(batch)
+        if self._tokenizer is None:
+            self._tokenizer = _tokenizer_of(trainer)
+        # decoded per batch: each batch is padded to its own longest caption, so ids cannot be concatenated
+        self._captions += self._tokenizer.batch_decode(batch["input_ids"], skip_special_tokens=True)
         self._rows.append(
             {
                 "image": batch["image"].detach().float().cpu(),
-                "input_ids": batch["input_ids"].cpu(),
                 "image_id": batch["image_id"].cpu(),
                 "image_embeddings": embeddings["image_embeddings"].cpu(),
                 "text_embeddings": embeddings["text_embeddings"].cpu(),
@@ -198,14 +202,12 @@ class RetrievalGridLogger(Callback):
             grid = self.render(trainer)
             for experiment in experiments:
                 experiment.add_image("val/retrieval_grid", grid, trainer.global_step)
-        self._rows = []
+        self._rows, self._captions = [], []
 
     def render(self, trainer: Trainer) -> torch.Tensor:
         """The grid as a uint8 (3, H, W) tensor."""
         rows = {k: torch.cat([r[k] for r in self._rows]) for k in self._rows[0]}
-        if self._tokenizer is None:
-            self._tokenizer = _tokenizer_of(trainer)
-        captions = self._tokenizer.batch_decode(rows["input_ids"], skip_special_tokens=True)
+        captions = self._captions
         shown = _first_rows_of_distinct(rows["image_id"], self.num_images)
         best = (rows["image_embeddings"][shown] @ rows["text_embeddings"].T).argmax(1)
         tiles = [

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import zlib
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -27,6 +29,7 @@ class ImageTextDataset(Dataset):
         max_pixels: decompression-bomb guard, see :func:`decode_image_file`.
         min_side: allow reduced-size JPEG decoding down to this shorter side (``None``: full size).
         max_replacements: give up (raise) after this many consecutive bad items under ``"skip"``.
+        seed: base seed of the per-batch augmentation seeding (``None``: the one ``seed_everything`` set).
     """
 
     def __init__(
@@ -38,10 +41,12 @@ class ImageTextDataset(Dataset):
         max_pixels: int | None = DEFAULT_MAX_PIXELS,
         min_side: int | None = None,
         max_replacements: int = 64,
+        seed: int | None = None,
     ) -> None:
         self.index, self.transform, self.caption_sampling = index, transform, caption_sampling
         self.on_bad_record, self.max_pixels, self.min_side = on_bad_record, max_pixels, min_side
         self.max_replacements = max_replacements
+        self.seed = int(os.environ.get("PL_GLOBAL_SEED", 0)) if seed is None else seed
 
     def __len__(self) -> int:
         return self.index.num_images if self.caption_sampling == "random" else self.index.num_captions
@@ -51,7 +56,7 @@ class ImageTextDataset(Dataset):
         if self.caption_sampling == "all":
             return item
         start, stop = self.index.starts[item], self.index.starts[item + 1]
-        # torch's RNG: DataLoader seeds it per worker, so draws differ across workers and epochs.
+        # torch's RNG, seeded per batch by __getitems__ (draws differ across batches and epochs).
         pick = start + int(torch.randint(int(stop - start), ()).item()) if stop - start > 1 else start
         return int(self.index.by_image[pick])
 
@@ -78,6 +83,19 @@ class ImageTextDataset(Dataset):
             "image_id": int(self.index.image_ids[row]),
             "index": item,
         }
+
+    def __getitems__(self, items: list[int]) -> list[dict[str, Any]]:
+        """Load a whole batch with its random draws (caption choice, crops) seeded by the batch's own indices.
+
+        The DataLoader calls this once per batch, in the main process or in whichever worker gets the batch. A
+        seed derived from the (shuffled) index list makes the augmentation a pure function of the batch, so it
+        is the same in any worker layout and after a mid-epoch resume -- which worker RNGs seeded at iterator
+        creation cannot give (their stream position is not in a checkpoint).
+        """
+        seed = zlib.crc32(np.asarray(items, dtype=np.int64).tobytes(), self.seed & 0xFFFFFFFF)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return [self[item] for item in items]
 
     def __getitem__(self, item: int) -> dict[str, Any]:
         reasons: list[str] = []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import io
 import time
 from typing import Any
@@ -142,17 +144,16 @@ class _Tokenizer:
 
 def test_retrieval_grid_colours_correct_and_wrong_retrievals() -> None:
     grid = RetrievalGridLogger(num_images=2, tile=64)
-    grid._tokenizer = _Tokenizer()
     # Image 0's embedding matches its own caption; image 1's matches image 0's caption.
     grid._rows = [
         {
             "image": torch.rand(2, 3, 16, 16),
-            "input_ids": torch.tensor([[0], [1]]),
             "image_id": torch.tensor([10, 11]),
             "image_embeddings": torch.tensor([[1.0, 0.0], [1.0, 0.0]]),
             "text_embeddings": torch.tensor([[1.0, 0.0], [0.0, 1.0]]),
         }
     ]
+    grid._captions = ["caption 0", "caption 1"]
     pixels = grid.render(trainer=None).permute(1, 2, 0)  # (H, W, 3)
     assert pixels.shape[1] == 2 * 64
     captions = pixels[64:]  # the text area under the tiles
@@ -160,3 +161,24 @@ def test_retrieval_grid_colours_correct_and_wrong_retrievals() -> None:
     red = (captions[..., 0] > 200) & (captions[..., 1] < 50)
     assert green[:, :64].any() and not red[:, :64].any()  # image 0: retrieved its own caption
     assert red[:, 64:].any() and not green[:, 64:].any()  # image 1: retrieved image 0's caption
+
+
+def test_retrieval_grid_accepts_batches_padded_to_different_lengths() -> None:
+    # Each validation batch is padded to its own longest caption: the ids of two batches have different widths.
+    grid = RetrievalGridLogger(num_images=2, tile=32)
+    grid._tokenizer = _Tokenizer()
+    trainer = SimpleNamespace(sanity_checking=False, is_global_zero=True)
+
+    def module(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        n = batch["image"].shape[0]
+        return {"image_embeddings": torch.eye(2)[:n], "text_embeddings": torch.eye(2)[:n]}
+
+    for batch_idx, (width, image_id) in enumerate([(3, 0), (7, 1)]):
+        batch = {
+            "image": torch.rand(1, 3, 8, 8),
+            "input_ids": torch.full((1, width), image_id),
+            "image_id": torch.tensor([image_id]),
+        }
+        grid.on_validation_batch_end(trainer, module, None, batch, batch_idx)
+    assert grid._captions == ["caption 0", "caption 1"]
+    assert grid.render(trainer).shape[0] == 3
