@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,19 @@ def tiny_demo_args(root: Path, *extra: str, max_steps: int = 6) -> list[str]:
         "--throughput.window_size", "3",
         *extra,
     ]  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _isolated_environment() -> Iterator[None]:
+    """Undo environment changes a test leaves behind.
+
+    In-process Lightning runs (``ddp_spawn``, ``seed_everything``) write MASTER_PORT, PL_GLOBAL_SEED, ... into
+    ``os.environ``; later subprocess launches would inherit them (e.g. every 2-process CLI run reusing one port).
+    """
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 @dataclass
