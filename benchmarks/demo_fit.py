@@ -24,7 +24,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--target", type=float, default=0.9)
     parser.add_argument("--budget", type=float, default=180.0, help="seconds allowed for the whole command")
     parser.add_argument("cli_args", nargs="*", help="extra CLI overrides (after --)")

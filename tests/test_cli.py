@@ -14,7 +14,9 @@ from tests.conftest import REPO, TinyRun, tiny_demo_args
 
 
 def test_overrides_reach_the_objects(tmp_path: Path) -> None:
-    cli = cli_main([*tiny_demo_args(tmp_path), "--model.fusion_heads", "2", "--data.batch_size", "8"], run=False)
+    cli = cli_main(
+        [*tiny_demo_args(tmp_path), "--model.fusion_heads", "2", "--data.batch_size", "8"], run=False
+    )
     assert cli.model.hparams.fusion_heads == 2
     attention = [m for m in cli.model.modules() if isinstance(m, torch.nn.MultiheadAttention)]
     assert attention and all(m.num_heads == 2 for m in attention)
@@ -78,7 +80,11 @@ def test_validate_test_predict_from_checkpoint(tiny_run: TinyRun, tmp_path: Path
 @pytest.mark.slow
 def test_module_entry_point_runs() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "mm_lightning", "fit", "--help"], cwd=REPO, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "mm_lightning", "fit", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "--model.fusion_heads" in result.stdout and "--checkpoint.every_n_train_steps" in result.stdout

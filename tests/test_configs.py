@@ -34,7 +34,10 @@ def test_config_parses_and_has_header(name: str, capsys: pytest.CaptureFixture[s
     # linked targets (data.tokenizer, model.image_size) are derived, so --print_config leaves them out
     assert "tokenizer" not in config["data"]["init_args"] and "image_size" not in config["model"]
     if name == "ddp_explicit.yaml":
-        assert config["trainer"]["strategy"]["class_path"] == "mm_lightning.strategies.ExplicitAllReduceDDPStrategy"
+        assert (
+            config["trainer"]["strategy"]["class_path"]
+            == "mm_lightning.strategies.ExplicitAllReduceDDPStrategy"
+        )
         assert config["trainer"]["precision"] == "bf16-mixed"  # the base recipe is kept under the overlay
 
 
@@ -53,10 +56,20 @@ def test_strategy_shorthand_and_nested_override(capsys: pytest.CaptureFixture[st
     config = _print_config(capsys, "--config", demo, "--trainer.strategy", "ddp_explicit")
     assert config["trainer"]["strategy"] == "ddp_explicit"
     overlay = str(CONFIGS / "ddp_explicit.yaml")
-    config = _print_config(capsys, "--config", demo, "--config", overlay, "--trainer.strategy.mode", "per_parameter")
+    config = _print_config(
+        capsys, "--config", demo, "--config", overlay, "--trainer.strategy.mode", "per_parameter"
+    )
     assert config["trainer"]["strategy"]["init_args"]["mode"] == "per_parameter"
     config = _print_config(
-        capsys, "--config", demo, "--trainer.strategy", "ddp_explicit", "--trainer.strategy.mode", "per_parameter"
+        capsys,
+        "--config",
+        demo,
+        "--trainer.strategy",
+        "ddp_explicit",
+        "--trainer.strategy.mode",
+        "per_parameter",
     )
-    assert config["trainer"]["strategy"]["class_path"] == "mm_lightning.strategies.ExplicitAllReduceDDPStrategy"
+    assert (
+        config["trainer"]["strategy"]["class_path"] == "mm_lightning.strategies.ExplicitAllReduceDDPStrategy"
+    )
     assert config["trainer"]["strategy"]["init_args"]["mode"] == "per_parameter"

@@ -33,12 +33,16 @@ def test_generation_is_deterministic_and_complete(tmp_path: Path) -> None:
 
 def test_eval_captions_unique_and_compositions_held_out(tmp_path: Path) -> None:
     root = generate_demo_dataset(tmp_path / "d", **SMALL)
-    captions = {split: [c for r in _records(root, split) for c in r["text"]] for split in ("train", "val", "test")}
+    captions = {
+        split: [c for r in _records(root, split) for c in r["text"]] for split in ("train", "val", "test")
+    }
     for split in ("val", "test"):
         assert len(captions[split]) == len(set(captions[split])), f"duplicate captions in {split}"
     train = set(captions["train"])
-    assert not train & set(captions["val"]) and not train & set(captions["test"]) and not set(captions["val"]) & set(
-        captions["test"]
+    assert (
+        not train & set(captions["val"])
+        and not train & set(captions["test"])
+        and not set(captions["val"]) & set(captions["test"])
     )
 
 
@@ -68,10 +72,13 @@ def test_interrupted_cache_is_rebuilt(tmp_path: Path) -> None:
 def test_shipped_demo_bert_matches_its_builder(tmp_path: Path) -> None:
     shipped = Path(resolve_pretrained(DEMO_BERT))
     rebuilt = build_demo_bert(tmp_path / "demo-bert")
-    assert AutoTokenizer.from_pretrained(shipped).get_vocab() == AutoTokenizer.from_pretrained(rebuilt).get_vocab()
-    assert AutoConfig.from_pretrained(shipped).to_diff_dict() | {"_name_or_path": ""} == AutoConfig.from_pretrained(
-        rebuilt
-    ).to_diff_dict() | {"_name_or_path": ""}
+    assert (
+        AutoTokenizer.from_pretrained(shipped).get_vocab()
+        == AutoTokenizer.from_pretrained(rebuilt).get_vocab()
+    )
+    assert AutoConfig.from_pretrained(shipped).to_diff_dict() | {
+        "_name_or_path": ""
+    } == AutoConfig.from_pretrained(rebuilt).to_diff_dict() | {"_name_or_path": ""}
 
 
 def test_demo_tokenizer_covers_every_demo_caption(tmp_path: Path) -> None:

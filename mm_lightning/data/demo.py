@@ -46,7 +46,11 @@ POSITIONS: dict[str, tuple[float, float]] = {
     "bottom right": (0.73, 0.73),
     "center": (0.5, 0.5),
 }
-BACKGROUNDS: dict[str, tuple[int, int, int]] = {"dark": (25, 25, 30), "gray": (125, 125, 125), "beige": (225, 205, 170)}
+BACKGROUNDS: dict[str, tuple[int, int, int]] = {
+    "dark": (25, 25, 30),
+    "gray": (125, 125, 125),
+    "beige": (225, 205, 170),
+}
 TEMPLATES = (
     "a {size} {colour} {shape} in the {position} on a {background} background",
     "{background} background with a {size} {colour} {shape} at the {position}",
@@ -59,7 +63,10 @@ Combo = tuple[str, str, str, str, str]  # shape, colour, size, position, backgro
 def captions_for(combo: Combo) -> list[str]:
     """All captions (one per template) of one attribute combination."""
     shape, colour, size, position, background = combo
-    return [t.format(shape=shape, colour=colour, size=size, position=position, background=background) for t in TEMPLATES]
+    return [
+        t.format(shape=shape, colour=colour, size=size, position=position, background=background)
+        for t in TEMPLATES
+    ]
 
 
 def demo_words() -> list[str]:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import io
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
