@@ -14,7 +14,6 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -34,9 +33,36 @@ def gather_with_grad(tensor: Tensor) -> Tensor:
     """
     if distributed_world()[1] == 1:
         return tensor
-    # torch's suggested replacement for the deprecated torch.distributed.nn.functional.all_gather;
-    # its backward is a sum reduce-scatter (also on gloo)
-    return funcol.all_gather_single(tensor.contiguous(), 0, dist.group.WORLD)
+    return _GatherWithGrad.apply(tensor)
+
+
+class _GatherWithGrad(torch.autograd.Function):
+    """All-gather whose backward sums each slice's gradient over the ranks (a reduce-scatter).
+
+    Hand-written because torch's public ``torch.distributed.nn.functional.all_gather`` is deprecated and its
+    suggested replacement, ``_functional_collectives.all_gather_single``, returns lazily-waited tensors: on gloo a
+    2-process CLI run crashed with SIGSEGV and "unwaited collective calls" at exit. Here every collective is
+    synchronous.
+    """
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, tensor: Tensor) -> Tensor:
+        out = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+        dist.all_gather(out, tensor.contiguous())
+        return torch.cat(out, dim=0)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor) -> Tensor:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        grad = grad.contiguous()
+        if dist.get_backend() == "nccl":
+            local = torch.empty_like(grad.chunk(world)[rank])
+            dist.reduce_scatter_tensor(local, grad)
+            return local
+        # gloo has no reduce-scatter: sum the whole gradient, keep this rank's slice
+        total = grad.clone()
+        dist.all_reduce(total)
+        return total.chunk(world)[rank].contiguous()
 
 
 def gather_no_grad(tensor: Tensor) -> Tensor:
