@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import random
 import shutil
@@ -81,8 +82,6 @@ def demo_words() -> list[str]:
 
 
 def _shape_polygon(shape: str, cx: float, cy: float, r: float) -> list[tuple[float, float]]:
-    import math
-
     if shape == "triangle":
         return [(cx, cy - r), (cx + r * 0.95, cy + r * 0.8), (cx - r * 0.95, cy + r * 0.8)]
     if shape == "diamond":
