@@ -18,7 +18,6 @@ Examples::
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
@@ -140,9 +139,6 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> MultimodalCLI:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m mm_lightning`` and the ``mm-lightning`` script."""
     args = list(sys.argv[1:] if argv is None else argv)
-    # Tokenization runs in the collate (often in forked workers); the Rust tokenizer's own thread pool would
-    # warn and disable itself after a fork, so keep it single-threaded per worker from the start.
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if args and args[0] == "audit":
         from mm_lightning.data.audit import main as audit_main
 

@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
 REPO = Path(__file__).resolve().parents[1]
 DEMO_CONFIG = REPO / "configs" / "demo.yaml"
 
