@@ -74,9 +74,11 @@ class SplitScan:
     examples: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     images: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))  # path -> line numbers
     captions: list[str] = field(default_factory=list)
+    bad_records: list[tuple[int, str]] = field(default_factory=list)  # (line, kind) of every bad record
 
-    def error(self, kind: str, message: str, records: int = 1) -> None:
-        self.bad_lines[kind] += records
+    def error(self, kind: str, message: str, lines: list[int]) -> None:
+        self.bad_lines[kind] += len(lines)
+        self.bad_records.extend((line, kind) for line in lines)
         if len(self.examples[kind]) < EXAMPLES:
             self.examples[kind].append(message)
 
@@ -93,7 +95,7 @@ def scan_lines(dm: MultimodalDataModule, split: str) -> SplitScan:
             try:
                 record = parser.parse(raw, line_no)
             except RecordError as err:
-                scan.error(err.kind, str(err))
+                scan.error(err.kind, str(err), [line_no])
                 continue
             scan.images[record.image].append(line_no)
             scan.captions.extend(record.captions)
@@ -104,7 +106,9 @@ def _caption_report(captions: list[str], tokenizer: str, max_length: int) -> dic
     tok = load_tokenizer(tokenizer)
     lengths: list[int] = []
     for start in range(0, len(captions), 1024):
-        lengths += [len(ids) for ids in tok(captions[start : start + 1024], truncation=False)["input_ids"]]
+        # Full lengths on purpose (to count overlong captions): no "longer than the maximum" warning.
+        ids = tok(captions[start : start + 1024], truncation=False, verbose=False)["input_ids"]
+        lengths += [len(row) for row in ids]
     counts = Counter(captions)
     return {
         "captions": len(captions),
@@ -126,7 +130,7 @@ def _image_report(scan: SplitScan, results: dict[str, dict[str, Any]]) -> dict[s
         if not res["ok"]:
             # Every line naming a bad image is a bad record (training skips or stops on each).
             bad_images[res["kind"]] += 1
-            scan.error(res["kind"], f"{scan.file}:{lines[0]} (image {path!r}): {res['reason']}", len(lines))
+            scan.error(res["kind"], f"{scan.file}:{lines[0]} (image {path!r}): {res['reason']}", lines)
             continue
         modes[res["mode"]] += 1
         sides.append(min(res["height"], res["width"]))
@@ -172,6 +176,7 @@ def audit(dm: MultimodalDataModule, splits: list[str], workers: int, progress: b
             "errors": errors,
             "bad_lines": dict(scan.bad_lines),
             "examples": dict(scan.examples),
+            "bad_records": sorted(scan.bad_records),
             **images,
             **_caption_report(scan.captions, hp.tokenizer, hp.max_length),
         }
