@@ -209,6 +209,7 @@ CASES: list[Case] = [
 def write_case_file(root: Path, lines: list[bytes], name: str = "split.jsonl") -> Path:
     """Write JSONL ``lines`` (bytes) under ``root``; returns the path."""
     path = root / name
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"\n".join(lines) + b"\n")
     return path
 
