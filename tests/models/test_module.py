@@ -159,6 +159,33 @@ def test_warmup_then_cosine_per_step(tmp_path: Path) -> None:
     np.testing.assert_allclose(lrs, want, rtol=1e-6)
 
 
+def test_unbounded_run_keeps_the_peak_lr_after_warmup_and_warns(tmp_path: Path) -> None:
+    lrs: list[float] = []
+
+    class RecordAndStop(Callback):
+        def on_train_batch_start(self, trainer, *args) -> None:
+            lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+        def on_train_batch_end(self, trainer, *args) -> None:
+            trainer.should_stop = len(lrs) >= 6
+
+    model = tiny_module(optim={"lr": 1e-3, "warmup_steps": 2})
+    trainer = _trainer(tmp_path, max_epochs=-1, max_steps=-1, callbacks=[RecordAndStop()])
+    with pytest.warns(UserWarning, match="unbounded.*stays at its peak"):
+        trainer.fit(model, pair_loader(batch_size=4))
+    np.testing.assert_allclose(lrs, [5e-4, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3], rtol=1e-6)
+
+
+def test_zero_tower_lr_is_a_value_not_unset(tmp_path: Path) -> None:
+    model = tiny_module(optim={"lr": 1e-3}, image={"lr": 0.0})
+    before = model.image_encoder.backbone[0][0].weight.clone()
+    trainer = _trainer(tmp_path, max_steps=2)
+    trainer.fit(model, pair_loader())
+    groups = {g["name"]: g for g in trainer.optimizers[0].param_groups}
+    assert groups["image_encoder"]["initial_lr"] == 0.0 and groups["heads"]["initial_lr"] == 1e-3
+    assert torch.equal(before, model.image_encoder.backbone[0][0].weight)
+
+
 class ClipProbe(MultimodalModule):
     """Records the per-tower gradient norms right after clipping."""
 
