@@ -5,8 +5,8 @@ A ``LightningCLI`` over :class:`~mm_lightning.models.MultimodalModule` and any
 best checkpoints written atomically, learning-rate and throughput monitors, a seed) and the arguments that must
 agree linked, so a user changes one line:
 
-* ``model.text_encoder`` -> ``data.tokenizer`` (the tokenizer always matches the text encoder);
-* ``data.image_size`` -> ``model.image_size`` (size-dependent image encoders such as ViT are built to match);
+* ``model.text.name`` -> ``data.tokenizer`` (the tokenizer always matches the text tower);
+* ``data.image_size`` -> ``model.image.image_size`` (size-dependent image towers such as ViT are built to match);
 * ``trainer.default_root_dir`` (the run directory) -> the logger's ``save_dir`` and ``checkpoint.dirpath``
   (``<run dir>/checkpoints``): one option moves a run's logs, config and checkpoints together.
 
@@ -139,8 +139,8 @@ class MultimodalCLI(LightningCLI):
                 "throughput.window_size": 20,
             }
         )
-        parser.link_arguments("model.text_encoder", "data.init_args.tokenizer")
-        parser.link_arguments("data.init_args.image_size", "model.image_size")
+        parser.link_arguments("model.text.name", "data.init_args.tokenizer")
+        parser.link_arguments("data.init_args.image_size", "model.image.image_size")
         parser.link_arguments("trainer.default_root_dir", "trainer.logger.init_args.save_dir")
         parser.link_arguments("trainer.default_root_dir", "checkpoint.dirpath", compute_fn=checkpoint_dir_of)
 

@@ -55,7 +55,7 @@ class MultimodalDataModule(pl.LightningDataModule):
         image_root: folder that relative image paths are resolved against (default: each JSONL's folder).
         image_key: record key holding the image path (e.g. ``"image_path"``).
         text_key: record key holding the caption, a string or a list of strings.
-        tokenizer: HF tokenizer name or local path (the CLI links it to ``model.text_encoder``).
+        tokenizer: HF tokenizer name or local path (the CLI links it to ``model.text.name``).
         max_length: truncate captions to this many tokens.
         pad_to_multiple_of: pad each batch's token length up to a multiple of this (e.g. 8), or ``None``.
         image_size: output image side.
