@@ -193,8 +193,7 @@ def _cli_config(tmp_path: Path, mode: str, **files: Path) -> list[str]:
         "--trainer.log_every_n_steps", "1",
         "--trainer.enable_progress_bar", "false",
         "--trainer.enable_model_summary", "false",
-        "--trainer.logger.init_args.save_dir", str(tmp_path / "logs"),
-        "--checkpoint.dirpath", str(tmp_path / "checkpoints"),
+        "--trainer.default_root_dir", str(tmp_path),  # logs in tmp_path/version_N, checkpoints in .../checkpoints
     ]  # fmt: skip
 
 
