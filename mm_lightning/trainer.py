@@ -6,7 +6,6 @@ LightningCLI builds each subcommand's options from the trainer method of the sam
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 
@@ -54,32 +53,24 @@ class MultimodalTrainer(Trainer):
             audit: Report path, splits, workers and the error-rate threshold.
 
         Returns:
-            0, or 1 when the error rate exceeds ``audit.max_error_rate``.
+            0, or 1 when the error rate exceeds ``audit.max_error_rate`` or a split has no valid record.
         """
-        from mm_lightning.data.audit import audit as run_audit
+        from mm_lightning.data.audit import run_audit
 
         options = audit if isinstance(audit, AuditOptions) else AuditOptions(**dict(vars(audit or {})))
         if datamodule is None:
             raise ValueError("audit needs the data section of a config (--config ... or --data ...).")
-        datamodule.prepare_data()
-        report = run_audit(datamodule, options.splits, options.workers, options.progress)
-        report["max_error_rate"] = options.max_error_rate
-        os.makedirs(os.path.dirname(os.path.abspath(options.output)), exist_ok=True)
-        with open(options.output, "w") as f:
-            json.dump(report, f, indent=2)
-        print(
-            f"audit: {report['records']} records, {report['errors']} errors "
-            f"(rate {report['error_rate']:.4f}, max {options.max_error_rate}); report: {options.output}"
+        report = run_audit(
+            datamodule,
+            options.output,
+            options.max_error_rate,
+            options.splits,
+            options.workers,
+            options.progress,
         )
-        for split, rep in report["splits"].items():
-            print(
-                f"  {split}: {rep['records']} records, {rep['images']} images, bad {rep['bad_lines'] or 'none'},"
-                f" overlong captions {rep['overlong_captions']}, duplicate captions {rep['duplicate_captions']}"
-            )
-        failed = report["error_rate"] > options.max_error_rate
-        if failed:
-            rank_zero_info(f"audit: error rate above {options.max_error_rate}: exit status 1")
-        return 1 if failed else 0
+        if report["exit_code"]:
+            rank_zero_info("audit: too many bad records or a split without a valid record: exit status 1")
+        return report["exit_code"]
 
 
 def instantiate_datamodule(spec: object) -> LightningDataModule:

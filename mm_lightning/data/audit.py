@@ -8,7 +8,7 @@ through the same checks as training (:class:`~mm_lightning.data.sources.jsonl.Re
 passes is one ``fit`` accepts and vice versa. Tokenizes every caption and writes a JSON report with bad records
 by kind (with examples naming file, line and reason), missing/undecodable images, empty and overlong captions,
 duplicate images and captions, and histograms of image size/mode and caption length. Exits 1 when errors exceed
-``--audit.max_error_rate`` or a split has no valid record. :func:`run_audit` is the same audit from Python.
+``--audit.max_error_rate`` or a split has no valid record. :func:`run_audit` is the audit; the command line's ``audit`` subcommand calls it.
 """
 
 from __future__ import annotations
@@ -22,8 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import yaml
-from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 from PIL import Image
 from tqdm import tqdm
 
@@ -32,8 +30,6 @@ from mm_lightning.data.datamodule import MultimodalDataModule
 from mm_lightning.data.records import Record, RecordError
 from mm_lightning.data.samples import SampleBuilder
 
-# Sections of a full training config that the audit does not use.
-IGNORED_KEYS = ("model", "trainer", "ckpt_path", "seed_everything", "optimizer", "lr_scheduler")
 SIZE_BUCKETS = (0, 32, 64, 128, 224, 384, 512, 1024, 2048)
 TOKEN_BUCKETS = (0, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512)
 EXAMPLES = 10
@@ -227,51 +223,3 @@ def run_audit(
     for split in report["splits_without_valid_records"]:
         print(f"  {split}: 0 valid records in {report['splits'][split]['file']}: training would stop")
     return report
-
-
-def build_parser(config_keys: set[str]) -> ArgumentParser:
-    """``data`` as in the training CLI, the ``audit`` options, and ignored other sections of a config."""
-    parser = ArgumentParser(prog="python -m mm_lightning audit", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", action=ActionConfigFile)
-    parser.add_subclass_arguments(MultimodalDataModule, "data", required=True)
-    parser.add_argument("--audit.output", type=str, default="audit_report.json", help="JSON report path")
-    parser.add_argument("--audit.splits", type=list[str], default=["train", "val", "test"])
-    parser.add_argument("--audit.workers", type=int, default=os.cpu_count() or 1, help="decoding processes")
-    parser.add_argument(
-        "--audit.max_error_rate",
-        type=float,
-        default=0.0,
-        help="exit 1 when (bad records / records) exceeds this",
-    )
-    parser.add_argument("--audit.progress", type=bool, default=True)
-    # A full training config also has trainer/model/callback sections (and whatever groups the CLI adds).
-    for key in sorted(set(IGNORED_KEYS) | config_keys - {"data", "audit", "config"}):
-        parser.add_argument(f"--{key}", type=Any, default=None)
-    return parser
-
-
-def _config_keys(argv: list[str]) -> set[str]:
-    paths = [v for f, v in zip(argv, argv[1:], strict=False) if f == "--config"]
-    paths += [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
-    keys: set[str] = set()
-    for path in paths:
-        if os.path.isfile(path):
-            with open(path) as f:
-                keys |= set(yaml.safe_load(f) or {})
-    return keys
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the audit from command-line arguments; return the exit code (0 ok, 1 too many errors)."""
-    argv = list(argv or [])
-    parser = build_parser(_config_keys(argv))
-    cfg = parser.parse_args(argv)
-    model = cfg.get("model")
-    init_args = cfg.data.init_args
-    # Same link as the training CLI: the tokenizer follows the text tower unless the data section sets it.
-    text = model.get("text") if isinstance(model, (dict, Namespace)) else None
-    if isinstance(text, (dict, Namespace)) and text.get("name") and "--data.init_args.tokenizer" not in argv:
-        init_args.tokenizer = text.get("name")
-    dm = parser.instantiate_classes(cfg).data
-    a = cfg.audit
-    return run_audit(dm, a.output, a.max_error_rate, a.splits, a.workers, a.progress)["exit_code"]

@@ -9,6 +9,8 @@ from typing import Any
 import torch
 
 from mm_lightning.assets import resolve_pretrained
+from mm_lightning.data.records import FATAL, RecordError, describe
+from mm_lightning.data.samples import ORIGIN_KEY
 from mm_lightning.data.skips import SKIPPED_KEY
 
 
@@ -61,23 +63,42 @@ class MultimodalCollate:
         other.normalize = normalize
         return other
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_tokenizer"] = None
-        return state
-
-    def __call__(self, samples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        images = torch.stack([s["image"] for s in samples])
-        if self.normalize is not None:
-            images = self.normalize(images)
-        tokens = self.tokenizer(
-            [s["caption"] for s in samples],
+    def _tokenize(self, captions: list[str]) -> Any:
+        return self.tokenizer(
+            captions,
             padding="longest",
             truncation=True,
             max_length=self.max_length,
             pad_to_multiple_of=self.pad_to_multiple_of,
             return_tensors="pt",
         )
+
+    def _tokenizer_error(self, samples: list[dict[str, Any]], err: Exception) -> Exception:
+        """Name the record whose caption the tokenizer rejects (captions are validated first, so this is rare)."""
+        for sample in samples:
+            try:
+                self._tokenize([sample["caption"]])
+            except Exception as own:
+                file, line, key, image = sample.get(ORIGIN_KEY, ("<unknown>", None, None, None))
+                reason = f"the tokenizer rejects caption {sample['caption'][:80]!r} ({describe(own)})"
+                return RecordError(file, line, reason, image, kind="bad_caption", sample=key)
+        return err
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_tokenizer"] = None
+        return state
+
+    def __call__(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
+        images = torch.stack([s["image"] for s in samples])
+        if self.normalize is not None:
+            images = self.normalize(images)
+        try:
+            tokens = self._tokenize([s["caption"] for s in samples])
+        except FATAL:
+            raise
+        except Exception as err:
+            raise self._tokenizer_error(samples, err) from err
         batch = {
             "image": images,
             "input_ids": tokens["input_ids"].long(),

@@ -28,6 +28,10 @@ from mm_lightning.data.images import DEFAULT_MAX_PIXELS, ImageDecodeError, decod
 from mm_lightning.data.records import Record, RecordError, record_errors
 from mm_lightning.data.skips import SKIPPED_KEY
 
+ORIGIN_KEY = (
+    "origin"  # sample field: where the record came from (file, line), for errors found in the collate
+)
+
 OnBadRecord = Literal["raise", "skip"]
 # A 1 x 10,000,000 strip passes a pixel-count guard, but resizing its short side to 224 px for evaluation
 # would need ~20 GB; no caption-worthy photo is this elongated.
@@ -59,8 +63,7 @@ class SampleBuilder:
 
     def check_file(self, record: Record) -> None:
         """The image path names a regular file inside the root (links resolved)."""
-        path = record.image
-        assert isinstance(path, str)
+        path = str(record.image)
         with record_errors(record.file, record.line, "bad_path", image=path, sample=record.sample):
             if self.confine_root is not None:
                 real = os.path.realpath(path)
@@ -100,7 +103,9 @@ class SampleBuilder:
     def __call__(self, record: Record, caption: str, image_id: int, index: int) -> dict[str, Any]:
         """The sample of one (image, caption) pair of ``record``."""
         image = self.apply_transform(record, self.decode(record, self.min_side))
-        return {"image": image, "caption": caption, "image_id": image_id, "index": index, SKIPPED_KEY: []}
+        sample = {"image": image, "caption": caption, "image_id": image_id, "index": index, SKIPPED_KEY: []}
+        sample[ORIGIN_KEY] = (record.file, record.line, record.sample, record.image_label)
+        return sample
 
     def apply_transform(self, record: Record, image: torch.Tensor) -> torch.Tensor:
         """The transformed image, or a ``RecordError`` if the transform fails on it."""

@@ -9,8 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mm_lightning.data.audit import main
+from mm_lightning.cli import main as cli_main
 from tests.data.helpers import TOKENIZER, save_image, write_jsonl
+
+
+def main(args: list[str]) -> int:
+    return cli_main(["audit", *args])
 
 
 def _dataset(root: Path) -> Path:
@@ -87,8 +91,6 @@ def test_audit_report_and_exit_code(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(180)
 def test_audit_clean_data_passes_through_cli(tmp_path: Path) -> None:
-    from mm_lightning.cli import main as cli_main
-
     for i in range(3):
         save_image(tmp_path / f"{i}.png", seed=i)
     train = write_jsonl(

@@ -98,6 +98,24 @@ def test_split_without_valid_record_fails_early(tmp_path: Path, split: str, cont
         dm.setup(stage)
 
 
+def test_a_caption_the_tokenizer_rejects_is_named(tmp_path: Path) -> None:
+    case = next(c for c in CASES if c.name == "caption_html_emoji_rtl")
+    path = _between_good_lines(tmp_path, case)
+    dm = _dm(path, "raise")
+    samples = _load_all(dm)
+    tokenizer = dm.collate.tokenizer
+
+    def picky(captions: list[str], **kwargs: object) -> object:  # a tokenizer with a bug on one caption
+        if any("🐱" in c for c in captions):
+            raise IndexError("piece id out of range")
+        return tokenizer(captions, **kwargs)
+
+    dm.collate._tokenizer = picky
+    with pytest.raises(RecordError, match=rf"^{path}:2 .*tokenizer rejects .*IndexError: piece id") as info:
+        dm.collate(samples)
+    assert info.value.kind == "bad_caption"
+
+
 def test_forty_thousand_captions_keep_their_positions(tmp_path: Path) -> None:
     case = next(c for c in CASES if c.name == "forty_thousand_captions")
     path = write_case_file(tmp_path, [case.make(tmp_path)])
@@ -175,8 +193,7 @@ def _cli_config(tmp_path: Path, mode: str, **files: Path) -> list[str]:
         "--trainer.log_every_n_steps", "1",
         "--trainer.enable_progress_bar", "false",
         "--trainer.enable_model_summary", "false",
-        "--trainer.logger.init_args.save_dir", str(tmp_path / "logs"),
-        "--checkpoint.dirpath", str(tmp_path / "checkpoints"),
+        "--trainer.default_root_dir", str(tmp_path),  # logs in tmp_path/version_N, checkpoints in .../checkpoints
     ]  # fmt: skip
 
 

@@ -1,0 +1,81 @@
+"""The source-independent pieces a second source (shards) reuses: SampleBuilder on bytes, BadRecordPolicy on a
+stream, RecordError through pickling (errors travel from workers inside batches)."""
+
+from __future__ import annotations
+
+import io
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from mm_lightning.data import BadRecordPolicy, Record, RecordError, SampleBuilder, TooManyBadRecords
+from mm_lightning.data.records import record_errors
+from tests.data.helpers import natural_array
+
+
+def _png_bytes() -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(natural_array(20, 24)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _decode(data: bytes) -> torch.Tensor:
+    with Image.open(io.BytesIO(data)) as img:
+        return torch.from_numpy(np.array(img.convert("RGB"))).permute(2, 0, 1).contiguous()
+
+
+def test_builder_decodes_bytes_and_names_the_shard_sample() -> None:
+    builder = SampleBuilder(decode_bytes=_decode)
+    good = Record(_png_bytes(), ["a photo"], "shard-00001.tar", sample="000042", image_name="000042.jpg")
+    sample = builder(good, "a photo", image_id=7, index=3)
+    assert sample["image"].shape == (3, 20, 24) and sample["index"] == 3 and sample["skipped"] == []
+    bad = Record(
+        b"<html>404</html>", ["a photo"], "shard-00001.tar", sample="000043", image_name="000043.jpg"
+    )
+    with pytest.raises(
+        RecordError, match=r"^shard-00001.tar \[sample 000043\] \(image '000043.jpg'\)"
+    ) as info:
+        builder(bad, "a photo", 0, 0)
+    assert info.value.kind == "undecodable_image"
+    with pytest.raises(RecordError, match="no bytes decoder"):
+        SampleBuilder()(good, "a photo", 0, 0)
+
+
+def _stream_build(record: int) -> dict:
+    if record % 3 == 1:
+        raise RecordError("s.tar", None, f"bad {record}", kind="undecodable_image", sample=str(record))
+    return {"index": record}
+
+
+def test_stream_policy_carries_skips_to_the_next_sample() -> None:
+    samples = list(BadRecordPolicy("skip").iter_valid(range(6), _stream_build))
+    assert [s["index"] for s in samples] == [0, 2, 3, 5]
+    assert [[e.sample for e in s["skipped"]] for s in samples] == [[], ["1"], [], ["4"]]
+    with pytest.raises(RecordError, match="bad 1"):
+        list(BadRecordPolicy("raise").iter_valid(range(6), _stream_build))
+    with pytest.raises(TooManyBadRecords):
+        list(BadRecordPolicy("skip", max_replacements=2).iter_valid([1, 4, 7, 0], _stream_build))
+    with pytest.warns(UserWarning, match="1 bad records at the end of the stream"):
+        assert len(list(BadRecordPolicy("skip").iter_valid([0, 1], _stream_build))) == 1
+
+
+def test_record_error_keeps_every_field_through_pickle() -> None:
+    err = RecordError("f.jsonl", 3, "why", "a.jpg", kind="bad_path", key="image")
+    back = pickle.loads(pickle.dumps(err))
+    assert (back.file, back.line, back.reason, back.image, back.kind, back.key) == (
+        "f.jsonl", 3, "why", "a.jpg", "bad_path", "image",
+    )  # fmt: skip
+    assert str(back) == str(err) == "f.jsonl:3 (key 'image') (image 'a.jpg'): why"
+
+
+def test_record_errors_converts_everything_but_fatal_errors() -> None:
+    with pytest.raises(RecordError, match=r"f:1: malformed JSON \(RecursionError: deep\)") as info:
+        with record_errors("f", 1, "malformed_json", what="malformed JSON"):
+            raise RecursionError("deep")
+    assert info.value.kind == "malformed_json" and isinstance(info.value.__cause__, RecursionError)
+    for fatal in (MemoryError, KeyboardInterrupt, SystemExit):
+        with pytest.raises(fatal), record_errors("f", 1, "bad_path"):
+            raise fatal()
