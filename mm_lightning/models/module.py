@@ -236,18 +236,19 @@ class MultimodalModule(LightningModule):
             self.log("train/weight_itm", weights[1], batch_size=bs)
         return loss
 
-    def _eval_step(self, batch: dict[str, Tensor], stage: str) -> None:
+    def _eval_step(self, batch: dict[str, Tensor], stage: str) -> dict[str, Tensor]:
         losses, image_emb, text_emb = self._losses(batch)
         bs = batch["image"].shape[0]
         self.log(f"{stage}/loss", self._total(losses, self.fixed_weights), batch_size=bs, sync_dist=True)
-        self._eval_outputs.append(
-            {
-                "image": F.normalize(image_emb.float(), dim=-1),
-                "text": F.normalize(text_emb.float(), dim=-1),
-                "image_id": batch["image_id"],
-                "index": batch["index"],
-            }
-        )
+        row = {
+            "image": F.normalize(image_emb.float(), dim=-1),
+            "text": F.normalize(text_emb.float(), dim=-1),
+            "image_id": batch["image_id"],
+            "index": batch["index"],
+        }
+        self._eval_outputs.append(row)
+        # the batch's embeddings, for callbacks (e.g. the retrieval grid) without a second forward pass
+        return {"image_embeddings": row["image"], "text_embeddings": row["text"]}
 
     def _gather_eval_outputs(self) -> dict[str, Tensor]:
         """Concatenates this epoch's embeddings over batches and ranks; drops sampler padding duplicates."""
@@ -276,16 +277,16 @@ class MultimodalModule(LightningModule):
         self.log_dict({f"{stage}/{k}": v for k, v in metrics.items()}, batch_size=outs["index"].shape[0])
 
     @override
-    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        self._eval_step(batch, "val")
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
+        return self._eval_step(batch, "val")
 
     @override
     def on_validation_epoch_end(self) -> None:
         self._log_retrieval("val")
 
     @override
-    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        self._eval_step(batch, "test")
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
+        return self._eval_step(batch, "test")
 
     @override
     def on_test_epoch_end(self) -> None:
@@ -326,14 +327,13 @@ class MultimodalModule(LightningModule):
             id(p) for p in self.text_encoder.parameters()
         }
         hp = self.hparams
-        norms = clip_grouped(
+        # per-tower norms are logged once, by the gradient-norm monitor (grad_norm/<submodule>), not here
+        clip_grouped(
             {
                 "image_encoder": (self.image_encoder.parameters(), hp.clip_image_encoder),
                 "text_encoder": (self.text_encoder.parameters(), hp.clip_text_encoder),
                 "heads": ([p for p in self.parameters() if id(p) not in encoder_params], hp.clip_heads),
             }
         )
-        for name, norm in norms.items():
-            self.log(f"train/grad_norm_{name}", norm)
         # then the trainer's global clipping (Trainer(gradient_clip_val=...)), if configured
         self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
