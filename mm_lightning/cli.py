@@ -21,11 +21,14 @@ Examples::
 
 from __future__ import annotations
 
+import logging
 import os
+import warnings
 from typing import Any
 
 from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from typing_extensions import override
 
 import mm_lightning.strategies  # noqa: F401  (registers the "ddp_explicit" strategy name)
@@ -33,6 +36,7 @@ from mm_lightning.callbacks import (
     EmbeddingWriter,
     ExactResume,
     GradNormMonitor,
+    ModelSummary,
     NaNGuard,
     PeakMemoryMonitor,
     PreemptionCheckpoint,
@@ -69,6 +73,8 @@ CALLBACK_GROUPS: dict[str, type] = {
     "bad_records": BadRecordLogger,
     # acts only in `predict`: one embeddings file per rank (README "Predict: export embeddings")
     "prediction": EmbeddingWriter,
+    # Lightning's layer table, without a column of unmeasured (zero) FLOPs
+    "model_summary": ModelSummary,
     # skip non-finite steps, stop after K in a row
     "nan_guard": NaNGuard,
     # SIGTERM / SIGUSR1 -> save last.ckpt after this batch, exit 0
@@ -81,6 +87,32 @@ CALLBACK_GROUPS: dict[str, type] = {
     "grad_norm": GradNormMonitor,
     "retrieval_grid": RetrievalGridLogger,
 }
+
+
+def quiet_lightning_notices() -> None:
+    """Silence Lightning notices a user of this CLI cannot act on (each kept visible where it can matter).
+
+    * "Found N module(s) in eval mode": frozen towers are kept in eval mode on purpose (LiT); the model summary's
+      Mode column and "Modules in eval mode" count show them.
+    * "Tip: ... install litlogger": an advertisement printed by every run.
+    * "Trainer already configured with model summary callbacks": the CLI's own summary replaces the default.
+    * ``isinstance(treespec, LeafSpec)`` deprecation: raised inside Lightning's own code by newer torch.
+    """
+    warnings.filterwarnings(
+        "ignore", message=r"Found \d+ module\(s\) in eval mode", category=PossibleUserWarning
+    )
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+    notices = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if not any(isinstance(f, _DropNotices) for f in notices.filters):
+        notices.addFilter(_DropNotices())
+
+
+class _DropNotices(logging.Filter):
+    UNACTIONABLE = ("litlogger", "Trainer already configured with model summary callbacks")
+
+    @override
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(text in str(record.msg) for text in self.UNACTIONABLE)
 
 
 def batch_size_of(batch: dict[str, Any]) -> int:
@@ -175,6 +207,7 @@ class MultimodalCLI(LightningCLI):
 
 def cli_main(args: list[str] | None = None, run: bool = True) -> MultimodalCLI:
     """Build (and by default run) the CLI; ``args`` replaces ``sys.argv[1:]`` (used by tests and notebooks)."""
+    quiet_lightning_notices()
     return MultimodalCLI(
         MultimodalModule,
         MultimodalDataModule,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -65,16 +66,47 @@ def test_fit_writes_checkpoints_and_config(tiny_run: TinyRun) -> None:
 def test_validate_test_predict_from_checkpoint(tiny_run: TinyRun, tmp_path: Path) -> None:
     ckpt = str(tiny_run.checkpoint_dir / "last.ckpt")
     args = tiny_demo_args(tiny_run.root)
-    cli = cli_main(["validate", *args, "--ckpt_path", ckpt])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cli = cli_main(["validate", *args, "--ckpt_path", ckpt])
+    assert not [w for w in caught if "Resuming from" in str(w.message)]  # same options: nothing overridden
     assert 0.0 <= float(cli.trainer.callback_metrics["val/r1_t2i"]) <= 1.0
     cli = cli_main(["test", *args, "--ckpt_path", ckpt])
     assert {"test/r1_t2i", "test/r1_i2t", "test/r10_t2i", "test/loss"} <= set(cli.trainer.callback_metrics)
     out = tmp_path / "embeddings"
-    cli_main(["predict", *args, "--ckpt_path", ckpt, "--prediction.output_dir", str(out)])
+    predict = ["predict", *args, "--ckpt_path", ckpt, "--prediction.output_dir", str(out)]
+    cli_main(predict)
     data = torch.load(out / "embeddings_rank0.pt", weights_only=True)
     num_test_captions = 24 * 2  # 24 test images, 2 captions each
     assert data["text_embeddings"].shape[0] == num_test_captions == data["index"].shape[0]
     assert torch.allclose(data["text_embeddings"].norm(dim=-1), torch.ones(num_test_captions), atol=1e-4)
+
+    # A second predict into the same folder is refused; with overwrite, an earlier run's files are replaced.
+    stale = out / "embeddings_rank1.npz"
+    stale.write_bytes(b"from an earlier 2-process run")
+    with pytest.raises(FileExistsError, match="--prediction.overwrite true"):
+        cli_main(predict)
+    cli_main([*predict, "--prediction.overwrite", "true"])
+    assert sorted(p.name for p in out.iterdir()) == ["embeddings_rank0.pt"]
+
+
+def test_resume_with_other_options_warns_listing_them(tiny_run: TinyRun) -> None:
+    ckpt = str(tiny_run.checkpoint_dir / "last.ckpt")
+    args = [*tiny_demo_args(tiny_run.root), "--model.fusion_heads", "2", "--data.init_args.batch_size", "8"]
+    with pytest.warns(UserWarning, match="Resuming from") as caught:
+        cli = cli_main(["validate", *args, "--ckpt_path", ckpt])
+    message = next(str(w.message) for w in caught if "Resuming from" in str(w.message))
+    assert "model.fusion_heads: given 2, used 4" in message  # the checkpoint's architecture wins
+    assert "data.batch_size: given 8, checkpoint 16" in message  # data options are taken as given
+    assert cli.model.hparams.fusion_heads == 4 and cli.datamodule.hparams.batch_size == 8
+
+
+def test_fit_twice_in_one_run_dir_keeps_one_last_checkpoint(tiny_run: TinyRun) -> None:
+    cli_main(["fit", *tiny_demo_args(tiny_run.root, max_steps=2), "--trainer.val_check_interval", "2"])
+    assert [p.name for p in tiny_run.checkpoint_dir.glob("last*.ckpt")] == ["last.ckpt"]
+    assert torch.load(tiny_run.checkpoint_dir / "last.ckpt", weights_only=True)["global_step"] == 2
+    # each fit logs into its own version folder of the run dir, next to the shared checkpoints/ folder
+    assert {p.name for p in tiny_run.root.glob("version_*")} >= {"version_0", "version_1"}
 
 
 @pytest.mark.slow

@@ -9,11 +9,13 @@ from mm_lightning.callbacks.monitors import (
 )
 from mm_lightning.callbacks.nan_guard import NaNGuard, NonFiniteTrainingError
 from mm_lightning.callbacks.prediction import EmbeddingWriter
+from mm_lightning.callbacks.summary import ModelSummary
 
 __all__ = [
     "EmbeddingWriter",
     "ExactResume",
     "GradNormMonitor",
+    "ModelSummary",
     "NaNGuard",
     "NonFiniteTrainingError",
     "PeakMemoryMonitor",

@@ -1,12 +1,15 @@
 """TensorBoard monitors that show why a run is slow or unstable.
 
-* :class:`StepTimeMonitor` - ``train/steps_per_sec`` and ``train/data_wait_fraction``;
+* :class:`StepTimeMonitor` - ``train/data_wait_fraction`` (steps per second come from Lightning's
+  ``ThroughputMonitor``, which the CLI also adds);
 * :class:`PeakMemoryMonitor` - ``train/peak_memory_mb`` (CUDA allocator peak, or process peak RSS on CPU);
-* :class:`GradNormMonitor` - ``grad_norm/<submodule>`` and ``grad_norm/total`` after the DDP reduction;
+* :class:`GradNormMonitor` - ``grad_norm/<submodule>`` and ``grad_norm/total`` after the DDP reduction (the
+  one place gradient norms are logged);
 * :class:`RetrievalGridLogger` - ``val/retrieval_grid``: validation images with their true and top retrieved
-  caption.
+  caption, from the embeddings ``validation_step`` returns.
 
-The CLI adds them all; the README lists every tag and what to do when it looks wrong.
+All of them do their work on logging steps only (``trainer.log_every_n_steps``) or once per validation; the
+CLI adds them all; the README lists every tag, what it costs and what to do when it looks wrong.
 """
 
 from __future__ import annotations
@@ -18,13 +21,16 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from PIL import Image, ImageDraw
 from torch.optim import Optimizer
+from torchvision.transforms.v2.functional import InterpolationMode, resize
+from torchvision.utils import make_grid
 from typing_extensions import override
 
 from mm_lightning.data.collate import load_tokenizer
+from mm_lightning.grad_norms import step_grad_norms
 
 
 def _log(trainer: Trainer, metrics: dict[str, float]) -> None:
@@ -39,18 +45,17 @@ def _is_logging_step(trainer: Trainer) -> bool:
 
 
 class StepTimeMonitor(Callback):
-    """Optimizer steps per second and the fraction of wall time spent waiting for the next batch.
+    """The fraction of training wall time spent waiting for the next batch (``train/data_wait_fraction``).
 
     "Waiting for data" is the host time from the end of one training batch to the start of the next
-    (Lightning's fetch of the next batch and its host-to-device copy); validation in between is excluded. Both
-    values are averages over the batches since the previous logging step, measured on rank 0.
+    (Lightning's fetch of the next batch and its host-to-device copy); validation in between is excluded. The
+    value is the average over the batches since the previous logging step, measured on each rank and logged by
+    rank 0's loggers. Costs two ``time.perf_counter`` calls per batch.
     """
 
     def __init__(self) -> None:
         self._last_end: float | None = None
         self._wait = self._total = 0.0
-        self._steps = 0
-        self._step_before = 0
 
     @override
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -63,7 +68,6 @@ class StepTimeMonitor(Callback):
         now = time.perf_counter()
         if self._last_end is not None:
             self._wait += now - self._last_end
-        self._step_before = trainer.global_step
 
     @override
     def on_train_batch_end(
@@ -72,18 +76,10 @@ class StepTimeMonitor(Callback):
         now = time.perf_counter()
         if self._last_end is not None:
             self._total += now - self._last_end
-            self._steps += trainer.global_step - self._step_before
         self._last_end = now
         if _is_logging_step(trainer) and self._total > 0:
-            _log(
-                trainer,
-                {
-                    "train/steps_per_sec": self._steps / self._total,
-                    "train/data_wait_fraction": self._wait / self._total,
-                },
-            )
+            _log(trainer, {"train/data_wait_fraction": self._wait / self._total})
             self._wait = self._total = 0.0
-            self._steps = 0
 
     @override
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -118,11 +114,12 @@ class PeakMemoryMonitor(Callback):
 
 
 class GradNormMonitor(Callback):
-    """L2 norm of the gradients of each top-level submodule (e.g. ``image_encoder``, ``text_encoder``).
+    """L2 norm of the gradients of each top-level submodule (e.g. ``image_encoder``, ``text_encoder``) and in total.
 
     Runs in ``on_before_optimizer_step``: after every backward of the step, after DDP's all-reduce (and
     ``ddp_explicit``'s, which wraps the closure) and after AMP unscaling, i.e. the gradients the optimizer uses,
-    before clipping.
+    before clipping. The norms come from :func:`~mm_lightning.grad_norms.step_grad_norms`, shared with the NaN
+    guard, and are computed and copied to the host on logging steps only (one sync per logging step).
     """
 
     @override
@@ -131,24 +128,23 @@ class GradNormMonitor(Callback):
     ) -> None:
         if not _is_logging_step(trainer):
             return
-        metrics, everything = {}, []
-        for name, child in pl_module.named_children():
-            grads = [p.grad for p in child.parameters() if p.grad is not None]
-            if grads:
-                metrics[f"grad_norm/{name}"] = torch.nn.utils.get_total_norm(grads).item()
-                everything += grads
-        if everything:
-            metrics["grad_norm/total"] = torch.nn.utils.get_total_norm(everything).item()
-            _log(trainer, metrics)
+        norms = step_grad_norms(pl_module, trainer.global_step)
+        children = norms.children
+        if not children:
+            return
+        values = torch.stack([*children.values(), norms.total]).float().tolist()
+        names = [f"grad_norm/{name}" for name in children] + ["grad_norm/total"]
+        _log(trainer, dict(zip(names, values, strict=True)))
 
 
 class RetrievalGridLogger(Callback):
     """At each validation, an image grid: every image with its true caption and its top retrieved caption.
 
-    The first ``num_batches`` validation batches are embedded once more with the module's ``forward`` (which
-    returns normalized ``image_embeddings`` / ``text_embeddings``); their captions form the retrieval pool and
-    the first ``num_images`` distinct images are shown, the retrieved caption in green when it belongs to the
-    image, red otherwise. Written on rank 0 to TensorBoard as ``val/retrieval_grid``.
+    Uses what ``validation_step`` returns: a dict with L2-normalized ``image_embeddings`` and ``text_embeddings``,
+    one row per row of the batch (no second forward pass). The first ``num_batches`` validation batches' captions
+    form the retrieval pool and the first ``num_images`` distinct images are shown, the retrieved caption in green
+    when it belongs to the image, red otherwise. Written on rank 0 to TensorBoard as ``val/retrieval_grid``.
+    Costs a CPU copy of ``num_batches`` batches and one tokenizer decode per validation.
 
     Args:
         num_images: Images in the grid.
@@ -161,6 +157,7 @@ class RetrievalGridLogger(Callback):
         self._rows: list[dict[str, torch.Tensor]] = []
         self._captions: list[str] = []
         self._tokenizer: Any = None
+        self._warned = False
 
     @override
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -178,8 +175,14 @@ class RetrievalGridLogger(Callback):
     ) -> None:
         if trainer.sanity_checking or not trainer.is_global_zero or batch_idx >= self.num_batches:
             return
-        with torch.no_grad():
-            embeddings = pl_module(batch)
+        if not isinstance(outputs, dict) or not {"image_embeddings", "text_embeddings"} <= outputs.keys():
+            if not self._warned:
+                rank_zero_warn(
+                    "RetrievalGridLogger: validation_step returns no dict with 'image_embeddings' and"
+                    " 'text_embeddings'; no retrieval grid is logged (disable it with --retrieval_grid.num_images 0)."
+                )
+                self._warned = True
+            return
         if self._tokenizer is None:
             self._tokenizer = _tokenizer_of(trainer)
         # decoded per batch: each batch is padded to its own longest caption, so ids cannot be concatenated
@@ -188,14 +191,14 @@ class RetrievalGridLogger(Callback):
             {
                 "image": batch["image"].detach().float().cpu(),
                 "image_id": batch["image_id"].cpu(),
-                "image_embeddings": embeddings["image_embeddings"].cpu(),
-                "text_embeddings": embeddings["text_embeddings"].cpu(),
+                "image_embeddings": outputs["image_embeddings"].detach().float().cpu(),
+                "text_embeddings": outputs["text_embeddings"].detach().float().cpu(),
             }
         )
 
     @override
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if not self._rows:
+        if not self._rows or self.num_images < 1:
             return
         experiments = [lg.experiment for lg in trainer.loggers if hasattr(lg.experiment, "add_image")]
         if experiments:
@@ -204,7 +207,7 @@ class RetrievalGridLogger(Callback):
                 experiment.add_image("val/retrieval_grid", grid, trainer.global_step)
         self._rows, self._captions = [], []
 
-    def render(self, trainer: Trainer) -> torch.Tensor:
+    def render(self, trainer: Trainer | None) -> torch.Tensor:
         """The grid as a uint8 (3, H, W) tensor."""
         rows = {k: torch.cat([r[k] for r in self._rows]) for k in self._rows[0]}
         captions = self._captions
@@ -216,29 +219,25 @@ class RetrievalGridLogger(Callback):
             )
             for i, j in zip(shown.tolist(), best.tolist(), strict=True)
         ]
-        canvas = Image.new("RGB", (self.tile * len(tiles), tiles[0].height), "white")
-        for k, tile in enumerate(tiles):
-            canvas.paste(tile, (k * self.tile, 0))
-        return torch.from_numpy(np.asarray(canvas).copy()).permute(2, 0, 1)
+        return make_grid(tiles, nrow=len(tiles), padding=0)
 
-    def _tile(self, image: torch.Tensor, truth: str, retrieved: str, correct: bool) -> Image.Image:
+    def _tile(self, image: torch.Tensor, truth: str, retrieved: str, correct: bool) -> torch.Tensor:
         # Min-max per image undoes any normalization well enough to look at, without knowing mean/std.
         low, high = image.min(), image.max()
         pixels = ((image - low) / (high - low).clamp_min(1e-6) * 255).round().to(torch.uint8)
-        pixels = F.interpolate(pixels[None].float(), size=(self.tile, self.tile), mode="nearest")[0].to(
-            torch.uint8
-        )
+        pixels = resize(pixels, [self.tile, self.tile], interpolation=InterpolationMode.NEAREST)
+        # torchvision draws no free text: the two captions go on a PIL canvas under the image
         width = max(self.tile // 7, 10)
         true_lines = textwrap.wrap("true: " + truth, width)[:4]
         top_lines = textwrap.wrap("top: " + retrieved, width)[:4]
-        tile = Image.new("RGB", (self.tile, self.tile + 12 * 8 + 4), "white")
-        tile.paste(Image.fromarray(pixels.permute(1, 2, 0).numpy()), (0, 0))
-        draw = ImageDraw.Draw(tile)
-        draw.multiline_text((2, self.tile + 2), "\n".join(true_lines), fill="black", spacing=1)
+        text = Image.new("RGB", (self.tile, 12 * 8 + 4), "white")
+        draw = ImageDraw.Draw(text)
+        draw.multiline_text((2, 2), "\n".join(true_lines), fill="black", spacing=1)
         draw.multiline_text(
-            (2, self.tile + 2 + 12 * 4), "\n".join(top_lines), fill="green" if correct else "red", spacing=1
+            (2, 2 + 12 * 4), "\n".join(top_lines), fill="green" if correct else "red", spacing=1
         )
-        return tile
+        caption = torch.from_numpy(np.asarray(text).copy()).permute(2, 0, 1)
+        return torch.cat([pixels, caption], dim=1)
 
 
 def _first_rows_of_distinct(image_ids: torch.Tensor, count: int) -> torch.Tensor:

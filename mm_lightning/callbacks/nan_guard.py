@@ -13,6 +13,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from mm_lightning.grad_norms import step_grad_norms
+
 
 class NonFiniteTrainingError(RuntimeError):
     """Raised on every rank when too many consecutive optimizer steps had a non-finite loss or gradient."""
@@ -63,11 +65,10 @@ class NaNGuard(Callback):
         self._loss_nonfinite = None
         grad_bad = torch.zeros((), dtype=torch.bool, device=device)
         if getattr(trainer.precision_plugin, "scaler", None) is None:
-            grads = [
-                p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None
-            ]
-            if grads:
-                grad_bad = ~torch.isfinite(torch.nn.utils.get_total_norm(grads)).to(device)
+            # shared with the gradient-norm monitor: computed once per step
+            total = step_grad_norms(pl_module, trainer.global_step).total
+            if total is not None:
+                grad_bad = ~torch.isfinite(total).to(device)
         local = torch.stack([loss_bad, grad_bad]).float()
         flags = self._gather_flags(trainer, local).reshape(-1, 2).bool()
         if flags.any():

@@ -9,6 +9,9 @@ File format (``embeddings_rank{R}.pt`` or ``.npz``), one row per (image, caption
 
 Load with ``torch.load(path)`` (a dict of tensors) or ``numpy.load(path)`` for ``.npz``. Under multi-device
 predict, ranks may repeat a few rows (the distributed sampler pads); deduplicate by ``index``.
+
+A folder that already holds files is refused (an earlier run's ``embeddings_rank3.pt`` next to a new 2-rank run's
+files would be read as one result); ``overwrite=True`` first deletes the earlier ``embeddings_rank*`` files.
 """
 
 from __future__ import annotations
@@ -30,21 +33,51 @@ class EmbeddingWriter(BasePredictionWriter):
     """Collects ``predict_step`` outputs on CPU and writes them once per rank at the end of predict.
 
     Args:
-        output_dir: folder for the files (created if missing).
+        output_dir: folder for the files (created if missing; must be empty unless ``overwrite``).
         file_format: ``pt`` (``torch.save`` of a dict of tensors) or ``npz`` (``numpy.savez``).
+        overwrite: write into a non-empty folder, deleting the ``embeddings_rank*`` files of earlier runs.
     """
 
-    def __init__(self, output_dir: str = "predictions", file_format: Literal["pt", "npz"] = "pt") -> None:
+    def __init__(
+        self,
+        output_dir: str = "predictions",
+        file_format: Literal["pt", "npz"] = "pt",
+        overwrite: bool = False,
+    ) -> None:
         super().__init__(write_interval="batch")
         if file_format not in ("pt", "npz"):
             raise ValueError(f"file_format must be 'pt' or 'npz', got {file_format!r}")
         self.output_dir = Path(output_dir)
         self.file_format = file_format
+        self.overwrite = overwrite
         self._rows: dict[str, list[Tensor]] = {k: [] for k in FIELDS}
 
     def path_for_rank(self, rank: int) -> Path:
         """File written by ``rank``."""
         return self.output_dir / f"embeddings_rank{rank}.{self.file_format}"
+
+    def earlier_files(self) -> list[Path]:
+        """Embeddings files of earlier runs in ``output_dir`` (either format, any rank)."""
+        if not self.output_dir.is_dir():
+            return []
+        return sorted(p for ext in ("pt", "npz") for p in self.output_dir.glob(f"embeddings_rank*.{ext}"))
+
+    @override
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage != "predict":
+            return
+        existing = sorted(self.output_dir.iterdir()) if self.output_dir.is_dir() else []
+        if existing and not self.overwrite:
+            names = ", ".join(p.name for p in existing[:5]) + (" ..." if len(existing) > 5 else "")
+            raise FileExistsError(
+                f"Prediction folder {self.output_dir} is not empty ({len(existing)} entries: {names}). Choose"
+                " another --prediction.output_dir, or pass --prediction.overwrite true to replace the earlier"
+                " embeddings_rank* files."
+            )
+        if existing and trainer.is_global_zero:
+            for path in self.earlier_files():
+                path.unlink()
+        trainer.strategy.barrier("prediction folder cleared")  # no rank writes before rank 0 has cleared
 
     @override
     def on_predict_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:

@@ -259,7 +259,7 @@ class MultimodalModule(LightningModule):
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.flops.discard("train")  # a step skipped before backward leaves an incomplete count
 
-    def _eval_step(self, batch: dict[str, Tensor], stage: str) -> None:
+    def _eval_step(self, batch: dict[str, Tensor], stage: str) -> dict[str, Tensor]:
         """Encodes each distinct image of the batch once (rows repeat an image once per caption)."""
         with self.flops.count("eval"):
             image_ids, first, column = first_occurrence(batch["image_id"])
@@ -274,6 +274,11 @@ class MultimodalModule(LightningModule):
         bs = batch["image"].shape[0]
         self.log(f"{stage}/loss", self._total(losses, self.fixed_weights), batch_size=bs, sync_dist=True)
         self.retrieval.update(unique_emb, image_ids, text_emb, batch["image_id"], batch["index"])
+        # the batch's embeddings, one row per pair, for callbacks (e.g. the retrieval grid) without a second forward
+        return {
+            "image_embeddings": l2_normalize(unique_emb[column].float()),
+            "text_embeddings": l2_normalize(text_emb.float()),
+        }
 
     def _log_retrieval(self, stage: str) -> None:
         if self.retrieval.update_count == 0:
@@ -283,16 +288,16 @@ class MultimodalModule(LightningModule):
         self.log_dict({f"{stage}/{k}": v for k, v in metrics.items()})
 
     @override
-    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        self._eval_step(batch, "val")
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
+        return self._eval_step(batch, "val")
 
     @override
     def on_validation_epoch_end(self) -> None:
         self._log_retrieval("val")
 
     @override
-    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        self._eval_step(batch, "test")
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
+        return self._eval_step(batch, "test")
 
     @override
     def on_test_epoch_end(self) -> None:
@@ -344,7 +349,8 @@ class MultimodalModule(LightningModule):
         encoder_params = {id(p) for p in self.image_encoder.parameters()} | {
             id(p) for p in self.text_encoder.parameters()
         }
-        norms = clip_grouped(
+        # per-tower norms are logged once, by the gradient-norm monitor (grad_norm/<submodule>), not here
+        clip_grouped(
             {
                 "image_encoder": (self.image_encoder.parameters(), self.image_config.clip_norm),
                 "text_encoder": (self.text_encoder.parameters(), self.text_config.clip_norm),
@@ -354,7 +360,5 @@ class MultimodalModule(LightningModule):
                 ),
             }
         )
-        for name, norm in norms.items():
-            self.log(f"train/grad_norm_{name}", norm)
         # then the trainer's global clipping (Trainer(gradient_clip_val=...)), if configured
         self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)

@@ -52,7 +52,6 @@ def test_cli_run_writes_every_resilience_tag(tiny_run: Any) -> None:
     events.Reload()
     scalars = set(events.Tags()["scalars"])
     for tag in (
-        "train/steps_per_sec",
         "train/data_wait_fraction",
         "train/peak_memory_mb",
         "train/skipped_steps",
@@ -100,7 +99,7 @@ def test_data_wait_fraction_follows_loader_time(delay: float, low: float, high: 
     trainer.fit(TinyModule(), DataLoader(SlowDataset(delay), batch_size=4))
     fractions = logger.values("train/data_wait_fraction")
     assert len(fractions) == 3 and all(low < f < high for f in fractions), fractions
-    assert all(0 < s < 1 / 0.04 for s in logger.values("train/steps_per_sec"))
+    assert logger.values("train/steps_per_sec") == []  # one owner: Lightning's ThroughputMonitor
 
 
 class GradCapture(Callback):
@@ -167,17 +166,32 @@ def test_retrieval_grid_accepts_batches_padded_to_different_lengths() -> None:
     grid = RetrievalGridLogger(num_images=2, tile=32)
     grid._tokenizer = _Tokenizer()
     trainer = SimpleNamespace(sanity_checking=False, is_global_zero=True)
-
-    def module(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        n = batch["image"].shape[0]
-        return {"image_embeddings": torch.eye(2)[:n], "text_embeddings": torch.eye(2)[:n]}
-
     for batch_idx, (width, image_id) in enumerate([(3, 0), (7, 1)]):
         batch = {
             "image": torch.rand(1, 3, 8, 8),
             "input_ids": torch.full((1, width), image_id),
             "image_id": torch.tensor([image_id]),
         }
-        grid.on_validation_batch_end(trainer, module, None, batch, batch_idx)
+        # what validation_step returns: the batch's normalized embeddings (no second forward pass)
+        outputs = {
+            "image_embeddings": torch.eye(2)[image_id : image_id + 1],
+            "text_embeddings": torch.eye(2)[image_id : image_id + 1],
+        }
+        grid.on_validation_batch_end(trainer, None, outputs, batch, batch_idx)
     assert grid._captions == ["caption 0", "caption 1"]
     assert grid.render(trainer).shape[0] == 3
+
+
+def test_retrieval_grid_never_runs_the_model() -> None:
+    # Control for the contract: without embeddings in the outputs the grid stays empty instead of calling forward.
+    grid = RetrievalGridLogger(num_images=2, tile=32)
+    trainer = SimpleNamespace(sanity_checking=False, is_global_zero=True)
+
+    class Forbidden:
+        def __call__(self, *args: Any) -> None:
+            raise AssertionError("the grid must not run a forward pass")
+
+    batch = {"image": torch.rand(1, 3, 8, 8), "input_ids": torch.ones(1, 3), "image_id": torch.tensor([0])}
+    with pytest.warns(UserWarning, match="validation_step returns no dict"):
+        grid.on_validation_batch_end(trainer, Forbidden(), None, batch, 0)
+    assert grid._rows == []
