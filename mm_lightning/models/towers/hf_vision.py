@@ -16,30 +16,19 @@ import logging
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from transformers import AutoConfig, AutoImageProcessor, AutoModel, CLIPVisionModel, SiglipVisionModel
 
 from mm_lightning.assets import resolve_pretrained
-from mm_lightning.models.encoders import EncoderOutput
+from mm_lightning.models.towers.base import IMAGENET_MEAN, IMAGENET_STD, EncoderOutput, image_data_config
+from mm_lightning.models.towers.hf_text import load_hf, set_hf_gradient_checkpointing
+from mm_lightning.models.towers.pretrained import ConfiguredTower, load_directory_weights
+from mm_lightning.models.towers.registry import register_image_tower
 
 log = logging.getLogger(__name__)
 
 # dual-encoder configs whose vision half loads directly from the full checkpoint
 VISION_HALF = {"clip": CLIPVisionModel, "siglip": SiglipVisionModel}
-IMAGENET = {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)}
-
-
-def set_hf_gradient_checkpointing(model: nn.Module, enabled: bool) -> None:
-    """Switches a Hugging Face model's per-layer activation checkpointing (non-reentrant)."""
-    # transformers >= 5.2x renamed gradient_checkpointing_* to activation_checkpointing_* (old names warn)
-    if hasattr(model, "activation_checkpointing_enable"):
-        enable, disable = model.activation_checkpointing_enable, model.activation_checkpointing_disable
-    else:
-        enable, disable = model.gradient_checkpointing_enable, model.gradient_checkpointing_disable
-    if enabled:
-        enable({"use_reentrant": False})
-    else:
-        disable()
 
 
 def _interpolation_name(resample: Any) -> str:
@@ -65,7 +54,7 @@ def image_processor_data_config(
         processor = AutoImageProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
         log.warning("%s has no image processor config (%s); using ImageNet mean/std", path, err)
-        return {**IMAGENET, "input_size": (3, default_size, default_size), "interpolation": "bicubic"}
+        return image_data_config(default_size, IMAGENET_MEAN, IMAGENET_STD, "bicubic")
     size = getattr(processor, "crop_size", None) if getattr(processor, "do_center_crop", False) else None
     size = size or getattr(processor, "size", None) or {}
     size = dict(size.items()) if hasattr(size, "items") else dict(vars(size))
@@ -78,7 +67,7 @@ def image_processor_data_config(
     }
 
 
-class HFVisionTower(nn.Module):
+class HFVisionTower(ConfiguredTower):
     """Image tower over a Hugging Face vision model.
 
     Args:
@@ -101,7 +90,7 @@ class HFVisionTower(nn.Module):
         super().__init__()
         path = resolve_pretrained(name)
         overrides = dict(config_overrides or {})
-        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        config = load_hf(AutoConfig, name, path, trust_remote_code=trust_remote_code)
         model_cls = VISION_HALF.get(config.model_type, AutoModel)
         extra = {"add_pooling_layer": False} if config.model_type == "vit" else {}
         if pretrained:
@@ -123,9 +112,9 @@ class HFVisionTower(nn.Module):
             if takes_flag and image_size is not None and native is not None and image_size != native
             else {}
         )
-        self.data_config = image_processor_data_config(path, native or image_size or 224, trust_remote_code)
+        self._data_config = image_processor_data_config(path, native or image_size or 224, trust_remote_code)
         if image_size is not None:
-            self.data_config["input_size"] = (3, image_size, image_size)
+            self._data_config["input_size"] = (3, image_size, image_size)
 
     def set_gradient_checkpointing(self, enabled: bool) -> None:
         """Hugging Face's per-layer activation checkpointing."""
@@ -140,3 +129,13 @@ class HFVisionTower(nn.Module):
             pooled = tokens[:, 0]
         mask = torch.ones(tokens.shape[:2], dtype=torch.bool, device=tokens.device)
         return EncoderOutput(pooled=pooled, tokens=tokens, mask=mask)
+
+
+@register_image_tower("hf")
+def build_hf_vision_tower(
+    name: str, weights: str | None, image_size: int, kwargs: dict[str, Any], strict: bool
+) -> HFVisionTower:
+    """``hf:<dir or hub name>``: ``weights`` null loads the directory's weights, ``random`` builds it untrained;
+    ``kwargs`` are config overrides (``trust_remote_code`` among them is passed to ``from_pretrained``)."""
+    trust = bool(kwargs.pop("trust_remote_code", False))
+    return HFVisionTower(name, load_directory_weights(weights, "hf"), image_size, kwargs, trust)

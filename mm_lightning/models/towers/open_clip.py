@@ -21,8 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mm_lightning.models.encoders import EncoderOutput
+from mm_lightning.models.towers.base import EncoderOutput
 from mm_lightning.models.towers.optional import require
+from mm_lightning.models.towers.pretrained import ConfiguredTower
+from mm_lightning.models.towers.registry import register_image_tower, register_text_tower
 
 FEATURE = "open_clip:<model> towers"
 
@@ -101,7 +103,7 @@ def _write_clip_tokenizer(tokenizer: Any, out: Path) -> None:
             raise
 
 
-class _OpenCLIPHalf(nn.Module):
+class _OpenCLIPHalf(ConfiguredTower):
     projection: nn.Module
     pooled_dim: int
     token_dim: int
@@ -134,7 +136,7 @@ class OpenCLIPImageTower(_OpenCLIPHalf):
         self._take_over(model)
         cfg = _open_clip().get_model_preprocess_cfg(model)
         size = cfg["size"] if isinstance(cfg["size"], tuple | list) else (cfg["size"], cfg["size"])
-        self.data_config = {
+        self._data_config = {
             "mean": tuple(cfg["mean"]),
             "std": tuple(cfg["std"]),
             "input_size": (3, *size),
@@ -193,7 +195,7 @@ class OpenCLIPTextTower(_OpenCLIPHalf):
         self.token_dim = model.transformer.width
         self.pooled_dim = _embed_dim(model)
         self._take_over(model)
-        self.data_config = {"tokenizer": hf_tokenizer_dir(name)}
+        self._data_config = {"tokenizer": hf_tokenizer_dir(name)}
 
     def set_gradient_checkpointing(self, enabled: bool) -> None:
         """open_clip's per-block activation checkpointing of the text transformer."""
@@ -219,3 +221,24 @@ class OpenCLIPTextTower(_OpenCLIPHalf):
         elif self.text_projection is not None:
             pooled = pooled @ self.text_projection
         return EncoderOutput(pooled=pooled, tokens=x[:, :length], mask=attention_mask.bool())
+
+
+@register_image_tower("open_clip")
+def build_open_clip_image_tower(
+    name: str, weights: str | None, image_size: int, kwargs: dict[str, Any], strict: bool
+) -> OpenCLIPImageTower:
+    """``open_clip:<arch or dir>`` image tower; ``weights``: the local checkpoint of an architecture name."""
+    return OpenCLIPImageTower(name, weights)
+
+
+@register_text_tower("open_clip")
+def build_open_clip_text_tower(
+    name: str, pretrained: bool, config_overrides: dict[str, Any], pooling: str, trust_remote_code: bool
+) -> OpenCLIPTextTower:
+    """``open_clip:<arch or dir>`` text tower; ``config_overrides: {checkpoint: <file>}`` for an architecture name."""
+    checkpoint = config_overrides.pop("checkpoint", None)
+    if config_overrides:
+        raise ValueError(
+            f"open_clip text towers take only config_overrides.checkpoint, got {sorted(config_overrides)}"
+        )
+    return OpenCLIPTextTower(name, checkpoint if pretrained else None)

@@ -29,9 +29,15 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from mm_lightning.models.encoders import EncoderOutput
+from mm_lightning.models.towers.base import (
+    EncoderOutput,
+    is_weights_file,
+    load_checked_state_dict,
+    read_state_dict,
+)
 from mm_lightning.models.towers.optional import require
-from mm_lightning.models.towers.weights import is_weights_file, load_into, map_by_order, read_state_dict
+from mm_lightning.models.towers.pretrained import ConfiguredTower
+from mm_lightning.models.towers.registry import register_image_tower
 
 FEATURE = "timm:<name> image towers"
 
@@ -40,7 +46,7 @@ def _timm() -> Any:
     return require("timm", "timm", FEATURE)
 
 
-class TimmTower(nn.Module):
+class TimmTower(ConfiguredTower):
     """Image tower over a ``timm`` model.
 
     Args:
@@ -76,7 +82,7 @@ class TimmTower(nn.Module):
         default_cfg = timm.models.get_pretrained_cfg(name)
         if image_size is not None and default_cfg is not None and default_cfg.fixed_input_size:
             create_kwargs.setdefault("img_size", image_size)
-        from_file = weights is not None and is_weights_file(weights)
+        from_file = is_weights_file(weights)
         if weights is None or from_file:
             self.model = timm.create_model(name, pretrained=False, num_classes=0, **create_kwargs)
         else:
@@ -90,7 +96,7 @@ class TimmTower(nn.Module):
         config = timm.data.resolve_data_config({}, model=self.model)
         if image_size is not None:
             config["input_size"] = (3, image_size, image_size)
-        self.data_config: dict[str, Any] = {
+        self._data_config = {
             "mean": tuple(mean if mean is not None else config["mean"]),
             "std": tuple(std if std is not None else config["std"]),
             "input_size": tuple(config["input_size"]),
@@ -120,8 +126,9 @@ class TimmTower(nn.Module):
             # the order of the full model (classifier included), built on the meta device: no memory, no init
             with torch.device("meta"):
                 full = _timm().create_model(name, pretrained=False, **create_kwargs)
-            state = map_by_order(state, ((k, v.shape) for k, v in full.state_dict().items()), path)
-        load_into(self.model, state, path, strict=strict, ignore_prefixes=tuple(p + "." for p in prefixes))
+            state = map_by_order(state, [(k, v.shape) for k, v in full.state_dict().items()], path)
+        head_keys = {k for k in state if k.startswith(tuple(p + "." for p in prefixes))}
+        load_checked_state_dict(self.model, state, f"weights file {path!r}", strict, head_keys)
 
     def set_gradient_checkpointing(self, enabled: bool) -> None:
         """timm's own per-block activation checkpointing."""
@@ -139,3 +146,39 @@ class TimmTower(nn.Module):
             tokens = features
         mask = torch.ones(tokens.shape[:2], dtype=torch.bool, device=tokens.device)
         return EncoderOutput(pooled=pooled, tokens=tokens, mask=mask)
+
+
+def map_by_order(
+    source: dict[str, Tensor], target: list[tuple[str, torch.Size]], path: str
+) -> dict[str, Tensor]:
+    """Renames ``source``'s tensors to ``target``'s keys position by position (same count, same shapes).
+
+    For a re-implementation whose parameters come in timm's order under other names (lukemelas' EfficientNet
+    ports onto ``efficientnet_lite0``).
+
+    Raises:
+        ValueError: the counts differ, or a position's shapes differ (naming both keys).
+    """
+    if len(source) != len(target):
+        raise ValueError(
+            f"weights file {path!r}: key_mapping=by_order needs as many tensors as the model has: the file has "
+            f"{len(source)}, the model {len(target)}"
+        )
+    mapped = {}
+    for i, ((src_key, tensor), (key, shape)) in enumerate(zip(source.items(), target, strict=True)):
+        if tuple(tensor.shape) != tuple(shape):
+            raise ValueError(
+                f"weights file {path!r}: key_mapping=by_order: position {i} is {src_key!r} {tuple(tensor.shape)} in "
+                f"the file but {key!r} {tuple(shape)} in the model"
+            )
+        mapped[key] = tensor
+    return mapped
+
+
+@register_image_tower("timm")
+def build_timm_tower(
+    name: str, weights: str | None, image_size: int, kwargs: dict[str, Any], strict: bool
+) -> TimmTower:
+    """``timm:<name>``; ``kwargs`` may hold ``key_mapping``, ``mean``, ``std`` besides ``create_model`` args."""
+    options = {k: kwargs.pop(k) for k in ("key_mapping", "mean", "std") if k in kwargs}
+    return TimmTower(name, weights, image_size, kwargs, strict, **options)
