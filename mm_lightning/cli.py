@@ -30,6 +30,7 @@ from mm_lightning.callbacks import EmbeddingWriter
 from mm_lightning.checkpointing import ResilientCheckpoint
 from mm_lightning.data import BadRecordLogger, MultimodalDataModule
 from mm_lightning.models import MultimodalModule
+from mm_lightning.models.towers.pretrained import tokenizer_for
 
 EXPLICIT_STRATEGY = "mm_lightning.strategies.ExplicitAllReduceDDPStrategy"
 TRAINER_DEFAULTS: dict[str, Any] = {
@@ -100,7 +101,7 @@ class MultimodalCLI(LightningCLI):
         for group, callback_class in resilience_groups.items():
             parser.add_lightning_class_args(callback_class, group)
         # <<< resilience defaults (argument groups)
-        parser.link_arguments("model.text_encoder", "data.init_args.tokenizer")
+        parser.link_arguments("model.text_encoder", "data.init_args.tokenizer", compute_fn=tokenizer_for)
         parser.link_arguments("data.init_args.image_size", "model.image_size")
 
 

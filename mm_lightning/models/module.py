@@ -11,7 +11,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningModule
-from torch import Tensor, nn
+from torch import Tensor
 from typing_extensions import override
 
 from mm_lightning.embeddings import l2_normalize
@@ -20,6 +20,7 @@ from mm_lightning.models.itm import ImageTextMatching
 from mm_lightning.models.losses import DynamicWeightAveraging, build_loss, complexity_weights
 from mm_lightning.models.optim import clip_grouped, param_groups, warmup_cosine
 from mm_lightning.models.towers import EncoderOutput, build_image_tower, build_text_tower
+from mm_lightning.models.towers.pretrained import projection_for, take_over_logit_scale
 
 
 class MultimodalModule(LightningModule):
@@ -105,14 +106,16 @@ class MultimodalModule(LightningModule):
         self.text_encoder = build_text_tower(
             text_encoder, text_pretrained, text_config_overrides, text_pooling, trust_remote_code
         )
-        self.image_proj = nn.Linear(self.image_encoder.pooled_dim, embed_dim)
-        self.text_proj = nn.Linear(self.text_encoder.pooled_dim, embed_dim)
+        # towers cut from a pretrained dual encoder (clip:, open_clip:) bring their projections
+        self.image_proj = projection_for(self.image_encoder, self.image_encoder.pooled_dim, embed_dim)
+        self.text_proj = projection_for(self.text_encoder, self.text_encoder.pooled_dim, embed_dim)
         self.contrastive = build_loss(
             "clip",
             temperature_init=temperature_init,
             learnable_temperature=learnable_temperature,
             global_negatives=global_negatives,
         )
+        take_over_logit_scale(self.contrastive, self.image_encoder, self.text_encoder)
         # built only when used: parameters without gradient would break DDP's reducer
         self.itm = (
             ImageTextMatching(

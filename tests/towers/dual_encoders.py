@@ -18,14 +18,25 @@ VISION = dict(
 )
 
 
-def save_tiny(kind: str, path: Path, seed: int = 0) -> hf.PreTrainedModel:
-    """Writes a tiny random ``CLIPModel`` (``kind="clip"``) or ``SiglipModel`` to ``path`` and returns it."""
+def save_tiny(kind: str, path: Path, seed: int = 0, tokenizer: bool = False) -> hf.PreTrainedModel:
+    """Writes a tiny random ``CLIPModel`` (``kind="clip"``) or ``SiglipModel`` to ``path`` and returns it.
+
+    With ``tokenizer``, a real CLIP BPE tokenizer (open_clip's vocabulary as a Hugging Face tokenizer) is saved
+    too and the text vocabulary is sized for it, so the directory trains through the CLI.
+    """
     torch.manual_seed(seed)
+    text = dict(TEXT, vocab_size=49408) if tokenizer else TEXT
+    if tokenizer:
+        from transformers import AutoTokenizer
+
+        from mm_lightning.models.towers.open_clip import hf_tokenizer_dir
+
+        AutoTokenizer.from_pretrained(hf_tokenizer_dir("ViT-B-32")).save_pretrained(path)
     if kind == "clip":
-        config = hf.CLIPConfig(text_config=TEXT, vision_config=VISION, projection_dim=16)
+        config = hf.CLIPConfig(text_config=text, vision_config=VISION, projection_dim=16)
         model = hf.CLIPModel(config)
     else:
-        model = hf.SiglipModel(hf.SiglipConfig(text_config=TEXT, vision_config=VISION))
+        model = hf.SiglipModel(hf.SiglipConfig(text_config=text, vision_config=VISION))
     with torch.no_grad():  # a distinctive learned temperature (and bias) to check they are taken over
         model.logit_scale.fill_(2.0 + seed)
         if getattr(model, "logit_bias", None) is not None:
