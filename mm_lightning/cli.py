@@ -144,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
         from mm_lightning.data.audit import main as audit_main
 
         return audit_main(args[1:])
+    if args and args[0] in ("export", "zeroshot"):
+        from importlib import import_module
+
+        return import_module(f"mm_lightning.{args[0]}").main(args[1:])
     if argv is None:
         sys.argv[1:] = expand_strategy_name(sys.argv[1:])  # LightningCLI reads sys.argv itself
     cli_main(argv)
