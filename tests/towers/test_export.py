@@ -12,13 +12,16 @@ from mm_lightning.cli import cli_main, main
 from mm_lightning.models import MultimodalModule
 from tests.conftest import REPO, tiny_demo_args
 from tests.towers.dual_encoders import save_tiny
+from tests.towers.test_zeroshot import _image_folder
 
 pytest.importorskip("open_clip")  # its CLIP vocabulary gives the tiny directory a real tokenizer
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["clip", "siglip"])
-def test_finetune_then_export_reloads_with_the_same_embeddings(tmp_path: Path, kind: str) -> None:
+def test_finetune_then_export_reloads_with_the_same_embeddings(
+    tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     source = tmp_path / kind
     reference = save_tiny(kind, source, tokenizer=True)
     args = tiny_demo_args(tmp_path, max_steps=2)
@@ -55,6 +58,14 @@ def test_finetune_then_export_reloads_with_the_same_embeddings(tmp_path: Path, k
     # control: fine-tuning changed the weights, so the source directory's features differ from the export's
     assert (torch.nn.functional.normalize(before, dim=-1) - want_image).abs().max() > 1e-4
     assert hf.AutoImageProcessor.from_pretrained(out).image_mean == pytest.approx([0.4, 0.5, 0.6])
+    # the zero-shot command runs on the same checkpoint (3 colour classes: top-5 is left out)
+    folder = _image_folder(tmp_path / "colors")
+    capsys.readouterr()
+    assert (
+        main(["zeroshot", "--ckpt_path", str(tmp_path / "checkpoints" / "last.ckpt"), "--data", str(folder)])
+        == 0
+    )
+    assert capsys.readouterr().out.startswith("top1=")
 
 
 def test_export_refuses_towers_without_a_dual_encoder_source(tmp_path: Path) -> None:
