@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import warnings
+from importlib import import_module
 from typing import Any
 
 from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
@@ -46,9 +48,12 @@ from mm_lightning.callbacks import (
 )
 from mm_lightning.data import BadRecordLogger, MultimodalDataModule
 from mm_lightning.models import MultimodalModule
+from mm_lightning.models.towers.pretrained import tokenizer_for
 from mm_lightning.resume import ResumeOverrides
 from mm_lightning.trainer import MultimodalTrainer, instantiate_datamodule
 
+# python -m mm_lightning export ... / zeroshot ...: mm_lightning.export / mm_lightning.zeroshot ``main(argv)``
+STANDALONE_COMMANDS = ("export", "zeroshot")
 TRAINER_DEFAULTS: dict[str, Any] = {
     # The run directory: TensorBoard events (one version_N folder per fit), config.yaml, checkpoints/.
     "default_root_dir": "logs/mm_lightning",
@@ -171,7 +176,7 @@ class MultimodalCLI(LightningCLI):
                 "throughput.window_size": 20,
             }
         )
-        parser.link_arguments("model.text.name", "data.init_args.tokenizer")
+        parser.link_arguments("model.text.name", "data.init_args.tokenizer", compute_fn=tokenizer_for)
         parser.link_arguments("data.init_args.image_size", "model.image.image_size")
         parser.link_arguments("trainer.default_root_dir", "trainer.logger.init_args.save_dir")
         parser.link_arguments("trainer.default_root_dir", "checkpoint.dirpath", compute_fn=checkpoint_dir_of)
@@ -222,4 +227,7 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> MultimodalCLI:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m mm_lightning`` and the ``mm-lightning`` script; returns the exit code."""
+    args = sys.argv[1:] if argv is None else argv
+    if args and args[0] in STANDALONE_COMMANDS:  # checkpoint tools with their own small argument parsers
+        return import_module(f"mm_lightning.{args[0]}").main(list(args[1:]))
     return cli_main(argv).exit_code

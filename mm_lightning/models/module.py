@@ -43,6 +43,7 @@ from mm_lightning.models.itm import ImageTextMatching
 from mm_lightning.models.losses import DynamicWeightAveraging, build_loss, complexity_weights
 from mm_lightning.models.optim import clip_grouped, param_groups, warmup_cosine
 from mm_lightning.models.towers import EncoderOutput, build_image_tower, build_text_tower
+from mm_lightning.models.towers.pretrained import projection_for, take_over_logit_scale
 
 
 class MultimodalModule(LightningModule):
@@ -89,8 +90,9 @@ class MultimodalModule(LightningModule):
             }
         )
         self.image_encoder, self.text_encoder = self._build_towers()
-        self.image_proj = nn.Linear(self.image_encoder.pooled_dim, embed_dim)
-        self.text_proj = nn.Linear(self.text_encoder.pooled_dim, embed_dim)
+        # towers cut from a pretrained dual encoder (clip:, open_clip:) bring their projections
+        self.image_proj = projection_for(self.image_encoder, self.image_encoder.pooled_dim, embed_dim)
+        self.text_proj = projection_for(self.text_encoder, self.text_encoder.pooled_dim, embed_dim)
         lc = self.loss_config
         self.contrastive = build_loss(
             lc.name,
@@ -99,6 +101,7 @@ class MultimodalModule(LightningModule):
             global_negatives=lc.global_negatives,
             **lc.kwargs,
         )
+        take_over_logit_scale(self.contrastive, self.image_encoder, self.text_encoder)
         # built only when used: parameters without gradient would break DDP's reducer
         fc = self.fusion_config
         self.itm = (

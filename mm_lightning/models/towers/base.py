@@ -123,7 +123,25 @@ def load_weights_file(
         strict: fail on missing or unexpected keys; False loads what matches and warns with the lists.
         ignored: keys that may be present in the file without being in ``module`` (a dropped classifier head).
     """
-    state = read_state_dict(path)
+    load_checked_state_dict(module, read_state_dict(path), f"weights file {path!r}", strict, ignored)
+
+
+def load_checked_state_dict(
+    module: nn.Module,
+    state: dict[str, Tensor],
+    source: str,
+    strict: bool = True,
+    ignored: set[str] | frozenset[str] = frozenset(),
+) -> None:
+    """Loads ``state`` into ``module`` after checking keys and shapes (see :func:`load_weights_file`).
+
+    Args:
+        module: the backbone to load into.
+        state: tensors keyed like ``module.state_dict()``.
+        source: where ``state`` came from, for messages (e.g. ``"weights file 'x.pth'"``).
+        strict: fail on missing or unexpected keys; False loads what matches and warns with the lists.
+        ignored: keys that may be present in ``state`` without being in ``module``.
+    """
     prefix = "backbone."  # a state dict saved from the tower itself
     if state and all(k.startswith(prefix) for k in state):
         state = {k[len(prefix) :]: v for k, v in state.items()}
@@ -143,9 +161,7 @@ def load_weights_file(
     ]
     if mismatched or (strict and problems):
         hint = "" if mismatched else " (strict=false loads the matching keys only)"
-        raise ValueError(
-            f"weights file {path!r} does not fit {type(module).__name__}: {'; '.join(problems)}{hint}"
-        )
+        raise ValueError(f"{source} does not fit {type(module).__name__}: {'; '.join(problems)}{hint}")
     if problems:
-        warnings.warn(f"weights file {path!r} loaded partially: " + "; ".join(problems), stacklevel=2)
+        warnings.warn(f"{source} loaded partially: " + "; ".join(problems), stacklevel=2)
     module.load_state_dict(state, strict=False)

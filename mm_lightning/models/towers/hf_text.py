@@ -41,6 +41,24 @@ def load_hf(loader: Any, name: str, path: str, **kwargs: Any) -> Any:
         ) from error
 
 
+def set_hf_gradient_checkpointing(model: Any, enabled: bool) -> None:
+    """Switches a Hugging Face model's per-layer activation checkpointing (non-reentrant).
+
+    Args:
+        model: a ``PreTrainedModel``.
+        enabled: switch it on or off.
+    """
+    # transformers >= 5.2x renamed gradient_checkpointing_* to activation_checkpointing_* (old names warn)
+    if hasattr(model, "activation_checkpointing_enable"):
+        enable, disable = model.activation_checkpointing_enable, model.activation_checkpointing_disable
+    else:
+        enable, disable = model.gradient_checkpointing_enable, model.gradient_checkpointing_disable
+    if enabled:
+        enable({"use_reentrant": False})
+    else:
+        disable()
+
+
 class HFTextTower(Tower):
     """Text tower over a Hugging Face ``AutoModel``.
 
@@ -95,16 +113,7 @@ class HFTextTower(Tower):
         Args:
             enabled: switch it on or off.
         """
-        model = self.model
-        # transformers >= 5.2x renamed gradient_checkpointing_* to activation_checkpointing_* (old names warn)
-        if hasattr(model, "activation_checkpointing_enable"):
-            enable, disable = model.activation_checkpointing_enable, model.activation_checkpointing_disable
-        else:
-            enable, disable = model.gradient_checkpointing_enable, model.gradient_checkpointing_disable
-        if enabled:
-            enable({"use_reentrant": False})
-        else:
-            disable()
+        set_hf_gradient_checkpointing(self.model, enabled)
 
     def forward(
         self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None

@@ -1,0 +1,108 @@
+"""What towers over pretrained libraries share, and how a module takes over a pretrained dual encoder.
+
+Towers cut out of a pretrained dual encoder (``clip:``, ``open_clip:``) carry the source's ``projection`` into
+its shared space and its learned ``logit_scale`` (and ``logit_bias`` for sigmoid losses). A module that finds
+them uses them instead of fresh projections and its initial temperature::
+
+    self.image_proj = projection_for(self.image_encoder, embed_dim)
+    self.text_proj = projection_for(self.text_encoder, embed_dim)
+    take_over_logit_scale(self.contrastive, self.image_encoder, self.text_encoder)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from mm_lightning.models.towers.base import Tower
+
+PRETRAINED = (None, "pretrained")
+RANDOM = "random"
+
+
+class ConfiguredTower(Tower):
+    """A tower whose data config is fixed at construction (read from the weights' own files)."""
+
+    _data_config: dict[str, Any]
+
+    @property
+    def data_config(self) -> dict[str, Any]:
+        """The preprocessing the weights expect (see :class:`Tower`)."""
+        return dict(self._data_config)
+
+
+def load_directory_weights(weights: str | None, family: str) -> bool:
+    """For towers whose name is a directory holding weights: True loads them, ``weights: random`` does not.
+
+    Raises:
+        ValueError: any other value (a file belongs in the directory).
+    """
+    if weights in PRETRAINED:
+        return True
+    if weights == RANDOM:
+        return False
+    raise ValueError(
+        f"{family}: towers load the weights of the directory they name; weights must be null / 'pretrained' "
+        f"(load them) or 'random' (same architecture, random init), got {weights!r}"
+    )
+
+
+def projection_for(tower: nn.Module, pooled_dim: int, embed_dim: int) -> nn.Module:
+    """Takes the tower's source projection when it has one (output width must be ``embed_dim``), else a new Linear.
+
+    The projection moves out of the tower into the module, so freezing the tower (LiT) leaves it trainable and
+    checkpoints hold it once.
+
+    Args:
+        tower: an image or text tower.
+        pooled_dim: width of the tower's pooled vector.
+        embed_dim: the module's shared embedding width.
+    """
+    projection = getattr(tower, "projection", None)
+    if projection is None:
+        return nn.Linear(pooled_dim, embed_dim)
+    if tower.embed_dim != embed_dim:
+        raise ValueError(
+            f"{type(tower).__name__} brings its pretrained projection to {tower.embed_dim} dimensions; set "
+            f"model embed_dim to {tower.embed_dim} (got {embed_dim})"
+        )
+    del tower.projection
+    return projection
+
+
+@torch.no_grad()
+def take_over_logit_scale(loss: nn.Module, *towers: nn.Module) -> None:
+    """Copies a pretrained source's learned logit scale (and bias) into the loss, when a tower carries one."""
+    source = next((t for t in towers if getattr(t, "logit_scale", None) is not None), None)
+    if source is None:
+        return
+    scale = getattr(loss, "logit_scale", None)
+    if isinstance(scale, torch.Tensor):
+        scale.fill_(min(source.logit_scale, getattr(loss, "max_log_scale", math.inf)))
+    bias = getattr(loss, "logit_bias", None)
+    if isinstance(bias, torch.Tensor) and getattr(source, "logit_bias", None) is not None:
+        bias.fill_(source.logit_bias)
+
+
+def tokenizer_for(text_tower: str) -> str:
+    """The tokenizer (``AutoTokenizer`` name or directory) that matches a text tower name.
+
+    ``clip:<dir>`` uses the directory's own tokenizer, ``open_clip:<model>`` an equivalent Hugging Face copy of
+    open_clip's, and a bare Hugging Face name itself. Used by the CLI to link ``data.tokenizer`` to the model.
+
+    Args:
+        text_tower: the model's text tower name.
+    """
+    from mm_lightning.models.towers.registry import split_name
+
+    prefix, bare = split_name(text_tower)
+    if prefix == "clip":
+        return bare
+    if prefix == "open_clip":
+        from mm_lightning.models.towers.open_clip import hf_tokenizer_dir
+
+        return hf_tokenizer_dir(bare)
+    return text_tower

