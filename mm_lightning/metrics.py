@@ -17,8 +17,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
+
+from mm_lightning.embeddings import l2_normalize
 
 DEFAULT_KS = (1, 5, 10)
 
@@ -65,8 +66,7 @@ def retrieval_metrics(
         ``r{k}_t2i``, ``r{k}_i2t`` for each k, and ``alignment_gap`` (mean positive-pair cosine minus mean
         cosine of non-matching caption-image pairs), as fp32 scalars.
     """
-    img = F.normalize(image_emb.float(), dim=-1)
-    txt = F.normalize(text_emb.float(), dim=-1)
+    img, txt = l2_normalize(image_emb), l2_normalize(text_emb)
     _, images, column = dedup_images(img, image_ids)
     return _retrieval(lambda s, e: txt[s:e] @ images.T, txt.shape[0], images.shape[0], column, ks, chunk_size)
 

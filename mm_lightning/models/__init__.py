@@ -1,10 +1,10 @@
-"""Model parts: encoders, fusion, losses and the ``MultimodalModule`` LightningModule."""
+"""Model parts: towers, fusion, losses and the ``MultimodalModule`` LightningModule."""
 
-from mm_lightning.models.encoders import EncoderOutput, ImageEncoder, TextEncoder
 from mm_lightning.models.fusion import CrossAttentionFusion
 from mm_lightning.models.itm import ImageTextMatching
 from mm_lightning.models.losses import ContrastiveLoss, DynamicWeightAveraging
 from mm_lightning.models.module import MultimodalModule
+from mm_lightning.models.towers import EncoderOutput, ImageEncoder, TextEncoder
 
 __all__ = [
     "ContrastiveLoss",

@@ -6,22 +6,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mm_lightning.distributed import gather_no_grad, gather_with_grad, pad_to_global_length
 from mm_lightning.models.fusion import CrossAttentionFusion
-from mm_lightning.models.losses import (
-    gather_no_grad,
-    gather_with_grad,
-    pad_to_global_length,
-    sample_hard_negatives,
-)
+from mm_lightning.models.losses import PairLogits, sample_hard_negatives
 
 
 class ImageTextMatching(nn.Module):
     """Projects both token sequences to the fusion width, fuses them and classifies match / no match.
 
     For every local pair it adds one hard-negative caption for the image and one hard-negative image for the
-    caption, drawn with probability softmax(similarity) among pairs of *other* images. When the contrastive
-    logits cover the global batch, the negatives come from the global batch: token sequences are gathered
-    with gradient, so a negative drawn from another rank still trains that rank's encoders.
+    caption, drawn with probability softmax(similarity) among pairs of *other* images. When the loss's logits
+    cover the global batch (``PairLogits.global_candidates``), the negatives come from the global batch: token
+    sequences are gathered with gradient, so a negative drawn from another rank still trains that rank's
+    encoders.
 
     Args:
         image_token_dim: width of the image encoder's tokens.
@@ -52,8 +49,7 @@ class ImageTextMatching(nn.Module):
         image_tokens: Tensor,
         text_tokens: Tensor,
         text_mask: Tensor,
-        logits_i2t: Tensor,
-        logits_t2i: Tensor,
+        logits: PairLogits,
         image_ids: Tensor,
         sample_weights: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
@@ -63,8 +59,7 @@ class ImageTextMatching(nn.Module):
             image_tokens: (B, N, Di) local image tokens.
             text_tokens: (B, L, Dt) local text tokens.
             text_mask: (B, L) True for real tokens.
-            logits_i2t: (B, G) local images vs. candidate captions; G == B (local) or world x B (global).
-            logits_t2i: (B, G) local captions vs. candidate images.
+            logits: the pair loss's logits of the local rows vs. its (local or global) candidates.
             image_ids: (B,) local image ids.
             sample_weights: (B,) optional per-pair weights.
         """
@@ -72,15 +67,19 @@ class ImageTextMatching(nn.Module):
         txt = self.text_proj(text_tokens)
         mask = text_mask.bool()
         batch = img.shape[0]
-        if logits_i2t.shape[1] != batch:  # global candidates: gather token sequences with gradient
+        if logits.candidate_ids is None:
+            raise ValueError("ITM needs the candidates' image ids: pass image_ids to the loss's logits()")
+        all_ids = logits.candidate_ids
+        if (
+            logits.global_candidates
+        ):  # the candidates' token sequences live on every rank: gather with gradient
             txt, mask = pad_to_global_length(txt, mask)
-            all_img, all_txt = gather_with_grad(img), gather_with_grad(txt)
-            all_mask, all_ids = gather_no_grad(mask), gather_no_grad(image_ids)
+            all_img, all_txt, all_mask = gather_with_grad(img), gather_with_grad(txt), gather_no_grad(mask)
         else:
-            all_img, all_txt, all_mask, all_ids = img, txt, mask, image_ids
+            all_img, all_txt, all_mask = img, txt, mask
         same_image = image_ids[:, None] == all_ids[None, :]
-        neg_text = sample_hard_negatives(logits_i2t.detach(), same_image)
-        neg_image = sample_hard_negatives(logits_t2i.detach(), same_image)
+        neg_text = sample_hard_negatives(logits.i2t.detach(), same_image)
+        neg_image = sample_hard_negatives(logits.t2i.detach(), same_image)
         has_t, has_i = neg_text >= 0, neg_image >= 0
         images = torch.cat([img, img[has_t], all_img[neg_image[has_i]]])
         texts = torch.cat([txt, all_txt[neg_text[has_t]], txt[has_i]])
@@ -91,9 +90,9 @@ class ImageTextMatching(nn.Module):
                 torch.zeros(int(has_t.sum()) + int(has_i.sum()), dtype=torch.long, device=img.device),
             ]
         )
-        logits = self.head(self.fusion(images, texts, masks))
-        per_pair = F.cross_entropy(logits.float(), labels, reduction="none")
-        accuracy = (logits.argmax(-1) == labels).float().mean()
+        scores = self.head(self.fusion(images, texts, masks))
+        per_pair = F.cross_entropy(scores.float(), labels, reduction="none")
+        accuracy = (scores.argmax(-1) == labels).float().mean()
         if sample_weights is None:
             return per_pair.mean(), accuracy
         w = sample_weights.float()

@@ -14,25 +14,12 @@ from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 from typing_extensions import override
 
+from mm_lightning.embeddings import l2_normalize
 from mm_lightning.metrics import first_occurrence, retrieval_metrics
-from mm_lightning.models.encoders import EncoderOutput, ImageEncoder, TextEncoder
 from mm_lightning.models.itm import ImageTextMatching
-from mm_lightning.models.losses import ContrastiveLoss, DynamicWeightAveraging
+from mm_lightning.models.losses import DynamicWeightAveraging, build_loss, complexity_weights
 from mm_lightning.models.optim import clip_grouped, param_groups, warmup_cosine
-
-
-def complexity_weights(images: Tensor, attention_mask: Tensor) -> Tensor:
-    """Per-pair weights from data complexity (seed 004): image detail and caption length, mean 1 per batch.
-
-    Image detail is the mean absolute difference between neighbouring pixels (busy images score high).
-    """
-    with torch.no_grad():
-        img = images.float()
-        detail = (img[..., 1:, :] - img[..., :-1, :]).abs().mean((1, 2, 3)) + (
-            img[..., :, 1:] - img[..., :, :-1]
-        ).abs().mean((1, 2, 3))
-        length = attention_mask.float().sum(1)
-        return 0.5 * (detail / detail.mean().clamp_min(1e-12) + length / length.mean().clamp_min(1e-12))
+from mm_lightning.models.towers import EncoderOutput, build_image_tower, build_text_tower
 
 
 class MultimodalModule(LightningModule):
@@ -114,20 +101,23 @@ class MultimodalModule(LightningModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.image_encoder = ImageEncoder(image_encoder, image_weights, image_size, image_encoder_kwargs)
-        self.text_encoder = TextEncoder(
+        self.image_encoder = build_image_tower(image_encoder, image_weights, image_size, image_encoder_kwargs)
+        self.text_encoder = build_text_tower(
             text_encoder, text_pretrained, text_config_overrides, text_pooling, trust_remote_code
         )
         self.image_proj = nn.Linear(self.image_encoder.pooled_dim, embed_dim)
-        self.text_proj = nn.Linear(self.text_encoder.dim, embed_dim)
-        self.contrastive = ContrastiveLoss(
-            temperature_init, learnable_temperature, global_negatives=global_negatives
+        self.text_proj = nn.Linear(self.text_encoder.pooled_dim, embed_dim)
+        self.contrastive = build_loss(
+            "clip",
+            temperature_init=temperature_init,
+            learnable_temperature=learnable_temperature,
+            global_negatives=global_negatives,
         )
         # built only when used: parameters without gradient would break DDP's reducer
         self.itm = (
             ImageTextMatching(
                 self.image_encoder.token_dim,
-                self.text_encoder.dim,
+                self.text_encoder.token_dim,
                 embed_dim,
                 fusion_layers,
                 fusion_heads,
@@ -177,20 +167,20 @@ class MultimodalModule(LightningModule):
         Accepts a tokenizer's output directly: ``model.embed_text(**tokenizer(texts, return_tensors="pt"))``.
         """
         out = self.text_encoder(input_ids, attention_mask, token_type_ids)
-        return F.normalize(self.text_proj(out.pooled).float(), dim=-1)
+        return l2_normalize(self.text_proj(out.pooled))
 
     @torch.no_grad()
     def embed_images(self, images: Tensor) -> Tensor:
         """L2-normalized fp32 embeddings of (B, 3, H, W) normalized images (inference)."""
-        return F.normalize(self.image_proj(self.image_encoder(images).pooled).float(), dim=-1)
+        return l2_normalize(self.image_proj(self.image_encoder(images).pooled))
 
     @override
     def forward(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         """L2-normalized fp32 image and text embeddings of a batch."""
         _, _, image_emb, text_emb = self.encode(batch)
         return {
-            "image_embeddings": F.normalize(image_emb.float(), dim=-1),
-            "text_embeddings": F.normalize(text_emb.float(), dim=-1),
+            "image_embeddings": l2_normalize(image_emb),
+            "text_embeddings": l2_normalize(text_emb),
         }
 
     def _losses(self, batch: dict[str, Tensor]) -> tuple[dict[str, Tensor], Tensor, Tensor]:
@@ -201,11 +191,11 @@ class MultimodalModule(LightningModule):
             if self.hparams.sample_weighting == "complexity"
             else None
         )
-        logits_i2t, logits_t2i, targets = self.contrastive.logits(image_emb, text_emb, ids)
-        out = {"loss_itc": self.contrastive.loss_from_logits(logits_i2t, logits_t2i, targets, weights)}
+        logits = self.contrastive.logits(image_emb, text_emb, ids)
+        out = {"loss_itc": self.contrastive.loss_from_logits(logits, weights)}
         if self.itm is not None:
             out["loss_itm"], out["itm_accuracy"] = self.itm(
-                image_out.tokens, text_out.tokens, text_out.mask, logits_i2t, logits_t2i, ids, weights
+                image_out.tokens, text_out.tokens, text_out.mask, logits, ids, weights
             )
         return out, image_emb, text_emb
 
@@ -222,7 +212,7 @@ class MultimodalModule(LightningModule):
             values = torch.stack(
                 [losses["loss_itc"], losses.get("loss_itm", torch.zeros_like(losses["loss_itc"]))]
             )
-            weights = self.dwa.update(values, lambda t: self.trainer.strategy.reduce(t, reduce_op="mean"))
+            weights = self.dwa.update(values)
         else:
             weights = self.fixed_weights
         loss = self._total(losses, weights)
@@ -242,8 +232,8 @@ class MultimodalModule(LightningModule):
         self.log(f"{stage}/loss", self._total(losses, self.fixed_weights), batch_size=bs, sync_dist=True)
         self._eval_outputs.append(
             {
-                "image": F.normalize(image_emb.float(), dim=-1),
-                "text": F.normalize(text_emb.float(), dim=-1),
+                "image": l2_normalize(image_emb),
+                "text": l2_normalize(text_emb),
                 "image_id": batch["image_id"],
                 "index": batch["index"],
             }

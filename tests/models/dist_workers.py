@@ -8,8 +8,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from mm_lightning.models import ContrastiveLoss, itm, losses
+from mm_lightning import distributed
+from mm_lightning.models import ContrastiveLoss, itm
 from mm_lightning.models.itm import ImageTextMatching
+from mm_lightning.models.losses import PairLogits, clip
 
 N_PER_RANK, DIM = 4, 8
 
@@ -21,7 +23,7 @@ def _init(rank: int, world: int, port: int) -> None:
 
 def _gather_without_grad(tensor: torch.Tensor) -> torch.Tensor:
     """The classic bug: other ranks' slices are constants, so their loss terms never reach this rank."""
-    chunks = list(losses.gather_no_grad(tensor.detach()).chunk(dist.get_world_size()))
+    chunks = list(distributed.gather_no_grad(tensor.detach()).chunk(dist.get_world_size()))
     chunks[dist.get_rank()] = tensor
     return torch.cat(chunks)
 
@@ -85,9 +87,22 @@ def itm_case(rank: int, world: int) -> dict:
     logits = torch.zeros(N_PER_RANK, world * N_PER_RANK)
     local = slice(rank * N_PER_RANK, (rank + 1) * N_PER_RANK)
     logits[:, local] = -1e9  # softmax weight 0 on local columns
-    loss, _ = matcher(image_tokens, text_tokens, mask, logits, logits.clone(), ids)
+    all_ids = torch.arange(world * N_PER_RANK)
+    pair_logits = PairLogits(
+        logits, logits.clone(), torch.arange(N_PER_RANK), all_ids, global_candidates=True
+    )
+    loss, _ = matcher(image_tokens, text_tokens, mask, pair_logits, ids)
     (loss * (1.0 if rank == 0 else 0.0)).backward()
     return {"text_grad_norm": text_tokens.grad.norm(), "image_grad_norm": image_tokens.grad.norm()}
+
+
+def gather_rows_case(rank: int) -> dict:
+    """Ranks with different row counts (3 and 1 rows) gathered in rank order."""
+    rows = torch.arange(3 - 2 * rank, dtype=torch.float32)[:, None].expand(-1, 2) + 10 * rank
+    return {
+        "gathered": distributed.gather_rows(rows),
+        "mean": distributed.all_reduce_mean(torch.tensor(rank + 1.0)),
+    }
 
 
 def worker(rank: int, world: int, port: int, out_dir: str) -> None:
@@ -98,8 +113,9 @@ def worker(rank: int, world: int, port: int, out_dir: str) -> None:
         f"contrastive_{mode}": contrastive_case(rank, world, ref, mode) for mode in ("global", "local")
     }
     results["itm_global"] = itm_case(rank, world)
+    results["gather_rows"] = gather_rows_case(rank)
     # controls: the same code with an all-gather that carries no gradient
-    losses.gather_with_grad = itm.gather_with_grad = _gather_without_grad
+    clip.gather_with_grad = itm.gather_with_grad = _gather_without_grad
     results["contrastive_no_grad_gather"] = contrastive_case(rank, world, ref, "global")
     results["itm_no_grad_gather"] = itm_case(rank, world)
     torch.save(results, Path(out_dir) / f"rank{rank}.pt")

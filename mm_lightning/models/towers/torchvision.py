@@ -1,17 +1,15 @@
-"""Image and text towers.
+"""Image towers over torchvision: any classification backbone by name, or a small CPU build.
 
-Both towers return a pooled vector (for the contrastive loss) and a token sequence (for the fusion module):
-
-- ``ImageEncoder``: any torchvision classification backbone by name (ResNet family, ViT, ConvNeXt,
-  EfficientNet, MobileNet, ...) or a small custom build for CPU (``resnet_custom``, ``vit_custom``).
-- ``TextEncoder``: a Hugging Face ``AutoModel`` by name or local path, or built from its config (random init).
+- ResNet family, ViT, ConvNeXt, EfficientNet, MobileNet, ... by ``torchvision.models`` name, with torchvision's
+  weights by name (``IMAGENET1K_V2``, needs the torch hub cache offline) or from a local ``.pth`` /
+  ``.safetensors`` file;
+- ``resnet_custom`` (a narrow ResNet) and ``vit_custom`` (a small ViT) for CPU runs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Literal
+from typing import Any
 
 import torch
 import torchvision
@@ -19,26 +17,16 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 from torchvision.models.resnet import BasicBlock, conv1x1
 from torchvision.models.vision_transformer import VisionTransformer
-from transformers import AutoConfig, AutoModel
 
-from mm_lightning.assets import resolve_pretrained
+from mm_lightning.models.towers.base import (
+    EncoderOutput,
+    Tower,
+    image_data_config,
+    is_weights_file,
+    load_weights_file,
+)
 
 CUSTOM_IMAGE_ENCODERS = ("resnet_custom", "vit_custom")
-
-
-@dataclass
-class EncoderOutput:
-    """What a tower returns.
-
-    Attributes:
-        pooled: (B, D_pooled) one vector per sample.
-        tokens: (B, N, D_tokens) token sequence for cross-attention.
-        mask: (B, N) bool, True for real tokens (all True for images).
-    """
-
-    pooled: Tensor
-    tokens: Tensor
-    mask: Tensor
 
 
 class SmallResNet(nn.Sequential):
@@ -89,7 +77,7 @@ def _flatten_map(fmap: Tensor) -> Tensor:
     return fmap.flatten(2).transpose(1, 2)
 
 
-class ImageEncoder(nn.Module):
+class TorchvisionTower(Tower):
     """Image tower over a torchvision backbone.
 
     CNNs yield feature-map cells as tokens and their average (through the backbone's own pre-classifier
@@ -97,10 +85,12 @@ class ImageEncoder(nn.Module):
 
     Args:
         name: torchvision model name (``torchvision.models.list_models()``), ``resnet_custom`` or ``vit_custom``.
-        weights: torchvision weights name (e.g. ``"ResNet50_Weights.IMAGENET1K_V2"``) or None (random init).
+        weights: torchvision weights name (e.g. ``"IMAGENET1K_V2"``), a local ``.pth``/``.pt``/``.safetensors``
+            state dict of the same backbone (its classification head may be included), or None (random init).
         image_size: input resolution (ViTs are built for it).
-        kwargs: extra constructor arguments (e.g. ``widths``/``layers`` for ``resnet_custom``, ``patch_size``,
-            ``num_layers``, ``hidden_dim`` for ``vit_custom``).
+        kwargs: extra constructor arguments (e.g. ``widths``/``layers``/``stem_stride`` for ``resnet_custom``,
+            ``patch_size``, ``num_layers``, ``hidden_dim`` for ``vit_custom``).
+        strict: with a weights file, fail on missing or unexpected keys (False loads what matches, warns).
     """
 
     def __init__(
@@ -109,9 +99,13 @@ class ImageEncoder(nn.Module):
         weights: str | None = None,
         image_size: int = 224,
         kwargs: dict | None = None,
+        strict: bool = True,
     ) -> None:
         super().__init__()
         kwargs = dict(kwargs or {})
+        from_file = is_weights_file(weights)
+        if weights is not None and not from_file and name in CUSTOM_IMAGE_ENCODERS:
+            raise ValueError(f"{name} has no pretrained weights by name; got weights={weights!r}")
         if name == "resnet_custom":
             self.backbone: nn.Module = SmallResNet(**kwargs)
         elif name == "vit_custom":
@@ -120,11 +114,22 @@ class ImageEncoder(nn.Module):
         else:
             if name.startswith("vit_"):
                 kwargs.setdefault("image_size", image_size)
-            self.backbone = torchvision.models.get_model(name, weights=weights, **kwargs)
-        if weights is not None and name in CUSTOM_IMAGE_ENCODERS:
-            raise ValueError(f"{name} has no pretrained weights; got weights={weights!r}")
+            self.backbone = torchvision.models.get_model(
+                name, weights=None if from_file else weights, **kwargs
+            )
+        full_keys = set(self.backbone.state_dict())
         self._forward_impl, self.pooled_dim, self.token_dim = self._adapt(name)
+        if from_file:
+            head_keys = full_keys - set(self.backbone.state_dict())
+            load_weights_file(self.backbone, weights, strict=strict, ignored=head_keys)
+        self.image_size = image_size
+        self._data_config = _torchvision_data_config(name, None if from_file else weights, image_size)
         self.gradient_checkpointing = False
+
+    @property
+    def data_config(self) -> dict[str, Any]:
+        """ImageNet statistics and the weights' interpolation (torchvision's own transforms when named)."""
+        return dict(self._data_config)
 
     def _adapt(self, name: str) -> tuple[Callable[[Tensor], EncoderOutput], int, int]:
         """Drops the classification head and picks how tokens and pooled vector are read."""
@@ -153,7 +158,11 @@ class ImageEncoder(nn.Module):
         )
 
     def set_gradient_checkpointing(self, enabled: bool) -> None:
-        """Recompute each stage's activations in backward instead of storing them (saves memory)."""
+        """Recompute each stage's activations in backward instead of storing them (saves memory).
+
+        Args:
+            enabled: switch it on or off.
+        """
         self.gradient_checkpointing = enabled
 
     def _run_stages(self, x: Tensor, stages: Sequence[nn.Module]) -> Tensor:
@@ -204,65 +213,10 @@ class ImageEncoder(nn.Module):
         return self._forward_impl(images)
 
 
-class TextEncoder(nn.Module):
-    """Text tower over a Hugging Face ``AutoModel``.
-
-    Args:
-        name: HF hub name or local directory (passed through ``resolve_pretrained``).
-        pretrained: load weights (``from_pretrained``); False builds the model from its config, randomly
-            initialised.
-        config_overrides: config fields to override (e.g. ``hidden_size``, ``num_hidden_layers``).
-        pooling: ``cls`` (first token) or ``mean`` (mean over real tokens).
-        trust_remote_code: allow code shipped with the model; off by default for safety.
-    """
-
-    def __init__(
-        self,
-        name: str = "bert-base-uncased",
-        pretrained: bool = True,
-        config_overrides: dict | None = None,
-        pooling: Literal["cls", "mean"] = "cls",
-        trust_remote_code: bool = False,
-    ) -> None:
-        super().__init__()
-        if pooling not in ("cls", "mean"):
-            raise ValueError(f"text pooling must be 'cls' or 'mean', got {pooling!r}")
-        path = resolve_pretrained(name)
-        overrides = dict(config_overrides or {})
-        if pretrained:
-            self.model = AutoModel.from_pretrained(path, trust_remote_code=trust_remote_code, **overrides)
-        else:
-            config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, **overrides)
-            self.model = AutoModel.from_config(config, trust_remote_code=trust_remote_code)
-        # BERT-like models carry a pooler that this tower never uses; unused parameters break DDP.
-        if getattr(self.model, "pooler", None) is not None:
-            self.model.pooler = None
-        self.pooling = pooling
-        self.dim: int = self.model.config.hidden_size
-
-    def set_gradient_checkpointing(self, enabled: bool) -> None:
-        """Switches Hugging Face's per-layer activation checkpointing."""
-        model = self.model
-        # transformers >= 5.2x renamed gradient_checkpointing_* to activation_checkpointing_* (old names warn)
-        if hasattr(model, "activation_checkpointing_enable"):
-            enable, disable = model.activation_checkpointing_enable, model.activation_checkpointing_disable
-        else:
-            enable, disable = model.gradient_checkpointing_enable, model.gradient_checkpointing_disable
-        if enabled:
-            enable({"use_reentrant": False})
-        else:
-            disable()
-
-    def forward(
-        self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None
-    ) -> EncoderOutput:
-        """Encodes (B, L) token ids; padding positions have ``attention_mask == 0``."""
-        kwargs = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
-        states = self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
-        mask = attention_mask.bool()
-        if self.pooling == "cls":
-            pooled = states[:, 0]
-        else:
-            weights = mask.unsqueeze(-1).to(states.dtype)
-            pooled = (states * weights).sum(1) / weights.sum(1).clamp_min(1.0)
-        return EncoderOutput(pooled=pooled, tokens=states, mask=mask)
+def _torchvision_data_config(name: str, weights: str | None, image_size: int) -> dict[str, Any]:
+    """Mean, std and interpolation from torchvision's weights entry when the weights are named."""
+    if weights is None or name in CUSTOM_IMAGE_ENCODERS:
+        return image_data_config(image_size)
+    entry = torchvision.models.get_model_weights(name).verify(weights)
+    preset = entry.transforms()
+    return image_data_config(image_size, preset.mean, preset.std, preset.interpolation.value)

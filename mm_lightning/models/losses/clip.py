@@ -1,0 +1,106 @@
+"""CLIP's symmetric InfoNCE loss, exact under data parallelism.
+
+The distributed loss follows open_clip's ``ClipLoss(local_loss=True, gather_with_grad=True)``: each rank scores
+its local rows against the globally gathered columns, and the all-gather carries gradient. The mean of the ranks'
+losses then equals the single-process loss on the concatenated batch, and each rank's feature gradient is
+world_size x the single-process one, so DDP's gradient averaging yields the exact gradient. A gather without
+gradient would drop the other ranks' terms.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mm_lightning.distributed import gather_no_grad, gather_with_grad, world
+from mm_lightning.embeddings import l2_normalize
+from mm_lightning.models.losses.base import PairLogits, PairLoss, register_loss
+
+
+@register_loss("clip")
+class ContrastiveLoss(PairLoss):
+    """Symmetric InfoNCE on L2-normalized embeddings with a learnable temperature.
+
+    The similarity and loss math always runs in fp32 (autocast disabled) so bf16/fp16 training does not
+    round the logits.
+
+    Args:
+        temperature_init: initial temperature (logit scale = 1 / temperature).
+        learnable_temperature: train the temperature.
+        max_logit_scale: upper clamp of the logit scale (CLIP uses 100).
+        global_negatives: when distributed, score local rows against the gathered global batch; False uses
+            only the local batch as negatives.
+    """
+
+    def __init__(
+        self,
+        temperature_init: float = 0.07,
+        learnable_temperature: bool = True,
+        max_logit_scale: float = 100.0,
+        global_negatives: bool = True,
+    ) -> None:
+        super().__init__()
+        self.logit_scale = nn.Parameter(
+            torch.tensor(math.log(1.0 / temperature_init)), requires_grad=learnable_temperature
+        )
+        self.max_log_scale = math.log(max_logit_scale)
+        self.global_negatives = global_negatives
+
+    @property
+    def temperature(self) -> Tensor:
+        """Current temperature (1 / clamped logit scale)."""
+        return 1.0 / self.scale()
+
+    def scale(self) -> Tensor:
+        """Clamped logit scale."""
+        return self.logit_scale.clamp(max=self.max_log_scale).exp()
+
+    def logits(self, image_emb: Tensor, text_emb: Tensor, image_ids: Tensor | None = None) -> PairLogits:
+        """Scaled fp32 logits of local rows vs. (global) columns, with same-image non-diagonal pairs masked.
+
+        Args:
+            image_emb: (B, D) local image embeddings (need not be normalized).
+            text_emb: (B, D) local text embeddings, row i paired with image row i.
+            image_ids: (B,) image ids; pairs sharing an id are not negatives of each other.
+        """
+        with torch.autocast(device_type=image_emb.device.type, enabled=False):
+            img, txt = l2_normalize(image_emb), l2_normalize(text_emb)
+            rank, size = world()
+            is_global = self.global_negatives and size > 1
+            if is_global:
+                all_img, all_txt = gather_with_grad(img), gather_with_grad(txt)
+                offset = rank * img.shape[0]
+            else:
+                all_img, all_txt, offset = img, txt, 0
+            scale = self.scale()
+            logits_i2t = scale * img @ all_txt.T
+            logits_t2i = scale * txt @ all_img.T
+            targets = torch.arange(img.shape[0], device=img.device) + offset
+            all_ids = None
+            if image_ids is not None:
+                all_ids = gather_no_grad(image_ids) if is_global else image_ids
+                same = image_ids[:, None] == all_ids[None, :]
+                same[torch.arange(img.shape[0], device=img.device), targets] = False
+                logits_i2t = logits_i2t.masked_fill(same, float("-inf"))
+                logits_t2i = logits_t2i.masked_fill(same, float("-inf"))
+        return PairLogits(logits_i2t, logits_t2i, targets, all_ids, is_global)
+
+    def loss_from_logits(self, logits: PairLogits, sample_weights: Tensor | None = None) -> Tensor:
+        """Mean (or ``sample_weights``-weighted mean) over local rows of the two directions' cross-entropy.
+
+        Args:
+            logits: what :meth:`logits` returned.
+            sample_weights: (B,) optional per-pair weights.
+        """
+        with torch.autocast(device_type=logits.i2t.device.type, enabled=False):
+            per_row = 0.5 * (
+                F.cross_entropy(logits.i2t, logits.targets, reduction="none")
+                + F.cross_entropy(logits.t2i, logits.targets, reduction="none")
+            )
+            if sample_weights is None:
+                return per_row.mean()
+            w = sample_weights.float()
+            return (per_row * w).sum() / w.sum()

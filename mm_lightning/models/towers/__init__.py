@@ -1,0 +1,33 @@
+"""Image and text towers: one module per family, and the registry that turns a name into a tower.
+
+Every tower returns an :class:`EncoderOutput` (a pooled vector for the contrastive loss, tokens for the fusion)
+and carries ``pooled_dim``, ``token_dim`` and the ``data_config`` its weights expect.
+"""
+
+from mm_lightning.models.towers.base import EncoderOutput, Tower
+from mm_lightning.models.towers.hf_text import HFTextTower
+from mm_lightning.models.towers.registry import (
+    build_image_tower,
+    build_text_tower,
+    register_image_tower,
+    register_text_tower,
+)
+from mm_lightning.models.towers.torchvision import SmallResNet, TorchvisionTower
+
+# the names of the first version, kept for users' code
+ImageEncoder = TorchvisionTower
+TextEncoder = HFTextTower
+
+__all__ = [
+    "EncoderOutput",
+    "HFTextTower",
+    "ImageEncoder",
+    "SmallResNet",
+    "TextEncoder",
+    "TorchvisionTower",
+    "Tower",
+    "build_image_tower",
+    "build_text_tower",
+    "register_image_tower",
+    "register_text_tower",
+]

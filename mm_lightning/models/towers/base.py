@@ -1,0 +1,151 @@
+"""What every tower is: an ``nn.Module`` returning an :class:`EncoderOutput`, with its widths and data config."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+from torch import Tensor, nn
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass
+class EncoderOutput:
+    """What a tower returns.
+
+    Attributes:
+        pooled: (B, D_pooled) one vector per sample.
+        tokens: (B, N, D_tokens) token sequence for cross-attention.
+        mask: (B, N) bool, True for real tokens (all True for images).
+    """
+
+    pooled: Tensor
+    tokens: Tensor
+    mask: Tensor
+
+
+class Tower(nn.Module):
+    """Base of the image and text towers.
+
+    Subclasses set ``pooled_dim`` (width of ``EncoderOutput.pooled``) and ``token_dim`` (width of the tokens)
+    in their constructor and implement ``forward``.
+    """
+
+    pooled_dim: int
+    token_dim: int
+
+    @property
+    def data_config(self) -> dict[str, Any]:
+        """The preprocessing the weights expect, so the data side can follow them.
+
+        Image towers return ``mean``, ``std`` (per channel, for 0-1 images), ``input_size`` ``(3, H, W)`` and
+        ``interpolation`` (a ``torchvision.transforms.InterpolationMode`` value); text towers return
+        ``tokenizer`` (a name or directory for ``AutoTokenizer``).
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not define its data_config")
+
+    def set_gradient_checkpointing(self, enabled: bool) -> None:
+        """Recompute activations in backward instead of storing them (saves memory, costs compute).
+
+        Args:
+            enabled: switch it on or off.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support gradient checkpointing")
+
+
+def image_data_config(
+    image_size: int,
+    mean: tuple[float, ...] = IMAGENET_MEAN,
+    std: tuple[float, ...] = IMAGENET_STD,
+    interpolation: str = "bilinear",
+) -> dict[str, Any]:
+    """An image tower's ``data_config`` (ImageNet statistics unless the weights say otherwise).
+
+    Args:
+        image_size: square input side.
+        mean: per-channel mean of 0-1 images.
+        std: per-channel standard deviation of 0-1 images.
+        interpolation: resize interpolation the weights were trained with.
+    """
+    return {
+        "mean": tuple(float(m) for m in mean),
+        "std": tuple(float(s) for s in std),
+        "input_size": (3, image_size, image_size),
+        "interpolation": interpolation,
+    }
+
+
+WEIGHT_FILE_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")
+
+
+def is_weights_file(weights: str | None) -> bool:
+    """Whether ``weights`` names a local file (by suffix) rather than a library's weights name."""
+    return weights is not None and weights.lower().endswith(WEIGHT_FILE_SUFFIXES)
+
+
+def read_state_dict(path: str) -> dict[str, Tensor]:
+    """Reads a ``.safetensors`` or torch (``weights_only``) state dict, unwrapping ``state_dict``/``model`` keys.
+
+    Args:
+        path: local file.
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"weights file {path!r} does not exist")
+    try:
+        if path.lower().endswith(".safetensors"):
+            state = load_file(path)
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001  (any reader failure is reported with the file name)
+        raise ValueError(f"weights file {path!r} could not be read: {error}") from error
+    for wrapper in ("state_dict", "model"):
+        if isinstance(state, dict) and isinstance(state.get(wrapper), dict):
+            state = state[wrapper]
+    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
+        raise ValueError(f"weights file {path!r} holds no state dict of tensors")
+    return state
+
+
+def load_weights_file(
+    module: nn.Module, path: str, strict: bool = True, ignored: set[str] | frozenset[str] = frozenset()
+) -> None:
+    """Loads a local state dict into ``module`` with an error that lists missing and unexpected keys.
+
+    Args:
+        module: the backbone to load into.
+        path: ``.pth``/``.pt``/``.bin`` (read with ``weights_only=True``) or ``.safetensors`` file.
+        strict: fail on missing or unexpected keys; False loads what matches and warns with the lists.
+        ignored: keys that may be present in the file without being in ``module`` (a dropped classifier head).
+    """
+    state = read_state_dict(path)
+    prefix = "backbone."  # a state dict saved from the tower itself
+    if state and all(k.startswith(prefix) for k in state):
+        state = {k[len(prefix) :]: v for k, v in state.items()}
+    state = {k: v for k, v in state.items() if k not in ignored}
+    own = module.state_dict()
+    mismatched = [
+        f"{k}: file {tuple(v.shape)} vs model {tuple(own[k].shape)}"
+        for k, v in state.items()
+        if k in own and own[k].shape != v.shape
+    ]
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    problems = [
+        f"{label} ({len(keys)}): {', '.join(keys[:8])}{' ...' if len(keys) > 8 else ''}"
+        for label, keys in (("shape mismatch", mismatched), ("missing", missing), ("unexpected", unexpected))
+        if keys
+    ]
+    if mismatched or (strict and problems):
+        hint = "" if mismatched else " (strict=false loads the matching keys only)"
+        raise ValueError(
+            f"weights file {path!r} does not fit {type(module).__name__}: {'; '.join(problems)}{hint}"
+        )
+    if problems:
+        warnings.warn(f"weights file {path!r} loaded partially: " + "; ".join(problems), stacklevel=2)
+    module.load_state_dict(state, strict=False)

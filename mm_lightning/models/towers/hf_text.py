@@ -1,0 +1,121 @@
+"""Text tower over a Hugging Face ``AutoModel`` (by hub name or local directory, or built from its config)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+from torch import Tensor
+from transformers import AutoConfig, AutoModel
+
+from mm_lightning.assets import resolve_pretrained
+from mm_lightning.models.towers.base import EncoderOutput, Tower
+
+
+def _looks_like_path(name: str) -> bool:
+    # hub ids are "name" or "org/name"; anything else with a separator is meant as a directory
+    return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
+
+
+def load_hf(loader: Any, name: str, path: str, **kwargs: Any) -> Any:
+    """``loader.from_pretrained(path)`` with errors that name the model and say how to use a local copy.
+
+    Args:
+        loader: ``AutoModel``, ``AutoConfig`` or another class with ``from_pretrained``.
+        name: the name the user gave (for the message).
+        path: what to load (``name`` after ``resolve_pretrained``).
+        kwargs: passed to ``from_pretrained``.
+    """
+    if _looks_like_path(path) and not os.path.isdir(os.path.expanduser(path)):
+        raise FileNotFoundError(
+            f"text tower {name!r}: no such local directory; pass a folder holding the model's config.json "
+            "(and weights), e.g. one written by save_pretrained"
+        )
+    try:
+        return loader.from_pretrained(os.path.expanduser(path), **kwargs)
+    except OSError as error:
+        raise OSError(
+            f"text tower {name!r} could not be loaded: it is not a local directory and not in the Hugging Face "
+            "cache (downloads need internet access). Pass a local directory holding the model "
+            f"(config.json, weights, tokenizer files) instead. Cause: {error}"
+        ) from error
+
+
+class HFTextTower(Tower):
+    """Text tower over a Hugging Face ``AutoModel``.
+
+    Args:
+        name: HF hub name or local directory (passed through ``resolve_pretrained``, so built-in names such as
+            ``mm-lightning/demo-bert`` work offline).
+        pretrained: load weights (``from_pretrained``); False builds the model from its config, randomly
+            initialised.
+        config_overrides: config fields to override (e.g. ``hidden_size``, ``num_hidden_layers``).
+        pooling: ``cls`` (first token) or ``mean`` (mean over real tokens).
+        trust_remote_code: allow code shipped with the model; off by default for safety.
+    """
+
+    def __init__(
+        self,
+        name: str = "bert-base-uncased",
+        pretrained: bool = True,
+        config_overrides: dict | None = None,
+        pooling: Literal["cls", "mean"] = "cls",
+        trust_remote_code: bool = False,
+    ) -> None:
+        super().__init__()
+        if pooling not in ("cls", "mean"):
+            raise ValueError(f"text pooling must be 'cls' or 'mean', got {pooling!r}")
+        path = resolve_pretrained(name)
+        overrides = dict(config_overrides or {})
+        if pretrained:
+            self.model = load_hf(AutoModel, name, path, trust_remote_code=trust_remote_code, **overrides)
+        else:
+            config = load_hf(AutoConfig, name, path, trust_remote_code=trust_remote_code, **overrides)
+            self.model = AutoModel.from_config(config, trust_remote_code=trust_remote_code)
+        # BERT-like models carry a pooler that this tower never uses; unused parameters break DDP.
+        if getattr(self.model, "pooler", None) is not None:
+            self.model.pooler = None
+        self.name = name
+        self.pooling = pooling
+        self.pooled_dim = self.token_dim = int(self.model.config.hidden_size)
+
+    @property
+    def dim(self) -> int:
+        """Width of the pooled vector and of the tokens (the model's hidden size)."""
+        return self.pooled_dim
+
+    @property
+    def data_config(self) -> dict[str, Any]:
+        """The tokenizer that matches this model (its name or directory)."""
+        return {"tokenizer": self.name}
+
+    def set_gradient_checkpointing(self, enabled: bool) -> None:
+        """Switches Hugging Face's per-layer activation checkpointing.
+
+        Args:
+            enabled: switch it on or off.
+        """
+        model = self.model
+        # transformers >= 5.2x renamed gradient_checkpointing_* to activation_checkpointing_* (old names warn)
+        if hasattr(model, "activation_checkpointing_enable"):
+            enable, disable = model.activation_checkpointing_enable, model.activation_checkpointing_disable
+        else:
+            enable, disable = model.gradient_checkpointing_enable, model.gradient_checkpointing_disable
+        if enabled:
+            enable({"use_reentrant": False})
+        else:
+            disable()
+
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None
+    ) -> EncoderOutput:
+        """Encodes (B, L) token ids; padding positions have ``attention_mask == 0``."""
+        kwargs = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+        states = self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
+        mask = attention_mask.bool()
+        if self.pooling == "cls":
+            pooled = states[:, 0]
+        else:
+            weights = mask.unsqueeze(-1).to(states.dtype)
+            pooled = (states * weights).sum(1) / weights.sum(1).clamp_min(1.0)
+        return EncoderOutput(pooled=pooled, tokens=states, mask=mask)
