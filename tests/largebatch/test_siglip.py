@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mm_lightning.models.siglip import SigLipLoss
+from mm_lightning.models.losses.siglip import SigLipLoss
 
 
 def _paper_loss(
@@ -65,10 +65,26 @@ def test_sample_weights_and_frozen_parameters() -> None:
     assert only_first.item() == pytest.approx(first_row.item(), rel=1e-5)
 
 
-def test_mining_logits_are_detached_and_ordered_like_the_loss() -> None:
-    img = torch.randn(3, 4, requires_grad=True)
-    txt = torch.randn(3, 4, requires_grad=True)
-    i2t, t2i, targets = SigLipLoss().logits(img, txt)
-    assert i2t.shape == t2i.shape == (3, 3) and not i2t.requires_grad
-    torch.testing.assert_close(i2t, t2i.T)
-    assert targets.tolist() == [0, 1, 2]
+def test_mining_logits_are_ordered_like_the_loss() -> None:
+    img = torch.randn(3, 4)
+    txt = torch.randn(3, 4)
+    logits = SigLipLoss().logits(img, txt, torch.arange(3))
+    assert logits.i2t.shape == logits.t2i.shape == (3, 3) and not logits.global_candidates
+    torch.testing.assert_close(logits.i2t, logits.t2i.T)
+    assert logits.targets.tolist() == [0, 1, 2] and logits.candidate_ids.tolist() == [0, 1, 2]
+
+
+def test_registered_by_name_and_loss_from_local_logits_equals_the_loss() -> None:
+    from mm_lightning.models.losses import build_loss
+
+    loss_fn = build_loss("siglip", bias_init=-5.0)
+    assert isinstance(loss_fn, SigLipLoss) and loss_fn.logit_bias.item() == -5.0
+    g = torch.Generator().manual_seed(2)
+    img, txt = torch.randn(5, 4, generator=g), torch.randn(5, 4, generator=g)
+    ids = torch.tensor([0, 0, 1, 2, 3])
+    weights = torch.rand(5, generator=g)
+    got = loss_fn.loss_from_logits(loss_fn.logits(img, txt, ids), weights)
+    assert got.item() == pytest.approx(loss_fn(img, txt, ids, weights).item(), rel=1e-6)
+    global_logits = loss_fn.logits(img, txt, ids)._replace(global_candidates=True)
+    with pytest.raises(ValueError, match="ring"):
+        loss_fn.loss_from_logits(global_logits)

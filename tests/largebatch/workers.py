@@ -9,8 +9,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from mm_lightning.models import gradcache, siglip
-from mm_lightning.models.siglip import SigLipLoss
+from mm_lightning.models import gradcache
+from mm_lightning.models.losses import siglip
+from mm_lightning.models.losses.siglip import SigLipLoss
 from tests.largebatch.toy import ToyModel, grads, toy_batch
 
 PER_RANK, DIM = 6, 8

@@ -21,34 +21,28 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mm_lightning.models.losses import distributed_world, gather_no_grad
+from mm_lightning.distributed import gather_no_grad, world
+from mm_lightning.embeddings import l2_normalize
+from mm_lightning.models.losses.base import PairLogits, PairLoss, register_loss
+
+
+def _exchange(tensor: Tensor, step: int) -> Tensor:
+    """Sends ``tensor`` to rank ``rank + step`` and returns the one rank ``rank - step`` sent (no gradient)."""
+    rank, size = world()
+    received = torch.empty_like(tensor)
+    # both directions posted before waiting, so no rank blocks on a send its neighbour has not received yet
+    requests = [
+        dist.isend(tensor.contiguous(), (rank + step) % size),
+        dist.irecv(received, (rank - step) % size),
+    ]
+    for request in requests:
+        request.wait()
+    return received
 
 
 def ring_shift(tensor: Tensor) -> Tensor:
     """Sends ``tensor`` to the next rank and returns the previous rank's (no gradient)."""
-    rank, world = distributed_world()
-    received = torch.empty_like(tensor)
-    # both directions posted before waiting, so no rank blocks on a send its neighbour has not received yet
-    requests = [
-        dist.isend(tensor.contiguous(), (rank + 1) % world),
-        dist.irecv(received, (rank - 1) % world),
-    ]
-    for request in requests:
-        request.wait()
-    return received
-
-
-def _ring_unshift(tensor: Tensor) -> Tensor:
-    """The reverse of :func:`ring_shift`: to the previous rank, from the next one."""
-    rank, world = distributed_world()
-    received = torch.empty_like(tensor)
-    requests = [
-        dist.isend(tensor.contiguous(), (rank - 1) % world),
-        dist.irecv(received, (rank + 1) % world),
-    ]
-    for request in requests:
-        request.wait()
-    return received
+    return _exchange(tensor, 1)
 
 
 class _RingShiftWithGrad(torch.autograd.Function):
@@ -64,10 +58,11 @@ class _RingShiftWithGrad(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor) -> Tensor:
-        return _ring_unshift(grad)
+        return _exchange(grad, -1)
 
 
-class SigLipLoss(nn.Module):
+@register_loss("siglip")
+class SigLipLoss(PairLoss):
     """Sigmoid pairwise image-text loss with a learnable temperature and bias, exact across ranks.
 
     The logit of a pair is ``exp(t') * cos(x_i, y_j) + b``; the paper initializes ``t' = log 10`` and
@@ -119,15 +114,15 @@ class SigLipLoss(nn.Module):
 
     def _global_ids(self, image_ids: Tensor | None, batch: int, device: torch.device) -> Tensor:
         """All ranks' image ids (rank-major), after checking that every rank holds ``batch`` rows."""
-        rank, world = distributed_world()
-        sizes = gather_no_grad(torch.tensor([batch], device=device)) if world > 1 else None
+        size = world()[1]
+        sizes = gather_no_grad(torch.tensor([batch], device=device)) if size > 1 else None
         if sizes is not None and bool((sizes != batch).any()):
             raise ValueError(
                 f"SigLipLoss with global negatives needs the same batch size on every rank, got {sizes.tolist()} "
                 "(use a DistributedSampler, which pads ranks to equal length, or drop_last=True)"
             )
         if image_ids is None:  # every pair its own image: the global row index identifies it
-            return torch.arange(world * batch, device=device)
+            return torch.arange(size * batch, device=device)
         return gather_no_grad(image_ids)
 
     def forward(
@@ -146,13 +141,12 @@ class SigLipLoss(nn.Module):
             sample_weights: (B,) optional per-image weights (weighted mean over the local rows).
         """
         with torch.autocast(device_type=image_emb.device.type, enabled=False):
-            img = F.normalize(image_emb.float(), dim=-1)
-            txt = F.normalize(text_emb.float(), dim=-1)
-            rank, world = distributed_world()
+            img, txt = l2_normalize(image_emb), l2_normalize(text_emb)
+            rank, size = world()
             batch = img.shape[0]
-            distributed = self.global_negatives and world > 1
+            distributed = self.global_negatives and size > 1
             if distributed:
-                all_ids = self._global_ids(image_ids, batch, img.device).view(world, batch)
+                all_ids = self._global_ids(image_ids, batch, img.device).view(size, batch)
             else:
                 all_ids = (image_ids if image_ids is not None else torch.arange(batch, device=img.device))[
                     None
@@ -161,30 +155,63 @@ class SigLipLoss(nn.Module):
             per_row = self._block(img, txt, own_ids, own_ids)
             if distributed:
                 passing = txt
-                for step in range(1, world):
+                for step in range(1, size):
                     passing = _RingShiftWithGrad.apply(passing)
-                    per_row = per_row + self._block(img, passing, own_ids, all_ids[(rank - step) % world])
-            if sample_weights is None:
-                return per_row.mean()
-            w = sample_weights.float()
-            return (per_row * w).sum() / w.sum()
+                    per_row = per_row + self._block(img, passing, own_ids, all_ids[(rank - step) % size])
+            return _weighted_mean(per_row, sample_weights)
 
-    def logits(
-        self, image_emb: Tensor, text_emb: Tensor, image_ids: Tensor | None = None
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """Detached logits of local rows vs. (global) columns, for hard-negative mining (not for the loss).
+    def logits(self, image_emb: Tensor, text_emb: Tensor, image_ids: Tensor | None = None) -> PairLogits:
+        """Logits of local rows vs. candidates, for hard-negative mining; global candidates carry no gradient.
 
-        Returns:
-            ``(logits_i2t, logits_t2i, targets)``: (B, N) each, targets (B,) = column of each row's own pair.
+        With global negatives the columns are gathered without gradient (mining only needs the ranking); the
+        loss itself never gathers: call the loss module, not :meth:`loss_from_logits`, to train.
+
+        Args:
+            image_emb: (B, D) local image embeddings (need not be normalized).
+            text_emb: (B, D) local text embeddings, row i paired with image row i.
+            image_ids: (B,) image ids; pairs sharing an id are positives.
         """
-        with torch.no_grad(), torch.autocast(device_type=image_emb.device.type, enabled=False):
-            img = F.normalize(image_emb.float(), dim=-1)
-            txt = F.normalize(text_emb.float(), dim=-1)
-            rank, world = distributed_world()
-            offset = 0
-            all_img, all_txt = img, txt
-            if self.global_negatives and world > 1:
-                all_img, all_txt, offset = gather_no_grad(img), gather_no_grad(txt), rank * img.shape[0]
+        with torch.autocast(device_type=image_emb.device.type, enabled=False):
+            img, txt = l2_normalize(image_emb), l2_normalize(text_emb)
+            rank, size = world()
+            is_global = self.global_negatives and size > 1
+            all_img, all_txt, offset = img, txt, 0
+            if is_global:
+                all_img, all_txt = gather_no_grad(img.detach()), gather_no_grad(txt.detach())
+                offset = rank * img.shape[0]
+            all_ids = None
+            if image_ids is not None:
+                all_ids = gather_no_grad(image_ids) if is_global else image_ids
             scale, bias = self.scale(), self.logit_bias
             targets = torch.arange(img.shape[0], device=img.device) + offset
-            return scale * img @ all_txt.T + bias, scale * txt @ all_img.T + bias, targets
+            i2t, t2i = scale * img @ all_txt.T + bias, scale * txt @ all_img.T + bias
+        return PairLogits(i2t, t2i, targets, all_ids, is_global)
+
+    def loss_from_logits(self, logits: PairLogits, sample_weights: Tensor | None = None) -> Tensor:
+        """The sigmoid loss from local logits (image rows; same-id columns are positives).
+
+        Args:
+            logits: what :meth:`logits` returned for local candidates.
+            sample_weights: (B,) optional per-image weights.
+        """
+        if logits.global_candidates:
+            raise ValueError(
+                "SigLipLoss exchanges captions over a ring to compute the global loss; global logits() are for "
+                "hard-negative mining only (no gradient). Call the loss module itself to train."
+            )
+        with torch.autocast(device_type=logits.i2t.device.type, enabled=False):
+            rows = torch.arange(logits.i2t.shape[0], device=logits.i2t.device)
+            if logits.candidate_ids is None:
+                positive = rows[:, None] == torch.arange(logits.i2t.shape[1], device=rows.device)[None, :]
+            else:
+                positive = logits.candidate_ids[logits.targets][:, None] == logits.candidate_ids[None, :]
+            signs = positive.float() * 2 - 1
+            per_row = -F.logsigmoid(signs * logits.i2t).sum(dim=1)
+            return _weighted_mean(per_row, sample_weights)
+
+
+def _weighted_mean(per_row: Tensor, sample_weights: Tensor | None) -> Tensor:
+    if sample_weights is None:
+        return per_row.mean()
+    w = sample_weights.float()
+    return (per_row * w).sum() / w.sum()
