@@ -87,6 +87,41 @@ class _Pending:
     sizes: list[int]
 
 
+def check_strategy(strategy: object) -> None:
+    """Raises a clear error for the distributed strategies gradient caching cannot run under.
+
+    ``DistributedDataParallel`` must not look for unused parameters or assume a static graph: both decide
+    which gradients are ready from the forward graph, and pass 1 builds no graph through the towers, so the
+    towers' gradients would be reduced before pass 2 computes them. Sharded strategies (FSDP, DeepSpeed,
+    model parallel) own their parameters' gradients and are not supported; they are another way to fit a
+    large batch (see the README's large-batch section).
+
+    Args:
+        strategy: the trainer's strategy.
+    """
+    from lightning.pytorch.strategies import (
+        DDPStrategy,
+        DeepSpeedStrategy,
+        FSDPStrategy,
+        ModelParallelStrategy,
+    )
+
+    name = type(strategy).__name__
+    if isinstance(strategy, FSDPStrategy | DeepSpeedStrategy | ModelParallelStrategy):
+        raise ValueError(
+            f"gradient caching (loss.chunks > 1) does not run under the sharded strategy {name}: use chunks=1 "
+            "there, or DDP / ddp_explicit with chunks"
+        )
+    if isinstance(strategy, DDPStrategy):
+        kwargs = getattr(strategy, "_ddp_kwargs", {})
+        for option in ("find_unused_parameters", "static_graph"):
+            if kwargs.get(option):
+                raise ValueError(
+                    f"gradient caching (loss.chunks > 1) needs {name}({option}=False): pass 1 builds no graph "
+                    "through the towers, so DDP would reduce their gradients before pass 2 computes them"
+                )
+
+
 def split_batch(batch: Batch, chunks: int) -> list[dict[str, Any]]:
     """Splits every tensor whose first dimension is the batch size into ``chunks`` contiguous pieces.
 

@@ -124,3 +124,18 @@ def test_backward_without_embed_and_bad_chunks_are_errors() -> None:
     cache = GradientCache(torch.nn.Linear(1, 1), 2)
     with pytest.raises(RuntimeError, match="without a preceding embed"):
         cache.backward(torch.zeros((), requires_grad=True))
+
+
+def test_strategies_that_cannot_run_gradient_caching_are_refused() -> None:
+    from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
+
+    import mm_lightning.strategies  # noqa: F401
+
+    gradcache.check_strategy(DDPStrategy())
+    gradcache.check_strategy(mm_lightning.strategies.ExplicitAllReduceDDPStrategy())
+    with pytest.raises(ValueError, match="find_unused_parameters=False"):
+        gradcache.check_strategy(DDPStrategy(find_unused_parameters=True))
+    with pytest.raises(ValueError, match="static_graph=False"):
+        gradcache.check_strategy(DDPStrategy(static_graph=True))
+    with pytest.raises(ValueError, match="sharded strategy FSDPStrategy"):
+        gradcache.check_strategy(FSDPStrategy())
