@@ -40,9 +40,9 @@ WARMUP_STEPS = 2
 
 def model_args(name: str) -> dict[str, Any]:
     args = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())["model"]
-    args["image_size"] = 64
+    args["image"]["image_size"] = 64
     if name == "25m":
-        args.update(image_encoder="resnet50", image_encoder_kwargs=None)
+        args["image"] = {"name": "resnet50", "image_size": 64}
     return args
 
 

@@ -5,8 +5,8 @@ A ``LightningCLI`` over :class:`~mm_lightning.models.MultimodalModule` and any
 ``logs/``, last + best checkpoints, learning-rate and throughput monitors, a seed) and the arguments that must
 agree linked, so a user changes one line:
 
-* ``model.text_encoder`` -> ``data.tokenizer`` (the tokenizer always matches the text encoder);
-* ``data.image_size`` -> ``model.image_size`` (size-dependent image encoders such as ViT are built to match).
+* ``model.text.name`` -> ``data.tokenizer`` (the tokenizer always matches the text tower);
+* ``data.image_size`` -> ``model.image.image_size`` (size-dependent image towers such as ViT are built to match).
 
 Examples::
 
@@ -100,8 +100,8 @@ class MultimodalCLI(LightningCLI):
         for group, callback_class in resilience_groups.items():
             parser.add_lightning_class_args(callback_class, group)
         # <<< resilience defaults (argument groups)
-        parser.link_arguments("model.text_encoder", "data.init_args.tokenizer")
-        parser.link_arguments("data.init_args.image_size", "model.image_size")
+        parser.link_arguments("model.text.name", "data.init_args.tokenizer")
+        parser.link_arguments("data.init_args.image_size", "model.image.image_size")
 
 
 def expand_strategy_name(args: list[str]) -> list[str]:

@@ -9,7 +9,8 @@ Images are deduplicated by ``image_id`` before scoring, so each image is one can
 
 Ties count against the query (pessimistic), so constant embeddings score chance, never 1.0.
 torchmetrics' retrieval metrics rank with an arbitrary tie order and need N x M flattened index tensors;
-this chunked version keeps memory at chunk x images and states the tie rule.
+the chunked scoring here keeps memory at chunk x images and states the tie rule. :class:`RetrievalMetrics`
+is a ``torchmetrics.Metric`` around it: its concatenated states make torchmetrics own the cross-rank gathering.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor
+from torchmetrics import Metric
+from torchmetrics.utilities import dim_zero_cat
 
 from mm_lightning.embeddings import l2_normalize
 
@@ -124,3 +127,66 @@ def _retrieval(
     neg_mean = (total_sum - pos_sum) / n_neg if n_neg > 0 else torch.zeros((), device=device)
     out["alignment_gap"] = pos_sum / n_text - neg_mean
     return out
+
+
+class RetrievalMetrics(Metric):
+    """Recall@k (both directions) and the alignment gap over an evaluation epoch, on any number of ranks.
+
+    ``update`` takes each batch's distinct images once and its captions (one row per caption). ``compute``
+    scores the *unique* rows: captions are deduplicated by dataset ``index`` and images by ``image_id``, so the
+    padding a distributed sampler adds and the replacement samples of ``on_bad_record: skip`` never count twice,
+    on one rank as on many. States are concatenated over batches and, at ``compute``, over ranks.
+
+    Args:
+        ks: recall cut-offs.
+        chunk_size: captions scored per chunk (bounds memory to chunk_size x images).
+        kwargs: ``torchmetrics.Metric`` options.
+    """
+
+    is_differentiable = False
+    higher_is_better = True
+    full_state_update = False
+
+    def __init__(self, ks: tuple[int, ...] = DEFAULT_KS, chunk_size: int = 1024, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.ks = tuple(ks)
+        self.chunk_size = chunk_size
+        for name in ("image", "image_id", "text", "text_image_id", "index"):
+            self.add_state(name, default=[], dist_reduce_fx="cat")
+
+    def update(
+        self, image_emb: Tensor, image_ids: Tensor, text_emb: Tensor, text_image_ids: Tensor, index: Tensor
+    ) -> None:
+        """Adds one batch.
+
+        Args:
+            image_emb: (I, D) embeddings of the batch's images (normalized or not; repeats are allowed).
+            image_ids: (I,) their image ids.
+            text_emb: (T, D) caption embeddings, one row per caption.
+            text_image_ids: (T,) the image id of each caption.
+            index: (T,) each caption row's dataset index (the identity of a record).
+        """
+        self.image.append(l2_normalize(image_emb))
+        self.image_id.append(image_ids)
+        self.text.append(l2_normalize(text_emb))
+        self.text_image_id.append(text_image_ids)
+        self.index.append(index)
+
+    def compute(self) -> dict[str, Tensor]:
+        """The metrics over the unique caption rows against the unique images they refer to."""
+        _, keep, _ = first_occurrence(dim_zero_cat(self.index))
+        text, text_ids = dim_zero_cat(self.text)[keep], dim_zero_cat(self.text_image_id)[keep]
+        stored_ids, images, _ = dedup_images(dim_zero_cat(self.image), dim_zero_cat(self.image_id))
+        wanted, column = torch.unique(text_ids, sorted=True, return_inverse=True)
+        slot = torch.searchsorted(stored_ids, wanted).clamp_max(max(len(stored_ids) - 1, 0))
+        if len(stored_ids) == 0 or not torch.equal(stored_ids[slot], wanted):
+            raise ValueError("RetrievalMetrics: some captions refer to images that were never added")
+        images = images[slot]
+        return _retrieval(
+            lambda s, e: text[s:e] @ images.T,
+            text.shape[0],
+            images.shape[0],
+            column,
+            self.ks,
+            self.chunk_size,
+        )

@@ -15,15 +15,15 @@ from tests.conftest import REPO, TinyRun, tiny_demo_args
 
 def test_overrides_reach_the_objects(tmp_path: Path) -> None:
     cli = cli_main(
-        [*tiny_demo_args(tmp_path), "--model.fusion_heads", "2", "--data.batch_size", "8"], run=False
+        [*tiny_demo_args(tmp_path), "--model.fusion.heads", "2", "--data.batch_size", "8"], run=False
     )
-    assert cli.model.hparams.fusion_heads == 2
+    assert cli.model.hparams.fusion["heads"] == 2
     attention = [m for m in cli.model.modules() if isinstance(m, torch.nn.MultiheadAttention)]
     assert attention and all(m.num_heads == 2 for m in attention)
     assert cli.datamodule.hparams.batch_size == 8
     # Linked arguments: the tokenizer follows the text encoder, the image size follows the data.
-    assert cli.datamodule.hparams.tokenizer == cli.model.hparams.text_encoder == "mm-lightning/demo-bert"
-    assert cli.model.hparams.image_size == cli.datamodule.hparams.image_size == 32
+    assert cli.datamodule.hparams.tokenizer == cli.model.hparams.text["name"] == "mm-lightning/demo-bert"
+    assert cli.model.hparams.image["image_size"] == cli.datamodule.hparams.image_size == 32
 
 
 def test_tokenizer_always_follows_the_text_encoder(tmp_path: Path) -> None:
@@ -36,7 +36,7 @@ def test_tokenizer_always_follows_the_text_encoder(tmp_path: Path) -> None:
     ("override", "named"),
     [
         (["--data.batch_size", "many"], "batch_size"),
-        (["--model.text_pooling", "max"], "text_pooling"),
+        (["--model.text.pooling", "max"], "text.pooling"),
         (["--trainer.max_epochs", "1.5"], "max_epochs"),
         (["--model.no_such_option", "1"], "no_such_option"),
     ],
@@ -59,7 +59,7 @@ def test_fit_writes_checkpoints_and_config(tiny_run: TinyRun) -> None:
     monitor = next(v for k, v in checkpoint["callbacks"].items() if k.startswith("ResilientCheckpoint"))
     assert monitor["monitor"] == "val/r1_t2i"
     saved = (tiny_run.log_dir / "config.yaml").read_text()
-    assert "mm_lightning.data.DemoDataModule" in saved and "fusion_heads" in saved
+    assert "mm_lightning.data.DemoDataModule" in saved and "heads: 4" in saved
 
 
 def test_validate_test_predict_from_checkpoint(tiny_run: TinyRun, tmp_path: Path) -> None:
@@ -87,4 +87,4 @@ def test_module_entry_point_runs() -> None:
         timeout=120,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "--model.fusion_heads" in result.stdout and "--checkpoint.every_n_train_steps" in result.stdout
+    assert "--model.fusion.heads" in result.stdout and "--checkpoint.every_n_train_steps" in result.stdout

@@ -31,8 +31,8 @@ def test_config_parses_and_has_header(name: str, capsys: pytest.CaptureFixture[s
     assert text.startswith("#") and any("python -m mm_lightning" in line for line in header), name
     stack = ["--config", str(CONFIGS / "base.yaml")] if name in OVERLAYS else []
     config = _print_config(capsys, *stack, "--config", str(CONFIGS / name))
-    # linked targets (data.tokenizer, model.image_size) are derived, so --print_config leaves them out
-    assert "tokenizer" not in config["data"]["init_args"] and "image_size" not in config["model"]
+    # linked targets (data.tokenizer, model.image.image_size) are derived, so --print_config leaves them out
+    assert "tokenizer" not in config["data"]["init_args"] and "image_size" not in config["model"]["image"]
     if name == "ddp_explicit.yaml":
         assert (
             config["trainer"]["strategy"]["class_path"]
@@ -43,8 +43,8 @@ def test_config_parses_and_has_header(name: str, capsys: pytest.CaptureFixture[s
 
 def test_base_recipe_is_the_seeds(capsys: pytest.CaptureFixture[str]) -> None:
     config = _print_config(capsys, "--config", str(CONFIGS / "base.yaml"))
-    assert config["model"]["image_encoder"] == "resnet50"
-    assert config["model"]["text_encoder"] == "bert-base-uncased"
+    assert config["model"]["image"]["name"] == "resnet50"
+    assert config["model"]["text"]["name"] == "bert-base-uncased"
     data = config["data"]["init_args"]
     assert (data["image_size"], data["max_length"], data["batch_size"]) == (224, 128, 32)
     assert data["pin_memory"] is True and 4 <= data["num_workers"] <= 8

@@ -6,7 +6,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mm_lightning.metrics import dedup_images, retrieval_metrics, similarity_retrieval_metrics
+from mm_lightning.metrics import (
+    RetrievalMetrics,
+    dedup_images,
+    retrieval_metrics,
+    similarity_retrieval_metrics,
+)
 
 
 def brute_force(sim: torch.Tensor, column: torch.Tensor, ks=(1, 5, 10)) -> dict[str, float]:
@@ -102,3 +107,65 @@ def test_perfect_embeddings_score_one_and_positive_gap() -> None:
     got = retrieval_metrics(emb, emb, torch.arange(6))
     assert got["r1_t2i"].item() == 1.0 and got["r1_i2t"].item() == 1.0
     assert got["alignment_gap"].item() == pytest.approx(1.0)
+
+
+def _rows(seed: int = 0, n_images: int = 6, captions: int = 2) -> dict[str, torch.Tensor]:
+    """Multi-caption rows: each image's embedding repeated on its caption rows, random caption embeddings."""
+    g = torch.Generator().manual_seed(seed)
+    image_id = torch.arange(n_images).repeat_interleave(captions) + 100
+    distinct = torch.randn(n_images, 8, generator=g)
+    return {
+        "image": distinct.repeat_interleave(captions, 0),
+        "text": distinct.repeat_interleave(captions, 0) + 1.5 * torch.randn(len(image_id), 8, generator=g),
+        "image_id": image_id,
+        "index": torch.arange(len(image_id)),
+    }
+
+
+def _metric_over(batches: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    metric = RetrievalMetrics()
+    for b in batches:
+        metric.update(b["image"], b["image_id"], b["text"], b["image_id"], b["index"])
+    return metric.compute()
+
+
+def test_metric_over_batches_equals_the_functional_metrics() -> None:
+    rows = _rows()
+    want = retrieval_metrics(rows["image"], rows["text"], rows["image_id"])
+    batches = [
+        {k: v[s : s + 5] for k, v in rows.items()} for s in range(0, 12, 5)
+    ]  # images split over batches
+    got = _metric_over(batches)
+    assert_metrics_equal(got, {k: v.item() for k, v in want.items()})
+
+
+def test_metric_takes_each_image_once_or_per_row_alike() -> None:
+    rows = _rows()
+    per_row = _metric_over([rows])
+    metric = RetrievalMetrics()
+    first = torch.arange(0, 12, 2)  # one row per distinct image
+    metric.update(
+        rows["image"][first], rows["image_id"][first], rows["text"], rows["image_id"], rows["index"]
+    )
+    assert_metrics_equal(metric.compute(), {k: v.item() for k, v in per_row.items()})
+
+
+def test_duplicate_records_count_once_on_one_device() -> None:
+    """Under on_bad_record=skip a replacement sample appears twice (same index): it must not count twice."""
+    rows = _rows(seed=3)
+    unique = _metric_over([rows])
+    duplicated = {k: torch.cat([v, v[:1].repeat(5, *([1] * (v.dim() - 1)))]) for k, v in rows.items()}
+    got = _metric_over([duplicated])
+    assert_metrics_equal(got, {k: v.item() for k, v in unique.items()})
+    # control: the same rows without deduplication by index score differently
+    naive = retrieval_metrics(duplicated["image"], duplicated["text"], duplicated["image_id"])
+    assert any(abs(naive[k].item() - unique[k].item()) > 1e-3 for k in unique)
+
+
+def test_metric_refuses_captions_of_images_never_added() -> None:
+    metric = RetrievalMetrics()
+    metric.update(
+        torch.randn(1, 4), torch.tensor([1]), torch.randn(2, 4), torch.tensor([1, 2]), torch.arange(2)
+    )
+    with pytest.raises(ValueError, match="never added"):
+        metric.compute()

@@ -221,13 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parser.parse_args(argv)
     model = cfg.get("model")
     init_args = cfg.data.init_args
-    # Same link as the training CLI: the tokenizer follows the text encoder unless the data section sets it.
-    if (
-        isinstance(model, (dict, Namespace))
-        and model.get("text_encoder")
-        and "--data.init_args.tokenizer" not in argv
-    ):
-        init_args.tokenizer = model.get("text_encoder")
+    # Same link as the training CLI: the tokenizer follows the text tower unless the data section sets it.
+    text = model.get("text") if isinstance(model, (dict, Namespace)) else None
+    if isinstance(text, (dict, Namespace)) and text.get("name") and "--data.init_args.tokenizer" not in argv:
+        init_args.tokenizer = text.get("name")
     dm = parser.instantiate_classes(cfg).data
     dm.prepare_data()
     report = audit(dm, cfg.audit.splits, cfg.audit.workers, cfg.audit.progress)

@@ -1,5 +1,12 @@
 """Model parts: towers, fusion, losses and the ``MultimodalModule`` LightningModule."""
 
+from mm_lightning.models.config import (
+    FusionConfig,
+    ImageTowerConfig,
+    LossConfig,
+    OptimConfig,
+    TextTowerConfig,
+)
 from mm_lightning.models.fusion import CrossAttentionFusion
 from mm_lightning.models.itm import ImageTextMatching
 from mm_lightning.models.losses import ContrastiveLoss, DynamicWeightAveraging
@@ -11,8 +18,13 @@ __all__ = [
     "CrossAttentionFusion",
     "DynamicWeightAveraging",
     "EncoderOutput",
+    "FusionConfig",
     "ImageEncoder",
     "ImageTextMatching",
+    "ImageTowerConfig",
+    "LossConfig",
     "MultimodalModule",
+    "OptimConfig",
     "TextEncoder",
+    "TextTowerConfig",
 ]

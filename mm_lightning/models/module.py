@@ -1,21 +1,44 @@
-"""``MultimodalModule``: dual encoders + projections, contrastive (ITC) and image-text matching (ITM) losses.
+"""``MultimodalModule``: two towers + projections, a pair loss (ITC) and image-text matching (ITM).
 
-Run it through the CLI: ``python -m mm_lightning fit --config configs/demo.yaml``.
+Run it through the CLI: ``python -m mm_lightning fit --config configs/demo.yaml``. Its options are grouped by
+concern (:mod:`mm_lightning.models.config`): ``--model.image.name``, ``--model.text.name``, ``--model.loss.name``,
+``--model.optim.lr``, ...
+
+Logged: ``train/loss`` (weighted total), ``train/loss_itc``, ``train/loss_itm``, ``train/temperature``,
+``train/weight_*``; per evaluation epoch ``{val,test}/r{1,5,10}_{t2i,i2t}`` and ``alignment_gap`` (on unique
+records, see :class:`~mm_lightning.metrics.RetrievalMetrics`) and ``{val,test}/loss``: the training objective
+with the fixed loss weights, averaged over the evaluation rows (one row per caption; ITM scores freshly sampled
+hard negatives, so it carries sampling noise).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 from lightning.pytorch import LightningModule
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 from typing_extensions import override
 
 from mm_lightning.embeddings import l2_normalize
-from mm_lightning.metrics import first_occurrence, retrieval_metrics
+from mm_lightning.metrics import RetrievalMetrics, first_occurrence
+from mm_lightning.models.config import (
+    DEFAULT_FUSION,
+    DEFAULT_IMAGE,
+    DEFAULT_LOSS,
+    DEFAULT_OPTIM,
+    DEFAULT_TEXT,
+    FusionConfig,
+    ImageTowerConfig,
+    LossConfig,
+    OptimConfig,
+    TextTowerConfig,
+    as_config,
+    as_dict,
+)
+from mm_lightning.models.flops import FlopsMeter
 from mm_lightning.models.itm import ImageTextMatching
 from mm_lightning.models.losses import DynamicWeightAveraging, build_loss, complexity_weights
 from mm_lightning.models.optim import clip_grouped, param_groups, warmup_cosine
@@ -23,140 +46,124 @@ from mm_lightning.models.towers import EncoderOutput, build_image_tower, build_t
 
 
 class MultimodalModule(LightningModule):
-    """Image-text model: encoders, projections to a shared space, ITC + ITM losses, retrieval metrics.
+    """Image-text model: towers, projections to a shared space, ITC + ITM losses, retrieval metrics.
+
+    Each group accepts its dataclass or a plain dict with the same keys (missing keys keep their defaults).
 
     Args:
-        image_encoder: torchvision model name, or ``resnet_custom`` / ``vit_custom`` (small CPU builds).
-        image_weights: torchvision weights name, or None for random init (offline).
-        image_encoder_kwargs: extra image encoder constructor arguments.
-        image_size: input resolution (linked from ``data.image_size`` by the CLI).
-        text_encoder: Hugging Face name or local path (``mm-lightning/demo-bert`` for the demo).
-        text_pretrained: load pretrained text weights; False builds from the config (random init).
-        text_config_overrides: text config fields to override (e.g. ``num_hidden_layers``).
-        text_pooling: ``cls`` or masked ``mean`` pooling of the text tokens.
-        trust_remote_code: allow model code from the text encoder's repository.
+        image: the image tower (:class:`~mm_lightning.models.config.ImageTowerConfig`).
+        text: the text tower (:class:`~mm_lightning.models.config.TextTowerConfig`).
         embed_dim: shared embedding (and fusion) width.
-        fusion_layers: cross-attention fusion layers.
-        fusion_heads: fusion attention heads.
-        fusion_bidirectional: add the text -> image attention direction.
-        itc_weight: weight of the contrastive loss.
-        itm_weight: weight of the ITM loss; 0 switches ITM (and the fusion module) off.
-        loss_weighting: ``fixed`` weights, or ``dwa`` (Dynamic Weight Averaging on the losses' trend).
-        dwa_window: DWA window in steps.
-        dwa_temperature: DWA softmax temperature.
-        sample_weighting: ``none``, or ``complexity`` (per-pair weights from image detail and caption length).
-        temperature_init: initial contrastive temperature.
-        learnable_temperature: train the temperature.
-        global_negatives: under data parallelism, use the global batch for contrastive and ITM negatives.
-        lr: learning rate of the new heads (projections, fusion, ITM head, temperature).
-        lr_image_encoder: image encoder LR (default ``lr``).
-        lr_text_encoder: text encoder LR (default ``lr``).
-        weight_decay: AdamW weight decay (biases, norms and temperature excluded).
-        warmup_steps: linear warmup steps.
-        min_lr_ratio: final LR / peak LR of the cosine decay.
-        clip_image_encoder: max gradient norm of the image encoder (None: no per-tower clipping).
-        clip_text_encoder: max gradient norm of the text encoder.
-        clip_heads: max gradient norm of the remaining parameters.
-        freeze_image: freeze the image tower (kept in eval mode, LiT-style).
-        freeze_text: freeze the text tower (kept in eval mode).
-        gradient_checkpointing: recompute encoder activations in backward to save memory.
+        fusion: the cross-attention fusion of the ITM head (:class:`~mm_lightning.models.config.FusionConfig`).
+        loss: the objective (:class:`~mm_lightning.models.config.LossConfig`).
+        optim: optimizer and schedule (:class:`~mm_lightning.models.config.OptimConfig`).
+        gradient_checkpointing: recompute tower activations in backward to save memory.
     """
 
     def __init__(
         self,
-        image_encoder: str = "resnet50",
-        image_weights: str | None = None,
-        image_encoder_kwargs: dict | None = None,
-        image_size: int = 224,
-        text_encoder: str = "bert-base-uncased",
-        text_pretrained: bool = True,
-        text_config_overrides: dict | None = None,
-        text_pooling: Literal["cls", "mean"] = "cls",
-        trust_remote_code: bool = False,
+        image: ImageTowerConfig = DEFAULT_IMAGE,
+        text: TextTowerConfig = DEFAULT_TEXT,
         embed_dim: int = 256,
-        fusion_layers: int = 1,
-        fusion_heads: int = 8,
-        fusion_bidirectional: bool = False,
-        itc_weight: float = 1.0,
-        itm_weight: float = 1.0,
-        loss_weighting: Literal["fixed", "dwa"] = "fixed",
-        dwa_window: int = 50,
-        dwa_temperature: float = 2.0,
-        sample_weighting: Literal["none", "complexity"] = "none",
-        temperature_init: float = 0.07,
-        learnable_temperature: bool = True,
-        global_negatives: bool = True,
-        lr: float = 1e-4,
-        lr_image_encoder: float | None = None,
-        lr_text_encoder: float | None = None,
-        weight_decay: float = 0.05,
-        warmup_steps: int = 0,
-        min_lr_ratio: float = 0.0,
-        clip_image_encoder: float | None = None,
-        clip_text_encoder: float | None = None,
-        clip_heads: float | None = None,
-        freeze_image: bool = False,
-        freeze_text: bool = False,
+        fusion: FusionConfig = DEFAULT_FUSION,
+        loss: LossConfig = DEFAULT_LOSS,
+        optim: OptimConfig = DEFAULT_OPTIM,
         gradient_checkpointing: bool = False,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters()
-        self.image_encoder = build_image_tower(image_encoder, image_weights, image_size, image_encoder_kwargs)
-        self.text_encoder = build_text_tower(
-            text_encoder, text_pretrained, text_config_overrides, text_pooling, trust_remote_code
+        self.image_config = as_config(ImageTowerConfig, image)
+        self.text_config = as_config(TextTowerConfig, text)
+        self.fusion_config = as_config(FusionConfig, fusion)
+        self.loss_config = as_config(LossConfig, loss)
+        self.optim_config = as_config(OptimConfig, optim)
+        # plain dicts, so checkpoints load with torch.load(weights_only=True)
+        self.save_hyperparameters(
+            {
+                "image": as_dict(self.image_config),
+                "text": as_dict(self.text_config),
+                "embed_dim": embed_dim,
+                "fusion": as_dict(self.fusion_config),
+                "loss": as_dict(self.loss_config),
+                "optim": as_dict(self.optim_config),
+                "gradient_checkpointing": gradient_checkpointing,
+            }
         )
+        self.image_encoder, self.text_encoder = self._build_towers()
         self.image_proj = nn.Linear(self.image_encoder.pooled_dim, embed_dim)
         self.text_proj = nn.Linear(self.text_encoder.pooled_dim, embed_dim)
+        lc = self.loss_config
         self.contrastive = build_loss(
-            "clip",
-            temperature_init=temperature_init,
-            learnable_temperature=learnable_temperature,
-            global_negatives=global_negatives,
+            lc.name,
+            temperature_init=lc.temperature_init,
+            learnable_temperature=lc.learnable_temperature,
+            global_negatives=lc.global_negatives,
+            **lc.kwargs,
         )
         # built only when used: parameters without gradient would break DDP's reducer
+        fc = self.fusion_config
         self.itm = (
             ImageTextMatching(
                 self.image_encoder.token_dim,
                 self.text_encoder.token_dim,
                 embed_dim,
-                fusion_layers,
-                fusion_heads,
-                fusion_bidirectional,
+                fc.layers,
+                fc.heads,
+                fc.bidirectional,
             )
-            if itm_weight > 0
+            if lc.itm_weight > 0
             else None
         )
-        base_weights = [itc_weight, itm_weight]
+        base_weights = [lc.itc_weight, lc.itm_weight]
         self.dwa = (
-            DynamicWeightAveraging(base_weights, dwa_window, dwa_temperature)
-            if loss_weighting == "dwa"
+            DynamicWeightAveraging(base_weights, lc.dwa_window, lc.dwa_temperature)
+            if lc.weighting == "dwa"
             else None
         )
         self.register_buffer("fixed_weights", torch.tensor(base_weights), persistent=False)
-        self.image_encoder.requires_grad_(not freeze_image)
-        self.text_encoder.requires_grad_(not freeze_text)
+        self.image_encoder.requires_grad_(not self.image_config.freeze)
+        self.text_encoder.requires_grad_(not self.text_config.freeze)
         if gradient_checkpointing:
             self.image_encoder.set_gradient_checkpointing(True)
             self.text_encoder.set_gradient_checkpointing(True)
-        self._eval_outputs: list[dict[str, Tensor]] = []
+        self.retrieval = RetrievalMetrics()
+        self.flops = FlopsMeter()
         # Lightning keeps each submodule's mode as found, so frozen towers must start in eval mode
         self.train()
+
+    def _build_towers(self) -> tuple[nn.Module, nn.Module]:
+        """The image and text towers from their configs (the one place towers are created)."""
+        ic, tc = self.image_config, self.text_config
+        image = build_image_tower(ic.name, ic.weights, ic.image_size, ic.kwargs, ic.strict)
+        text = build_text_tower(tc.name, tc.pretrained, tc.config_overrides, tc.pooling, tc.trust_remote_code)
+        return image, text
+
+    @property
+    def flops_per_batch(self) -> int | None:
+        """FLOPs of one batch of the current stage (train: forward + backward), measured on the first batch.
+
+        ``ThroughputMonitor`` reads it to log FLOPs/s (and MFU on GPUs with a known peak).
+        """
+        return self.flops.totals.get("train" if self.training else "eval")
 
     @override
     def train(self, mode: bool = True) -> MultimodalModule:
         super().train(mode)
         # frozen towers keep BatchNorm statistics and dropout off (LiT)
-        if self.hparams.freeze_image:
+        if self.image_config.freeze:
             self.image_encoder.eval()
-        if self.hparams.freeze_text:
+        if self.text_config.freeze:
             self.text_encoder.eval()
         return self
 
-    def encode(self, batch: dict[str, Tensor]) -> tuple[EncoderOutput, EncoderOutput, Tensor, Tensor]:
-        """Runs both towers; returns their outputs and the projected (unnormalized) embeddings."""
-        image_out = self.image_encoder(batch["image"])
-        text_out = self.text_encoder(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
-        return image_out, text_out, self.image_proj(image_out.pooled), self.text_proj(text_out.pooled)
+    def encode_text(self, batch: dict[str, Tensor]) -> tuple[EncoderOutput, Tensor]:
+        """The text tower's output and the projected (unnormalized) caption embeddings of a batch."""
+        out = self.text_encoder(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
+        return out, self.text_proj(out.pooled)
+
+    def encode_images(self, images: Tensor) -> tuple[EncoderOutput, Tensor]:
+        """The image tower's output and the projected (unnormalized) embeddings of (B, 3, H, W) images."""
+        out = self.image_encoder(images)
+        return out, self.image_proj(out.pooled)
 
     @torch.no_grad()
     def embed_text(
@@ -166,29 +173,34 @@ class MultimodalModule(LightningModule):
 
         Accepts a tokenizer's output directly: ``model.embed_text(**tokenizer(texts, return_tensors="pt"))``.
         """
-        out = self.text_encoder(input_ids, attention_mask, token_type_ids)
-        return l2_normalize(self.text_proj(out.pooled))
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+        return l2_normalize(self.encode_text(batch)[1])
 
     @torch.no_grad()
     def embed_images(self, images: Tensor) -> Tensor:
         """L2-normalized fp32 embeddings of (B, 3, H, W) normalized images (inference)."""
-        return l2_normalize(self.image_proj(self.image_encoder(images).pooled))
+        return l2_normalize(self.encode_images(images)[1])
 
     @override
     def forward(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
-        """L2-normalized fp32 image and text embeddings of a batch."""
-        _, _, image_emb, text_emb = self.encode(batch)
+        """L2-normalized fp32 image and text embeddings of a batch (one row per pair)."""
         return {
-            "image_embeddings": l2_normalize(image_emb),
-            "text_embeddings": l2_normalize(text_emb),
+            "image_embeddings": l2_normalize(self.encode_images(batch["image"])[1]),
+            "text_embeddings": l2_normalize(self.encode_text(batch)[1]),
         }
 
-    def _losses(self, batch: dict[str, Tensor]) -> tuple[dict[str, Tensor], Tensor, Tensor]:
-        image_out, text_out, image_emb, text_emb = self.encode(batch)
+    def _losses(
+        self,
+        batch: dict[str, Tensor],
+        image_out: EncoderOutput,
+        image_emb: Tensor,
+        text_out: EncoderOutput,
+        text_emb: Tensor,
+    ) -> dict[str, Tensor]:
         ids = batch["image_id"]
         weights = (
             complexity_weights(batch["image"], batch["attention_mask"])
-            if self.hparams.sample_weighting == "complexity"
+            if self.loss_config.sample_weighting == "complexity"
             else None
         )
         logits = self.contrastive.logits(image_emb, text_emb, ids)
@@ -197,7 +209,7 @@ class MultimodalModule(LightningModule):
             out["loss_itm"], out["itm_accuracy"] = self.itm(
                 image_out.tokens, text_out.tokens, text_out.mask, logits, ids, weights
             )
-        return out, image_emb, text_emb
+        return out
 
     def _total(self, losses: dict[str, Tensor], weights: Tensor) -> Tensor:
         total = weights[0] * losses["loss_itc"]
@@ -207,15 +219,18 @@ class MultimodalModule(LightningModule):
 
     @override
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        losses, _, _ = self._losses(batch)
-        if self.dwa is not None:
-            values = torch.stack(
-                [losses["loss_itc"], losses.get("loss_itm", torch.zeros_like(losses["loss_itc"]))]
-            )
-            weights = self.dwa.update(values)
-        else:
-            weights = self.fixed_weights
-        loss = self._total(losses, weights)
+        with self.flops.count("train"):
+            image_out, image_emb = self.encode_images(batch["image"])
+            text_out, text_emb = self.encode_text(batch)
+            losses = self._losses(batch, image_out, image_emb, text_out, text_emb)
+            if self.dwa is not None:
+                values = torch.stack(
+                    [losses["loss_itc"], losses.get("loss_itm", torch.zeros_like(losses["loss_itc"]))]
+                )
+                weights = self.dwa.update(values)
+            else:
+                weights = self.fixed_weights
+            loss = self._total(losses, weights)
         bs = batch["image"].shape[0]
         self.log("train/loss", loss, batch_size=bs, prog_bar=True)
         for name, value in losses.items():
@@ -226,44 +241,38 @@ class MultimodalModule(LightningModule):
             self.log("train/weight_itm", weights[1], batch_size=bs)
         return loss
 
+    @override
+    def backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
+        with self.flops.count("train"):
+            super().backward(loss, *args, **kwargs)
+        self.flops.finish("train")
+
+    @override
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.flops.discard("train")  # a step skipped before backward leaves an incomplete count
+
     def _eval_step(self, batch: dict[str, Tensor], stage: str) -> None:
-        losses, image_emb, text_emb = self._losses(batch)
+        """Encodes each distinct image of the batch once (rows repeat an image once per caption)."""
+        with self.flops.count("eval"):
+            image_ids, first, column = first_occurrence(batch["image_id"])
+            unique_out, unique_emb = self.encode_images(batch["image"][first])
+            text_out, text_emb = self.encode_text(batch)
+            # the loss sees one row per pair, as in training
+            image_out = EncoderOutput(
+                unique_out.pooled[column], unique_out.tokens[column], unique_out.mask[column]
+            )
+            losses = self._losses(batch, image_out, unique_emb[column], text_out, text_emb)
+        self.flops.finish("eval")
         bs = batch["image"].shape[0]
         self.log(f"{stage}/loss", self._total(losses, self.fixed_weights), batch_size=bs, sync_dist=True)
-        self._eval_outputs.append(
-            {
-                "image": l2_normalize(image_emb),
-                "text": l2_normalize(text_emb),
-                "image_id": batch["image_id"],
-                "index": batch["index"],
-            }
-        )
-
-    def _gather_eval_outputs(self) -> dict[str, Tensor]:
-        """Concatenates this epoch's embeddings over batches and ranks; drops sampler padding duplicates."""
-        local = {k: torch.cat([o[k] for o in self._eval_outputs]) for k in self._eval_outputs[0]}
-        self._eval_outputs.clear()
-        if self.trainer.world_size == 1:
-            return local
-        # ranks may hold different counts (uneven last batches): pad to the largest before gathering
-        count = local["index"].shape[0]
-        counts = self.all_gather(torch.tensor(count, device=self.device))
-        longest = int(counts.max())
-        padded = {k: F.pad(v, (0, 0) * (v.dim() - 1) + (0, longest - count)) for k, v in local.items()}
-        gathered = self.all_gather(padded)
-        rows = {
-            k: torch.cat([g[r, : int(counts[r])] for r in range(g.shape[0])]) for k, g in gathered.items()
-        }
-        _, keep, _ = first_occurrence(rows["index"])
-        return {k: v[keep] for k, v in rows.items()}
+        self.retrieval.update(unique_emb, image_ids, text_emb, batch["image_id"], batch["index"])
 
     def _log_retrieval(self, stage: str) -> None:
-        if not self._eval_outputs:
+        if self.retrieval.update_count == 0:
             return
-        outs = self._gather_eval_outputs()
-        metrics = retrieval_metrics(outs["image"], outs["text"], outs["image_id"])
-        # identical on every rank (computed on the gathered split), so no further sync is needed
-        self.log_dict({f"{stage}/{k}": v for k, v in metrics.items()}, batch_size=outs["index"].shape[0])
+        metrics = self.retrieval.compute()  # gathered over ranks by torchmetrics: identical on every rank
+        self.retrieval.reset()
+        self.log_dict({f"{stage}/{k}": v for k, v in metrics.items()})
 
     @override
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
@@ -290,19 +299,31 @@ class MultimodalModule(LightningModule):
 
     @override
     def configure_optimizers(self) -> dict[str, Any]:
-        hp = self.hparams
+        oc = self.optim_config
+
+        def tower_lr(lr: float | None) -> float:
+            return oc.lr if lr is None else lr  # 0.0 is a valid learning rate, not "unset"
+
         groups = param_groups(
             {
-                "image_encoder": (self.image_encoder, hp.lr_image_encoder or hp.lr),
-                "text_encoder": (self.text_encoder, hp.lr_text_encoder or hp.lr),
-                "heads": (self, hp.lr),
+                "image_encoder": (self.image_encoder, tower_lr(self.image_config.lr)),
+                "text_encoder": (self.text_encoder, tower_lr(self.text_config.lr)),
+                "heads": (self, oc.lr),
             },
-            hp.weight_decay,
+            oc.weight_decay,
         )
-        optimizer = torch.optim.AdamW(groups, lr=hp.lr)
+        optimizer = torch.optim.AdamW(groups, lr=oc.lr)
         total = self.trainer.estimated_stepping_batches
-        total_steps = int(total) if math.isfinite(total) else hp.warmup_steps
-        scheduler = warmup_cosine(optimizer, hp.warmup_steps, total_steps, hp.min_lr_ratio)
+        if math.isfinite(total):
+            total_steps: int | None = int(total)
+        else:
+            total_steps = None
+            rank_zero_warn(
+                "The training length is unbounded (no trainer.max_steps or max_epochs), so the learning rate "
+                "stays at its peak after warmup instead of following the cosine decay. Set trainer.max_steps "
+                "to get the decay."
+            )
+        scheduler = warmup_cosine(optimizer, oc.warmup_steps, total_steps, oc.min_lr_ratio)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     @override
@@ -315,12 +336,14 @@ class MultimodalModule(LightningModule):
         encoder_params = {id(p) for p in self.image_encoder.parameters()} | {
             id(p) for p in self.text_encoder.parameters()
         }
-        hp = self.hparams
         norms = clip_grouped(
             {
-                "image_encoder": (self.image_encoder.parameters(), hp.clip_image_encoder),
-                "text_encoder": (self.text_encoder.parameters(), hp.clip_text_encoder),
-                "heads": ([p for p in self.parameters() if id(p) not in encoder_params], hp.clip_heads),
+                "image_encoder": (self.image_encoder.parameters(), self.image_config.clip_norm),
+                "text_encoder": (self.text_encoder.parameters(), self.text_config.clip_norm),
+                "heads": (
+                    [p for p in self.parameters() if id(p) not in encoder_params],
+                    self.optim_config.clip_heads,
+                ),
             }
         )
         for name, norm in norms.items():

@@ -41,13 +41,22 @@ def param_groups(towers: dict[str, tuple[nn.Module, float]], weight_decay: float
 
 
 def warmup_cosine(
-    optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, min_lr_ratio: float
+    optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int | None, min_lr_ratio: float
 ) -> LambdaLR:
-    """Linear warmup from 0 to each group's LR over ``warmup_steps``, then cosine decay to ``min_lr_ratio``."""
+    """Linear warmup from 0 to each group's LR over ``warmup_steps``, then cosine decay to ``min_lr_ratio``.
+
+    Args:
+        optimizer: the optimizer whose groups' LRs are scaled.
+        warmup_steps: linear warmup steps.
+        total_steps: steps of the whole run; None (unbounded run) keeps the peak LR after warmup.
+        min_lr_ratio: final LR / peak LR.
+    """
 
     def factor(step: int) -> float:
         if step < warmup_steps:
             return (step + 1) / warmup_steps
+        if total_steps is None:
+            return 1.0
         progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
         return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
@@ -55,7 +64,7 @@ def warmup_cosine(
 
 
 def clip_grouped(groups: dict[str, tuple[Iterable[nn.Parameter], float | None]]) -> dict[str, torch.Tensor]:
-    """Clips each named group of parameters to its own max norm (seed 003: per-encoder clipping).
+    """Clips each named group of parameters to its own max norm (per-tower clipping).
 
     Returns:
         the pre-clipping total norm of each clipped group (for logging).

@@ -39,7 +39,7 @@ def _config(root: Path, train: Path) -> Path:
     config = {
         "seed_everything": 1,
         "trainer": {"max_epochs": 3, "accelerator": "cpu"},
-        "model": {"text_encoder": TOKENIZER, "embed_dim": 8},
+        "model": {"text": {"name": TOKENIZER}, "embed_dim": 8},
         "checkpoint": {"dirpath": "somewhere"},  # a CLI callback group the audit does not know
         "data": {
             "class_path": "mm_lightning.data.MultimodalDataModule",

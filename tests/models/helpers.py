@@ -12,25 +12,34 @@ from mm_lightning.models import MultimodalModule
 
 VOCAB = 36  # the demo BERT's vocabulary size
 TINY_MODEL: dict[str, Any] = dict(
-    image_encoder="resnet_custom",
-    image_encoder_kwargs={"widths": [8, 16], "layers": [1, 1]},
-    image_size=32,
-    text_encoder="mm-lightning/demo-bert",
-    text_pretrained=False,
-    text_config_overrides={
-        "hidden_size": 32,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 2,
-        "intermediate_size": 64,
+    image={"name": "resnet_custom", "kwargs": {"widths": [8, 16], "layers": [1, 1]}, "image_size": 32},
+    text={
+        "name": "mm-lightning/demo-bert",
+        "pretrained": False,
+        "config_overrides": {
+            "hidden_size": 32,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "intermediate_size": 64,
+        },
     },
     embed_dim=16,
-    fusion_heads=2,
-    lr=1e-3,
+    fusion={"heads": 2},
+    optim={"lr": 1e-3},
 )
 
 
+def tiny_config(base: dict[str, Any] | None = None, **overrides: Any) -> dict[str, Any]:
+    """``base`` (default: TINY_MODEL) with ``overrides`` merged into its groups (``optim={"lr": 1e-2}``)."""
+    config = dict(TINY_MODEL if base is None else base)
+    for key, value in overrides.items():
+        group = config.get(key)
+        config[key] = group | value if isinstance(group, dict) and isinstance(value, dict) else value
+    return config
+
+
 def tiny_module(**overrides: Any) -> MultimodalModule:
-    return MultimodalModule(**(TINY_MODEL | overrides))
+    return MultimodalModule(**tiny_config(**overrides))
 
 
 def make_batch(

@@ -12,7 +12,7 @@ from lightning.pytorch import Callback, Trainer
 
 from mm_lightning.callbacks import EmbeddingWriter
 from mm_lightning.models import MultimodalModule
-from tests.models.helpers import make_batch, pair_loader, tiny_module
+from tests.models.helpers import make_batch, pair_loader, tiny_config, tiny_module
 
 TRAIN_NAMES = {"train/loss", "train/loss_itc", "train/loss_itm", "train/temperature", "train/weight_itc"}
 EVAL_NAMES = {f"r{k}_{d}" for k in (1, 5, 10) for d in ("t2i", "i2t")} | {"loss", "alignment_gap"}
@@ -34,7 +34,7 @@ def _trainer(tmp_path: Path, **kwargs: Any) -> Trainer:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[MultimodalModule, Trainer, dict]:
     torch.manual_seed(0)
-    model = tiny_module(lr=1e-2, text_pooling="mean")
+    model = tiny_module(optim={"lr": 1e-2}, text={"pooling": "mean"})
     before = _trainer(Path()).validate(model, pair_loader(batch_size=16), verbose=False)[0]
     trainer = _trainer(tmp_path_factory.mktemp("fit"), max_epochs=5)
     trainer.fit(model, pair_loader(), pair_loader(batch_size=16))
@@ -110,7 +110,7 @@ def test_readme_text_to_image_search(trained, tmp_path: Path) -> None:
 
 
 def test_itm_off_builds_no_fusion_and_every_parameter_trains() -> None:
-    model = tiny_module(itm_weight=0.0)
+    model = tiny_module(loss={"itm_weight": 0.0})
     assert model.itm is None
     model.training_step(make_batch(), 0).backward()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
@@ -125,7 +125,7 @@ def test_every_parameter_gets_a_gradient_with_itm() -> None:
 
 def test_param_groups_lrs_and_no_weight_decay_sets(tmp_path: Path) -> None:
     model = tiny_module(
-        lr=1e-3, lr_image_encoder=1e-4, lr_text_encoder=5e-5, weight_decay=0.1, freeze_text=True
+        optim={"lr": 1e-3, "weight_decay": 0.1}, image={"lr": 1e-4}, text={"lr": 5e-5, "freeze": True}
     )
     trainer = _trainer(tmp_path, max_steps=1)
     trainer.fit(model, pair_loader())
@@ -152,11 +152,38 @@ def test_warmup_then_cosine_per_step(tmp_path: Path) -> None:
         def on_train_batch_start(self, trainer, *args) -> None:
             lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
 
-    model = tiny_module(lr=1e-3, warmup_steps=3, min_lr_ratio=0.1)
+    model = tiny_module(optim={"lr": 1e-3, "warmup_steps": 3, "min_lr_ratio": 0.1})
     _trainer(tmp_path, max_steps=9, callbacks=[RecordLR()]).fit(model, pair_loader(batch_size=4))
     want = [1e-3 * (s + 1) / 3 for s in range(3)]
     want += [1e-3 * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * (s - 3) / 6))) for s in range(3, 9)]
     np.testing.assert_allclose(lrs, want, rtol=1e-6)
+
+
+def test_unbounded_run_keeps_the_peak_lr_after_warmup_and_warns(tmp_path: Path) -> None:
+    lrs: list[float] = []
+
+    class RecordAndStop(Callback):
+        def on_train_batch_start(self, trainer, *args) -> None:
+            lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+        def on_train_batch_end(self, trainer, *args) -> None:
+            trainer.should_stop = len(lrs) >= 6
+
+    model = tiny_module(optim={"lr": 1e-3, "warmup_steps": 2})
+    trainer = _trainer(tmp_path, max_epochs=-1, max_steps=-1, callbacks=[RecordAndStop()])
+    with pytest.warns(UserWarning, match="unbounded.*stays at its peak"):
+        trainer.fit(model, pair_loader(batch_size=4))
+    np.testing.assert_allclose(lrs, [5e-4, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3], rtol=1e-6)
+
+
+def test_zero_tower_lr_is_a_value_not_unset(tmp_path: Path) -> None:
+    model = tiny_module(optim={"lr": 1e-3}, image={"lr": 0.0})
+    before = model.image_encoder.backbone[0][0].weight.clone()
+    trainer = _trainer(tmp_path, max_steps=2)
+    trainer.fit(model, pair_loader())
+    groups = {g["name"]: g for g in trainer.optimizers[0].param_groups}
+    assert groups["image_encoder"]["initial_lr"] == 0.0 and groups["heads"]["initial_lr"] == 1e-3
+    assert torch.equal(before, model.image_encoder.backbone[0][0].weight)
 
 
 class ClipProbe(MultimodalModule):
@@ -175,19 +202,17 @@ class ClipProbe(MultimodalModule):
 
 
 def test_grouped_gradient_clipping_per_tower(tmp_path: Path) -> None:
-    from tests.models.helpers import TINY_MODEL
-
-    model = ClipProbe(**(TINY_MODEL | {"clip_image_encoder": 1e-3}))
+    model = ClipProbe(**tiny_config(image={"clip_norm": 1e-3}))
     _trainer(tmp_path, max_steps=1).fit(model, pair_loader())
     assert model.norms["image"] <= 1e-3 * (1 + 1e-4)
     assert model.norms["text"] > 1e-2  # not clipped
-    unclipped = ClipProbe(**TINY_MODEL)
+    unclipped = ClipProbe(**tiny_config())
     _trainer(tmp_path, max_steps=1).fit(unclipped, pair_loader())
     assert unclipped.norms["image"] > 1e-2  # control: the image gradient is normally far larger
 
 
 def test_frozen_image_tower_stays_in_eval_and_unchanged(tmp_path: Path) -> None:
-    model = tiny_module(freeze_image=True)
+    model = tiny_module(image={"freeze": True})
     before = {k: v.clone() for k, v in model.image_encoder.state_dict().items()}
     text_before = model.text_proj.weight.clone()
     _trainer(tmp_path, max_steps=3).fit(model, pair_loader())
@@ -201,7 +226,7 @@ def test_frozen_image_tower_stays_in_eval_and_unchanged(tmp_path: Path) -> None:
 
 
 def test_dwa_weights_are_used_and_logged(tmp_path: Path) -> None:
-    model = tiny_module(loss_weighting="dwa", dwa_window=2, itm_weight=0.5)
+    model = tiny_module(loss={"weighting": "dwa", "dwa_window": 2, "itm_weight": 0.5})
     trainer = _trainer(tmp_path, max_steps=6)
     trainer.fit(model, pair_loader(batch_size=8))
     assert int(model.dwa.windows_done) == 3
@@ -210,7 +235,7 @@ def test_dwa_weights_are_used_and_logged(tmp_path: Path) -> None:
 
 
 def test_complexity_sample_weighting_trains() -> None:
-    model = tiny_module(sample_weighting="complexity")
+    model = tiny_module(loss={"sample_weighting": "complexity"})
     assert torch.isfinite(model.training_step(make_batch(), 0))
 
 
@@ -236,9 +261,7 @@ def test_grouped_clipping_acts_on_unscaled_gradients_under_16_mixed(tmp_path: Pa
     """
     from lightning.pytorch.plugins import MixedPrecision
 
-    from tests.models.helpers import TINY_MODEL
-
-    model = ClipProbe(**(TINY_MODEL | {"clip_image_encoder": 1e-3}))
+    model = ClipProbe(**tiny_config(image={"clip_norm": 1e-3}))
     plugin = MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu", init_scale=2.0**12))
     _trainer(tmp_path, max_steps=1, plugins=[plugin]).fit(model, pair_loader())
     assert model.norms["image"] == pytest.approx(1e-3, rel=1e-2)

@@ -1,0 +1,168 @@
+"""The model's options, grouped by concern: one dataclass each for the towers, fusion, loss and optimization.
+
+They are the types of ``MultimodalModule``'s arguments, so the command line reads them as nested groups
+(``--model.image.name resnet_custom``, ``--model.optim.lr 3e-3``) and a YAML config as nested sections.
+From Python, pass the dataclasses or plain dicts with the same keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal, TypeVar
+
+Config = TypeVar("Config")
+
+
+@dataclass(frozen=True)
+class ImageTowerConfig:
+    """The image tower.
+
+    Args:
+        name: tower name: a torchvision model (``resnet50``, ``vit_b_16``, ``convnext_tiny``, ...), a small CPU
+            build (``resnet_custom``, ``vit_custom``), or ``"<family>:<name>"`` of a registered family.
+        weights: the family's weights name (torchvision: ``IMAGENET1K_V2``, needs the hub cache offline), a local
+            ``.pth``/``.safetensors`` file, or null (random init).
+        kwargs: extra constructor arguments of the tower (e.g. ``widths``/``layers`` of ``resnet_custom``).
+        image_size: input resolution (linked from ``data.image_size`` by the CLI).
+        freeze: keep the tower's weights fixed (and the tower in eval mode, LiT-style).
+        lr: learning rate of the tower (null: ``optim.lr``; 0 is a valid choice).
+        clip_norm: max gradient norm of the tower (null: no per-tower clipping).
+        strict: with a weights file, fail on missing or unexpected keys.
+    """
+
+    name: str = "resnet50"
+    weights: str | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    image_size: int = 224
+    freeze: bool = False
+    lr: float | None = None
+    clip_norm: float | None = None
+    strict: bool = True
+
+
+@dataclass(frozen=True)
+class TextTowerConfig:
+    """The text tower (its name is also the tokenizer's: the CLI links ``data.tokenizer`` to it).
+
+    Args:
+        name: Hugging Face hub name or local directory (``mm-lightning/demo-bert`` is built in), or
+            ``"<family>:<name>"`` of a registered family.
+        pretrained: load the pretrained weights; false builds the model from its config, randomly initialised.
+        config_overrides: model config fields to override (e.g. ``num_hidden_layers``).
+        pooling: ``cls`` (first token) or masked ``mean`` pooling of the tokens.
+        trust_remote_code: allow model code shipped with the weights.
+        freeze: keep the tower's weights fixed (and the tower in eval mode).
+        lr: learning rate of the tower (null: ``optim.lr``).
+        clip_norm: max gradient norm of the tower (null: no per-tower clipping).
+    """
+
+    name: str = "bert-base-uncased"
+    pretrained: bool = True
+    config_overrides: dict[str, Any] = field(default_factory=dict)
+    pooling: Literal["cls", "mean"] = "cls"
+    trust_remote_code: bool = False
+    freeze: bool = False
+    lr: float | None = None
+    clip_norm: float | None = None
+
+
+@dataclass(frozen=True)
+class FusionConfig:
+    """The cross-attention fusion feeding the image-text matching (ITM) head.
+
+    Args:
+        layers: fusion layers.
+        heads: attention heads (must divide ``embed_dim``).
+        bidirectional: also let the text tokens attend to the image tokens.
+    """
+
+    layers: int = 1
+    heads: int = 8
+    bidirectional: bool = False
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """The training objective: an image-text pair loss (ITC) plus ITM, and how they are weighted.
+
+    Args:
+        name: the pair loss (``clip``; other registered losses, e.g. ``siglip``, by name).
+        itc_weight: weight of the pair loss.
+        itm_weight: weight of the ITM loss; 0 switches ITM (and the fusion module) off.
+        temperature_init: initial temperature of the pair loss.
+        learnable_temperature: train the temperature.
+        global_negatives: under data parallelism, use the global batch as negatives (ITC and ITM).
+        weighting: ``fixed`` weights, or ``dwa`` (Dynamic Weight Averaging on the losses' trend).
+        dwa_window: DWA window in steps.
+        dwa_temperature: DWA softmax temperature.
+        sample_weighting: ``none``, or ``complexity`` (per-pair weights from image detail and caption length).
+        kwargs: extra constructor arguments of the pair loss (loss-specific options).
+    """
+
+    name: str = "clip"
+    itc_weight: float = 1.0
+    itm_weight: float = 1.0
+    temperature_init: float = 0.07
+    learnable_temperature: bool = True
+    global_negatives: bool = True
+    weighting: Literal["fixed", "dwa"] = "fixed"
+    dwa_window: int = 50
+    dwa_temperature: float = 2.0
+    sample_weighting: Literal["none", "complexity"] = "none"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW with linear warmup then cosine decay per step (tower learning rates live in the tower groups).
+
+    Args:
+        lr: learning rate of the new heads (projections, fusion, ITM head, temperature) and default of the towers.
+        weight_decay: AdamW weight decay (biases, norms and the temperature are excluded).
+        warmup_steps: linear warmup steps.
+        min_lr_ratio: final LR / peak LR of the cosine decay.
+        clip_heads: max gradient norm of the parameters outside the towers (null: none).
+    """
+
+    lr: float = 1e-4
+    weight_decay: float = 0.05
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0
+    clip_heads: float | None = None
+
+
+# shared defaults of MultimodalModule's arguments (frozen, so sharing them is safe)
+DEFAULT_IMAGE = ImageTowerConfig()
+DEFAULT_TEXT = TextTowerConfig()
+DEFAULT_FUSION = FusionConfig()
+DEFAULT_LOSS = LossConfig()
+DEFAULT_OPTIM = OptimConfig()
+
+
+def as_config(cls: type[Config], value: Config | dict[str, Any] | None) -> Config:
+    """Accepts the dataclass, a plain dict of its fields (from Python or a checkpoint), or None (defaults).
+
+    Args:
+        cls: the config dataclass.
+        value: what the caller passed.
+    """
+    if value is None:
+        return cls()
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, dict):
+        known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"{cls.__name__}: unknown option(s) {unknown}; known: {sorted(known)}")
+        return cls(**value)
+    raise TypeError(f"expected {cls.__name__} or a dict, got {type(value).__name__}")
+
+
+def as_dict(config: Any) -> dict[str, Any]:
+    """A config dataclass as a plain dict (what checkpoints store: loadable with ``weights_only=True``).
+
+    Args:
+        config: a config dataclass instance.
+    """
+    return asdict(config)

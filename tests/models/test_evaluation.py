@@ -1,0 +1,77 @@
+"""Evaluation: each distinct image is encoded once, with the same metrics as encoding every caption row."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch import Trainer
+from torch.utils.data import DataLoader, Dataset
+
+from mm_lightning.metrics import retrieval_metrics
+from tests.models.helpers import make_batch, tiny_module
+
+ROWS, CAPTIONS = 24, 3  # 8 images, 3 captions each, consecutive rows
+
+
+class MultiCaption(Dataset):
+    """COCO-like rows: one row per caption, the image repeated on each of its caption rows."""
+
+    def __init__(self) -> None:
+        self.batch = make_batch(size=ROWS, length=7, captions_per_image=CAPTIONS, seed=4)
+
+    def __len__(self) -> int:
+        return ROWS
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {k: v[i] for k, v in self.batch.items()}
+
+
+def _validate(model, loader: DataLoader, tmp_path: Path) -> dict[str, float]:
+    trainer = Trainer(
+        accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+        default_root_dir=tmp_path, deterministic=True,
+    )  # fmt: skip
+    return trainer.validate(model, loader, verbose=False)[0]
+
+
+def test_validation_encodes_each_image_once_per_batch(tmp_path: Path) -> None:
+    model = tiny_module()
+    rows_seen: list[int] = []
+    model.image_encoder.register_forward_hook(lambda module, args, out: rows_seen.append(args[0].shape[0]))
+    _validate(model, DataLoader(MultiCaption(), batch_size=6), tmp_path)
+    assert rows_seen == [2, 2, 2, 2]  # 2 distinct images per batch of 6 caption rows (was 6 each)
+
+
+def test_metrics_equal_encoding_every_row(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = tiny_module().eval()
+    data = MultiCaption().batch
+    with torch.no_grad():
+        per_row = model(data)  # every caption row encodes its image (the previous evaluation)
+    want = retrieval_metrics(per_row["image_embeddings"], per_row["text_embeddings"], data["image_id"])
+    # batches of 5 rows: some images have captions in two batches
+    got = _validate(model, DataLoader(MultiCaption(), batch_size=5), tmp_path)
+    for key, value in want.items():
+        assert got[f"val/{key}"] == pytest.approx(value.item(), abs=1e-6), key
+    # control: another model's embeddings give other numbers, so the comparison can fail
+    other = tiny_module().eval()
+    with torch.no_grad():
+        rows = other(data)
+    control = retrieval_metrics(rows["image_embeddings"], rows["text_embeddings"], data["image_id"])
+    assert any(abs(control[k].item() - want[k].item()) > 1e-3 for k in want)
+
+
+def test_val_loss_is_the_objective_on_every_row() -> None:
+    """Deduplicated image encoding leaves the validation loss unchanged (ITM off: no sampled negatives)."""
+    torch.manual_seed(0)
+    model = tiny_module(loss={"itm_weight": 0.0}).eval()
+    batch = make_batch(size=6, captions_per_image=2)
+    with torch.no_grad():
+        emb = model(batch)
+        want = model.contrastive(emb["image_embeddings"], emb["text_embeddings"], batch["image_id"])
+        logged = {}
+        model.log = lambda name, value, **kwargs: logged.setdefault(name, value)
+        model._eval_step(batch, "val")
+    torch.testing.assert_close(logged["val/loss"], want, atol=1e-6, rtol=0)
