@@ -22,7 +22,7 @@ hooks fire once per parameter and reduce the full sum, exactly like the last mic
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -156,21 +156,22 @@ class GradientCache:
 
     Usage (what :class:`~mm_lightning.models.MultimodalModule` does when ``chunks > 1``)::
 
-        cache = GradientCache(towers, chunks=4)
+        cache = GradientCache([image_tower, text_tower], chunks=4)
         outputs = cache.embed(encode, batch)   # pass 1: full-batch outputs, leaves that require grad
         loss = loss_fn(outputs)                # heads and loss on the whole batch
         cache.backward(loss)                   # head gradients, then pass 2 into the towers
 
     Args:
-        towers: the module(s) ``encode`` runs; their trainable parameters receive the pass-2 gradients and
+        towers: the modules ``encode`` runs; their trainable parameters receive the pass-2 gradients and
             their buffers (BatchNorm statistics) are restored after pass 1, so only pass 2 updates them.
+            Held as a plain list, so an owning module does not register them a second time.
         chunks: number of chunks per batch (1 still works, with one extra forward).
     """
 
-    def __init__(self, towers: nn.Module, chunks: int) -> None:
+    def __init__(self, towers: nn.Module | Sequence[nn.Module], chunks: int) -> None:
         if chunks < 1:
             raise ValueError(f"gradient caching needs chunks >= 1, got {chunks}")
-        self.towers = towers
+        self.towers = [towers] if isinstance(towers, nn.Module) else list(towers)
         self.chunks = chunks
         self._pending: _Pending | None = None
 
@@ -178,6 +179,9 @@ class GradientCache:
     def pending(self) -> bool:
         """True between :meth:`embed` and :meth:`backward`."""
         return self._pending is not None
+
+    def _buffers(self) -> list[Tensor]:
+        return list({id(b): b for t in self.towers for b in t.buffers()}.values())
 
     def embed(self, encode: Encode, batch: Batch) -> dict[str, Tensor]:
         """Pass 1: ``encode`` on each chunk without graph; returns the outputs concatenated over chunks.
@@ -193,13 +197,13 @@ class GradientCache:
         # one tensor per device: whose generators pass 2 must replay
         tensors = list({v.device: v for v in batch.values() if isinstance(v, Tensor)}.values())
         autocast = _Autocast.capture(tensors[0].device.type)
-        saved_buffers = [b.detach().clone() for b in self.towers.buffers()]
+        saved_buffers = [b.detach().clone() for b in self._buffers()]
         states, outputs = [], []
         with torch.no_grad():
             for chunk in chunks:
                 states.append(_RandomState.capture(tensors))
                 outputs.append(encode(chunk))
-        for buffer, saved in zip(self.towers.buffers(), saved_buffers, strict=True):
+        for buffer, saved in zip(self._buffers(), saved_buffers, strict=True):
             buffer.copy_(saved)
         leaves = {}
         for key in outputs[0]:
@@ -225,7 +229,7 @@ class GradientCache:
             for key, leaf in pending.leaves.items()
             if leaf.requires_grad and leaf.grad is not None
         }
-        params = [p for p in self.towers.parameters() if p.requires_grad]
+        params = list({id(p): p for t in self.towers for p in t.parameters() if p.requires_grad}.values())
         if not grads or not params:
             return
         last = len(pending.chunks) - 1

@@ -39,6 +39,7 @@ from mm_lightning.models.config import (
     as_dict,
 )
 from mm_lightning.models.flops import FlopsMeter
+from mm_lightning.models.gradcache import GradientCache, check_strategy
 from mm_lightning.models.itm import ImageTextMatching
 from mm_lightning.models.losses import DynamicWeightAveraging, build_loss, complexity_weights
 from mm_lightning.models.optim import clip_grouped, param_groups, warmup_cosine
@@ -58,6 +59,8 @@ class MultimodalModule(LightningModule):
         loss: the objective (:class:`~mm_lightning.models.config.LossConfig`).
         optim: optimizer and schedule (:class:`~mm_lightning.models.config.OptimConfig`).
         gradient_checkpointing: recompute tower activations in backward to save memory.
+        compile: compile the towers with ``torch.compile`` (true), or the options to compile them with
+            (``{"mode": "max-autotune"}``); the text tower is compiled for dynamic caption lengths.
     """
 
     def __init__(
@@ -69,6 +72,7 @@ class MultimodalModule(LightningModule):
         loss: LossConfig = DEFAULT_LOSS,
         optim: OptimConfig = DEFAULT_OPTIM,
         gradient_checkpointing: bool = False,
+        compile: bool | dict[str, Any] = False,
     ) -> None:
         super().__init__()
         self.image_config = as_config(ImageTowerConfig, image)
@@ -86,6 +90,7 @@ class MultimodalModule(LightningModule):
                 "loss": as_dict(self.loss_config),
                 "optim": as_dict(self.optim_config),
                 "gradient_checkpointing": gradient_checkpointing,
+                "compile": compile,
             }
         )
         self.image_encoder, self.text_encoder = self._build_towers()
@@ -125,6 +130,14 @@ class MultimodalModule(LightningModule):
         if gradient_checkpointing:
             self.image_encoder.set_gradient_checkpointing(True)
             self.text_encoder.set_gradient_checkpointing(True)
+        if lc.chunks < 1:
+            raise ValueError(f"loss.chunks must be >= 1, got {lc.chunks}")
+        self.grad_cache = (
+            GradientCache([self.image_encoder, self.text_encoder, self.image_proj, self.text_proj], lc.chunks)
+            if lc.chunks > 1
+            else None
+        )
+        self._towers_compiled = False
         self.retrieval = RetrievalMetrics()
         self.flops = FlopsMeter()
         # Lightning keeps each submodule's mode as found, so frozen towers must start in eval mode
@@ -203,13 +216,13 @@ class MultimodalModule(LightningModule):
             if self.loss_config.sample_weighting == "complexity"
             else None
         )
-        logits = self.contrastive.logits(image_emb, text_emb, ids)
-        out = {"loss_itc": self.contrastive.loss_from_logits(logits, weights)}
-        if self.itm is not None:
-            out["loss_itm"], out["itm_accuracy"] = self.itm(
-                image_out.tokens, text_out.tokens, text_out.mask, logits, ids, weights
-            )
-        return out
+        if self.itm is None:
+            return {"loss_itc": self.contrastive(image_emb, text_emb, ids, weights)}
+        loss_itc, logits = self.contrastive.loss_and_logits(image_emb, text_emb, ids, weights)
+        loss_itm, itm_accuracy = self.itm(
+            image_out.tokens, text_out.tokens, text_out.mask, logits, ids, weights
+        )
+        return {"loss_itc": loss_itc, "loss_itm": loss_itm, "itm_accuracy": itm_accuracy}
 
     def _total(self, losses: dict[str, Tensor], weights: Tensor) -> Tensor:
         total = weights[0] * losses["loss_itc"]
@@ -220,8 +233,11 @@ class MultimodalModule(LightningModule):
     @override
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         with self.flops.count("train"):
-            image_out, image_emb = self.encode_images(batch["image"])
-            text_out, text_emb = self.encode_text(batch)
+            if self.grad_cache is None:
+                image_out, image_emb = self.encode_images(batch["image"])
+                text_out, text_emb = self.encode_text(batch)
+            else:  # pass 1 of gradient caching: embeddings without graph, chunk by chunk
+                image_out, image_emb, text_out, text_emb = self._embed_in_chunks(batch)
             losses = self._losses(batch, image_out, image_emb, text_out, text_emb)
             if self.dwa is not None:
                 values = torch.stack(
@@ -241,11 +257,62 @@ class MultimodalModule(LightningModule):
             self.log("train/weight_itm", weights[1], batch_size=bs)
         return loss
 
+    def _encode_chunk(self, chunk: dict[str, Tensor]) -> dict[str, Tensor]:
+        """What gradient caching keeps of a chunk: the embeddings, and the token sequences ITM reads."""
+        image_out, image_emb = self.encode_images(chunk["image"])
+        text_out, text_emb = self.encode_text(chunk)
+        out = {"image_emb": image_emb, "text_emb": text_emb}
+        if self.itm is not None:
+            out |= {
+                "image_tokens": image_out.tokens,
+                "image_mask": image_out.mask,
+                "text_tokens": text_out.tokens,
+                "text_mask": text_out.mask,
+            }
+        return out
+
+    def _embed_in_chunks(
+        self, batch: dict[str, Tensor]
+    ) -> tuple[EncoderOutput, Tensor, EncoderOutput, Tensor]:
+        assert self.grad_cache is not None
+        out = self.grad_cache.embed(self._encode_chunk, batch)
+        none = out["image_emb"].new_empty(0)  # no ITM: the loss reads no tokens
+        image_out = EncoderOutput(
+            out["image_emb"], out.get("image_tokens", none), out.get("image_mask", none)
+        )
+        text_out = EncoderOutput(out["text_emb"], out.get("text_tokens", none), out.get("text_mask", none))
+        return image_out, out["image_emb"], text_out, out["text_emb"]
+
     @override
     def backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
         with self.flops.count("train"):
-            super().backward(loss, *args, **kwargs)
+            if self.grad_cache is not None and self.grad_cache.pending:
+                # the heads' backward, then pass 2 into the towers; inside Lightning's backward, so the loss
+                # already carries GradScaler's scale and the accumulation divisor
+                self.grad_cache.backward(loss)
+            else:
+                super().backward(loss, *args, **kwargs)
         self.flops.finish("train")
+
+    @override
+    def setup(self, stage: str) -> None:
+        if stage == "fit" and self.grad_cache is not None:
+            check_strategy(self.trainer.strategy)
+
+    @override
+    def configure_model(self) -> None:
+        # here (once per process, after the strategy is set up) and in place, so checkpoint keys do not change
+        if self.hparams.compile and not self._towers_compiled:
+            self.compile_towers()
+
+    def compile_towers(self) -> None:
+        """Compiles both towers in place with ``torch.compile`` (what ``compile=True`` does at fit start)."""
+        options = self.hparams.compile if isinstance(self.hparams.compile, dict) else {}
+        # image batches change size only at the end of an epoch (then one dynamic recompile); caption
+        # lengths change every batch, so the text tower is compiled for dynamic shapes from the start
+        self.image_encoder.compile(**options)
+        self.text_encoder.compile(**({"dynamic": True} | options))
+        self._towers_compiled = True
 
     @override
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:

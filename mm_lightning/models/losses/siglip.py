@@ -160,6 +160,24 @@ class SigLipLoss(PairLoss):
                     per_row = per_row + self._block(img, passing, own_ids, all_ids[(rank - step) % size])
             return _weighted_mean(per_row, sample_weights)
 
+    def loss_and_logits(
+        self,
+        image_emb: Tensor,
+        text_emb: Tensor,
+        image_ids: Tensor | None = None,
+        sample_weights: Tensor | None = None,
+    ) -> tuple[Tensor, PairLogits]:
+        """The ring-exchanged loss, and detached logits for hard-negative mining.
+
+        Args:
+            image_emb: (B, D) local image embeddings (need not be normalized).
+            text_emb: (B, D) local text embeddings, row i paired with image row i.
+            image_ids: (B,) image ids; pairs sharing an id are positives.
+            sample_weights: (B,) optional per-image weights.
+        """
+        loss = self(image_emb, text_emb, image_ids, sample_weights)
+        return loss, self.logits(image_emb, text_emb, image_ids)
+
     def logits(self, image_emb: Tensor, text_emb: Tensor, image_ids: Tensor | None = None) -> PairLogits:
         """Logits of local rows vs. candidates, for hard-negative mining; global candidates carry no gradient.
 
