@@ -51,7 +51,7 @@ def fit_one_step(
     model: MultimodalModule, loader: DataLoader, accumulate: int = 1, **trainer_args: Any
 ) -> dict[str, Tensor]:
     """One optimizer step (with gradient clipping and the NaN guard on); returns the parameters after it."""
-    trainer = Trainer(
+    defaults: dict[str, Any] = dict(
         accelerator="cpu",
         devices=1,
         max_steps=1,
@@ -64,8 +64,8 @@ def fit_one_step(
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
-        **trainer_args,
     )
+    trainer = Trainer(**(defaults | trainer_args))
     trainer.fit(model, loader)
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 

@@ -9,6 +9,7 @@ import torch
 import torch.multiprocessing as mp
 
 from tests.largebatch import workers
+from tests.largebatch.lightning_helpers import max_param_diff
 from tests.largebatch.toy import max_diff
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -65,3 +66,12 @@ def test_gradient_caching_under_ddp_equals_single_process_full_batch(results: li
         assert error < 1e-6
     # control: letting DDP's hooks run on every chunk reduces a partial gradient and then adds local ones
     assert max(max_diff(res["gradcache_ddp_hooks_every_chunk"], want) for res in results) > 1e-4
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_explicit"])
+def test_module_step_with_chunks_on_two_ranks_equals_one_process(results: list[dict], strategy: str) -> None:
+    want = results[0]["refs"]["module"]
+    for rank, res in enumerate(results):
+        difference = max_param_diff(res[f"module_{strategy}"], want)
+        print(f"{strategy}, 2 ranks x 4 chunks vs 1 process whole batch, rank {rank}: {difference:.2e}")
+        assert difference <= 1e-5

@@ -7,12 +7,17 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from lightning.pytorch.strategies import DDPStrategy
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Subset
 
 from mm_lightning.models import gradcache
 from mm_lightning.models.losses import siglip
 from mm_lightning.models.losses.siglip import SigLipLoss
+from mm_lightning.strategies import ExplicitAllReduceDDPStrategy
+from tests.largebatch.lightning_helpers import EXACT_MODEL, Rows, SGDModule, fit_one_step
 from tests.largebatch.toy import ToyModel, grads, toy_batch
+from tests.models.helpers import tiny_config
 
 PER_RANK, DIM = 6, 8
 
@@ -95,15 +100,47 @@ def gradcache_case(rank: int, world: int) -> dict[str, torch.Tensor]:
     return grads(model)
 
 
+# ----------------------------------------------------------------------------- the module under Lightning's DDP
+ROWS_PER_RANK = 8
+# ITM off: its hard negatives are random draws whose order depends on the process layout
+NO_ITM = tiny_config(EXACT_MODEL, loss={"itm_weight": 0.0})
+
+
+def _module(chunks: int) -> SGDModule:
+    torch.manual_seed(0)
+    return SGDModule(**tiny_config(NO_ITM, loss={"chunks": chunks}))
+
+
+def module_reference(world: int) -> dict[str, torch.Tensor]:
+    """One step on the concatenated batch in this single process, without chunks."""
+    rows = Rows(world * ROWS_PER_RANK)
+    return fit_one_step(_module(1), DataLoader(rows, batch_size=len(rows)))
+
+
+def module_case(rank: int, world: int, strategy: DDPStrategy) -> dict[str, torch.Tensor]:
+    """One Lightning step with 4 chunks per rank, inside this already-initialized process group."""
+    rows = Subset(Rows(world * ROWS_PER_RANK), range(rank * ROWS_PER_RANK, (rank + 1) * ROWS_PER_RANK))
+    loader = DataLoader(rows, batch_size=ROWS_PER_RANK)
+    return fit_one_step(_module(4), loader, devices=world, strategy=strategy, use_distributed_sampler=False)
+
+
 def worker(rank: int, world: int, port: int, out_dir: str) -> None:
     """Runs every case in one process group (spawning is the slow part) and saves ``{case: result}``."""
-    refs = {"siglip": siglip_reference(world), "gradcache": gradcache_reference(world)}
+    refs = {
+        "siglip": siglip_reference(world),
+        "gradcache": gradcache_reference(world),
+        "module": module_reference(world),
+    }
     _init(rank, world, port)
+    # Lightning sees an external launcher (like torchrun) and joins the existing process group
+    os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(world), NODE_RANK="0")
     results = {
         "refs": refs,
         "siglip": siglip_case(rank, world),
         "siglip_local": siglip_case(rank, world, global_negatives=False),
         "gradcache_ddp": gradcache_case(rank, world),
+        "module_ddp": module_case(rank, world, DDPStrategy()),
+        "module_ddp_explicit": module_case(rank, world, ExplicitAllReduceDDPStrategy()),
     }
     # controls: an exchange that carries no gradient; chunk gradients accumulated with DDP's hooks running
     siglip._RingShiftWithGrad.apply = lambda tensor: siglip.ring_shift(tensor.detach())
