@@ -10,6 +10,7 @@ from torch.utils.data import DataLoader
 from tests.largebatch.lightning_helpers import EXACT_MODEL, Rows, SGDModule, fit_one_step, max_param_diff
 from tests.models.helpers import tiny_config
 
+pytestmark = pytest.mark.slow
 BATCH, CHUNKS = 16, 4
 
 
