@@ -31,6 +31,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import get_device_states, set_device_states
 
+from mm_lightning.models.towers.base import EncoderOutput
+
 Batch = Mapping[str, Any]
 Encode = Callable[[Batch], dict[str, Tensor]]
 
@@ -244,6 +246,39 @@ class GradientCache:
                 _accumulate_quietly(outputs, grad_outputs, params)
             else:
                 torch.autograd.backward(outputs, grad_outputs)
+
+
+def embed_in_chunks(
+    cache: GradientCache,
+    encode_images: Callable[[Tensor], tuple[EncoderOutput, Tensor]],
+    encode_text: Callable[[Batch], tuple[EncoderOutput, Tensor]],
+    batch: Batch,
+    tokens: bool,
+) -> tuple[EncoderOutput, Tensor, EncoderOutput, Tensor]:
+    """Pass 1 for a two-tower model: ``(image_out, image_emb, text_out, text_emb)`` of the whole batch.
+
+    Args:
+        cache: the gradient cache (its ``backward`` then runs pass 2).
+        encode_images: images -> (tower output, projected embedding).
+        encode_text: batch -> (tower output, projected embedding).
+        batch: the whole batch.
+        tokens: keep the token sequences (an ITM head reads them); without, only the embeddings are kept.
+    """
+
+    def encode(chunk: Batch) -> dict[str, Tensor]:
+        image_out, image_emb = encode_images(chunk["image"])
+        text_out, text_emb = encode_text(chunk)
+        out = {"image_emb": image_emb, "text_emb": text_emb}
+        if tokens:
+            out |= {"image_tokens": image_out.tokens, "image_mask": image_out.mask}
+            out |= {"text_tokens": text_out.tokens, "text_mask": text_out.mask}
+        return out
+
+    out = cache.embed(encode, batch)
+    none = out["image_emb"].new_empty(0)  # placeholders where no head reads tokens
+    image_out = EncoderOutput(out["image_emb"], out.get("image_tokens", none), out.get("image_mask", none))
+    text_out = EncoderOutput(out["text_emb"], out.get("text_tokens", none), out.get("text_mask", none))
+    return image_out, out["image_emb"], text_out, out["text_emb"]
 
 
 def _accumulate_quietly(

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule
+from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 from typing_extensions import override
@@ -39,7 +40,7 @@ from mm_lightning.models.config import (
     as_dict,
 )
 from mm_lightning.models.flops import FlopsMeter
-from mm_lightning.models.gradcache import GradientCache, check_strategy
+from mm_lightning.models.gradcache import GradientCache, check_strategy, embed_in_chunks
 from mm_lightning.models.itm import ImageTextMatching
 from mm_lightning.models.losses import DynamicWeightAveraging, build_loss, complexity_weights
 from mm_lightning.models.optim import clip_grouped, param_groups, warmup_cosine
@@ -237,7 +238,9 @@ class MultimodalModule(LightningModule):
                 image_out, image_emb = self.encode_images(batch["image"])
                 text_out, text_emb = self.encode_text(batch)
             else:  # pass 1 of gradient caching: embeddings without graph, chunk by chunk
-                image_out, image_emb, text_out, text_emb = self._embed_in_chunks(batch)
+                image_out, image_emb, text_out, text_emb = embed_in_chunks(
+                    self.grad_cache, self.encode_images, self.encode_text, batch, tokens=self.itm is not None
+                )
             losses = self._losses(batch, image_out, image_emb, text_out, text_emb)
             if self.dwa is not None:
                 values = torch.stack(
@@ -256,32 +259,6 @@ class MultimodalModule(LightningModule):
         if self.itm is not None:
             self.log("train/weight_itm", weights[1], batch_size=bs)
         return loss
-
-    def _encode_chunk(self, chunk: dict[str, Tensor]) -> dict[str, Tensor]:
-        """What gradient caching keeps of a chunk: the embeddings, and the token sequences ITM reads."""
-        image_out, image_emb = self.encode_images(chunk["image"])
-        text_out, text_emb = self.encode_text(chunk)
-        out = {"image_emb": image_emb, "text_emb": text_emb}
-        if self.itm is not None:
-            out |= {
-                "image_tokens": image_out.tokens,
-                "image_mask": image_out.mask,
-                "text_tokens": text_out.tokens,
-                "text_mask": text_out.mask,
-            }
-        return out
-
-    def _embed_in_chunks(
-        self, batch: dict[str, Tensor]
-    ) -> tuple[EncoderOutput, Tensor, EncoderOutput, Tensor]:
-        assert self.grad_cache is not None
-        out = self.grad_cache.embed(self._encode_chunk, batch)
-        none = out["image_emb"].new_empty(0)  # no ITM: the loss reads no tokens
-        image_out = EncoderOutput(
-            out["image_emb"], out.get("image_tokens", none), out.get("image_mask", none)
-        )
-        text_out = EncoderOutput(out["text_emb"], out.get("text_tokens", none), out.get("text_mask", none))
-        return image_out, out["image_emb"], text_out, out["text_emb"]
 
     @override
     def backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
@@ -400,6 +377,9 @@ class MultimodalModule(LightningModule):
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
+        if isinstance(self.trainer.strategy, FSDPStrategy):
+            self._clip_sharded(optimizer, gradient_clip_val, gradient_clip_algorithm)
+            return
         encoder_params = {id(p) for p in self.image_encoder.parameters()} | {
             id(p) for p in self.text_encoder.parameters()
         }
@@ -417,3 +397,20 @@ class MultimodalModule(LightningModule):
             self.log(f"train/grad_norm_{name}", norm)
         # then the trainer's global clipping (Trainer(gradient_clip_val=...)), if configured
         self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+    def _clip_sharded(
+        self, optimizer: torch.optim.Optimizer, clip_val: float | None, algorithm: str | None
+    ) -> None:
+        """Gradient clipping under FSDP, where each rank holds only a shard of every gradient."""
+        if any(c is not None for c in (self.image_config.clip_norm, self.text_config.clip_norm)) or (
+            self.optim_config.clip_heads is not None
+        ):
+            raise ValueError(
+                "per-tower clip_norm / optim.clip_heads need whole gradients; under FSDP use "
+                "trainer.gradient_clip_val (clipped by the FSDP root over all shards)"
+            )
+        if clip_val and algorithm in (None, "norm"):
+            # torch.nn.utils.clip_grad_norm_ would see one shard; the FSDP root reduces the norm over ranks
+            self.log("train/grad_norm", self.trainer.strategy.model.clip_grad_norm_(clip_val))
+        else:
+            self.clip_gradients(optimizer, clip_val, algorithm)
