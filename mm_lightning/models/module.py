@@ -281,6 +281,12 @@ class MultimodalModule(LightningModule):
         # here (once per process, after the strategy is set up) and in place, so checkpoint keys do not change
         if self.hparams.compile and not self._towers_compiled:
             self.compile_towers()
+        if self._trainer is not None and isinstance(self.trainer.strategy, FSDPStrategy):
+            # FSDP cannot flatten 0-d parameters (the temperature, SigLIP's bias): make them 1-element
+            for module in self.contrastive.modules():
+                for name, param in list(module.named_parameters(recurse=False)):
+                    if param.dim() == 0:
+                        setattr(module, name, nn.Parameter(param.detach().reshape(1), param.requires_grad))
 
     def compile_towers(self) -> None:
         """Compiles both towers in place with ``torch.compile`` (what ``compile=True`` does at fit start)."""
