@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
+from torchmetrics.utilities.distributed import gather_all_tensors
 
 
 def world() -> tuple[int, int]:
@@ -72,17 +73,12 @@ def gather_no_grad(tensor: Tensor) -> Tensor:
 def gather_rows(tensor: Tensor) -> Tensor:
     """Concatenates every rank's rows along dim 0 when ranks hold different row counts (no gradient).
 
-    Uneven counts come from last batches and skipped records. Other dimensions must agree across ranks.
+    Uneven counts come from last batches and skipped records. Other dimensions must agree across ranks. The
+    padding and trimming is torchmetrics' ``gather_all_tensors`` (what its metrics' ``cat`` states use).
     """
-    size = world()[1]
-    if size == 1:
+    if world()[1] == 1:
         return tensor
-    count = torch.tensor([tensor.shape[0]], device=tensor.device)
-    counts = gather_no_grad(count).tolist()
-    longest = max(counts)
-    padded = F.pad(tensor, (0, 0) * (tensor.dim() - 1) + (0, longest - tensor.shape[0]))
-    chunks = gather_no_grad(padded).split(longest)
-    return torch.cat([chunk[:n] for chunk, n in zip(chunks, counts, strict=True)])
+    return torch.cat(gather_all_tensors(tensor.detach()))
 
 
 def pad_to_global_length(tokens: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:

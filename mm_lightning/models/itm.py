@@ -70,9 +70,8 @@ class ImageTextMatching(nn.Module):
         if logits.candidate_ids is None:
             raise ValueError("ITM needs the candidates' image ids: pass image_ids to the loss's logits()")
         all_ids = logits.candidate_ids
-        if (
-            logits.global_candidates
-        ):  # the candidates' token sequences live on every rank: gather with gradient
+        if logits.global_candidates:
+            # the candidates' token sequences live on every rank: gather them, with gradient
             txt, mask = pad_to_global_length(txt, mask)
             all_img, all_txt, all_mask = gather_with_grad(img), gather_with_grad(txt), gather_no_grad(mask)
         else:

@@ -152,6 +152,14 @@ class MultimodalModule(LightningModule):
         return image, text
 
     @property
+    def data_config(self) -> dict[str, dict[str, Any]]:
+        """The preprocessing the towers' weights expect, for the data side to follow.
+
+        ``image``: ``mean``, ``std``, ``input_size``, ``interpolation``; ``text``: ``tokenizer``.
+        """
+        return {"image": self.image_encoder.data_config, "text": self.text_encoder.data_config}
+
+    @property
     def flops_per_batch(self) -> int | None:
         """FLOPs of one batch of the current stage (train: forward + backward), measured on the first batch.
 

@@ -65,3 +65,9 @@ def test_nested_groups_on_the_command_line(tmp_path: Path) -> None:
     assert model.optim_config.lr == 3e-4 and model.optim_config.warmup_steps == 50  # the rest from demo.yaml
     assert model.dwa is not None and model.image_encoder.backbone.image_size == 32
     assert cli.datamodule.hparams.tokenizer == model.text_config.name
+
+
+def test_module_reports_the_towers_preprocessing() -> None:
+    config = tiny_module().data_config
+    assert config["image"]["input_size"] == (3, 32, 32) and config["image"]["interpolation"] == "bilinear"
+    assert config["text"] == {"tokenizer": "mm-lightning/demo-bert"}

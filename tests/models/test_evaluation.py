@@ -28,12 +28,12 @@ class MultiCaption(Dataset):
         return {k: v[i] for k, v in self.batch.items()}
 
 
-def _validate(model, loader: DataLoader, tmp_path: Path) -> dict[str, float]:
+def _validate(model, data, tmp_path: Path) -> dict[str, float]:
     trainer = Trainer(
         accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
         default_root_dir=tmp_path, deterministic=True,
     )  # fmt: skip
-    return trainer.validate(model, loader, verbose=False)[0]
+    return trainer.validate(model, data, verbose=False)[0]
 
 
 def test_validation_encodes_each_image_once_per_batch(tmp_path: Path) -> None:
@@ -75,3 +75,44 @@ def test_val_loss_is_the_objective_on_every_row() -> None:
         model.log = lambda name, value, **kwargs: logged.setdefault(name, value)
         model._eval_step(batch, "val")
     torch.testing.assert_close(logged["val/loss"], want, atol=1e-6, rtol=0)
+
+
+def test_skipped_records_change_no_metric_on_one_device(tmp_path: Path) -> None:
+    """Under on_bad_record=skip, undecodable images are replaced by valid samples (which then appear twice):
+    the metrics must equal those of the valid records alone."""
+    from mm_lightning.data import MultimodalDataModule
+    from tests.data.helpers import coco_style, write_jsonl
+
+    clean = coco_style(tmp_path, num_images=6, captions_per_image=2)
+    (tmp_path / "images" / "broken.jpg").write_text(
+        "<html>404 not found</html>"
+    )  # an error page saved as .jpg
+    lines = clean.read_text().splitlines()
+    bad = {"image": "images/broken.jpg", "text": ["a broken image", "still broken"]}
+    dirty = write_jsonl(tmp_path / "dirty.jsonl", [lines[0], bad, *lines[1:4], bad, *lines[4:]])
+
+    def metrics(val_file: Path, rows: list[int]) -> dict[str, float]:
+        dm = MultimodalDataModule(
+            val_file=str(val_file), tokenizer="mm-lightning/demo-bert", image_size=32, max_length=16,
+            batch_size=5, on_bad_record="skip",
+        )  # fmt: skip
+        torch.manual_seed(0)
+        model = tiny_module().eval()
+        model.retrieval.update = _counting(model.retrieval.update, rows)
+        return _validate(model, dm, tmp_path)
+
+    clean_rows: list[int] = []
+    dirty_rows: list[int] = []
+    want = metrics(clean, clean_rows)
+    got = metrics(dirty, dirty_rows)
+    assert sum(dirty_rows) > sum(clean_rows) == 12  # replacement duplicates really reached the metric
+    for key in ("r1_t2i", "r1_i2t", "r5_t2i", "alignment_gap"):
+        assert got[f"val/{key}"] == pytest.approx(want[f"val/{key}"], abs=1e-6), key
+
+
+def _counting(update, rows: list[int]):
+    def wrapped(image_emb, image_ids, text_emb, text_image_ids, index):
+        rows.append(len(index))
+        return update(image_emb, image_ids, text_emb, text_image_ids, index)
+
+    return wrapped

@@ -11,8 +11,9 @@ Names carry a family prefix: ``"timm:vit_small_patch16_224"``, ``"hf:/models/sig
     def build(name: str, pretrained: bool, config_overrides: dict, pooling: str, trust_remote_code: bool) -> Tower:
         ...
 
-Family modules under ``mm_lightning.models.towers`` are imported on first use of their prefix, so a missing
-optional dependency only matters to users of that family.
+Family modules under ``mm_lightning.models.towers`` are imported on first use of their prefix (the module named
+in ``FAMILY_MODULES``, else the module named like the prefix), so a missing optional dependency only matters to
+users of that family.
 """
 
 from __future__ import annotations
@@ -69,8 +70,10 @@ def split_name(name: str) -> tuple[str | None, str]:
 
 
 def _builder(table: dict[str, Callable[..., Tower]], kind: str, prefix: str) -> Callable[..., Tower]:
-    if prefix not in table and prefix in FAMILY_MODULES:
-        module = f"mm_lightning.models.towers.{FAMILY_MODULES[prefix]}"
+    for family in dict.fromkeys([FAMILY_MODULES.get(prefix), prefix]):
+        if prefix in table or family is None:
+            continue
+        module = f"mm_lightning.models.towers.{family}"
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as error:

@@ -99,3 +99,22 @@ def test_registry_builds_by_name_and_lists_known_losses() -> None:
             register_loss("toy_loss")(ContrastiveLoss)
     finally:
         del LOSSES["toy_loss"]
+
+
+def test_a_loss_module_is_imported_on_first_use_of_its_name(tmp_path, monkeypatch) -> None:
+    import sys
+
+    import mm_lightning.models.losses as losses
+
+    (tmp_path / "lazyloss.py").write_text(
+        "from mm_lightning.models.losses import ContrastiveLoss, register_loss\n"
+        "@register_loss('lazyloss')\n"
+        "class LazyLoss(ContrastiveLoss):\n"
+        "    pass\n"
+    )
+    monkeypatch.setattr(losses, "__path__", [*losses.__path__, str(tmp_path)])
+    try:
+        assert type(build_loss("lazyloss", temperature_init=0.1)).__name__ == "LazyLoss"
+    finally:
+        LOSSES.pop("lazyloss", None)
+        sys.modules.pop("mm_lightning.models.losses.lazyloss", None)

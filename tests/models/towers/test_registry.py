@@ -76,3 +76,25 @@ def test_split_name_keeps_paths_whole() -> None:
     assert split_name("hf:/models/siglip") == ("hf", "/models/siglip")
     assert split_name("resnet50") == (None, "resnet50")
     assert split_name("/models/a:b") == (None, "/models/a:b")
+
+
+def test_a_family_module_is_imported_on_first_use_of_its_prefix(tmp_path, monkeypatch) -> None:
+    import sys
+
+    import mm_lightning.models.towers as towers
+
+    (tmp_path / "lazyfam.py").write_text(
+        "from tests.models.towers.test_registry import _Constant\n"
+        "from mm_lightning.models.towers import register_image_tower\n"
+        "@register_image_tower('lazyfam')\n"
+        "def build(name, weights, image_size, kwargs, strict):\n"
+        "    return _Constant(int(name))\n"
+    )
+    monkeypatch.setattr(towers, "__path__", [*towers.__path__, str(tmp_path)])
+    monkeypatch.delitem(sys.modules, "mm_lightning.models.towers.lazyfam", raising=False)
+    try:
+        assert "lazyfam" not in IMAGE_TOWERS
+        assert build_image_tower("lazyfam:7").pooled_dim == 7
+    finally:
+        IMAGE_TOWERS.pop("lazyfam", None)
+        sys.modules.pop("mm_lightning.models.towers.lazyfam", None)
