@@ -96,6 +96,9 @@ class LossConfig:
         dwa_window: DWA window in steps.
         dwa_temperature: DWA softmax temperature.
         sample_weighting: ``none``, or ``complexity`` (per-pair weights from image detail and caption length).
+        chunks: embed each training batch in this many chunks with exact gradient caching: the loss and
+            gradient of the whole batch (all its negatives) on the activation memory of one chunk, for one
+            extra tower forward (:mod:`mm_lightning.models.gradcache`); 1 switches it off.
         kwargs: extra constructor arguments of the pair loss (loss-specific options).
     """
 
@@ -109,6 +112,7 @@ class LossConfig:
     dwa_window: int = 50
     dwa_temperature: float = 2.0
     sample_weighting: Literal["none", "complexity"] = "none"
+    chunks: int = 1
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule
+from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 from typing_extensions import override
@@ -39,6 +40,7 @@ from mm_lightning.models.config import (
     as_dict,
 )
 from mm_lightning.models.flops import FlopsMeter
+from mm_lightning.models.gradcache import GradientCache, check_strategy, embed_in_chunks
 from mm_lightning.models.itm import ImageTextMatching
 from mm_lightning.models.losses import DynamicWeightAveraging, build_loss, complexity_weights
 from mm_lightning.models.optim import clip_grouped, param_groups, warmup_cosine
@@ -59,6 +61,8 @@ class MultimodalModule(LightningModule):
         loss: the objective (:class:`~mm_lightning.models.config.LossConfig`).
         optim: optimizer and schedule (:class:`~mm_lightning.models.config.OptimConfig`).
         gradient_checkpointing: recompute tower activations in backward to save memory.
+        compile: compile the towers with ``torch.compile`` (true), or the options to compile them with
+            (``{"mode": "max-autotune"}``); the text tower is compiled for dynamic caption lengths.
     """
 
     def __init__(
@@ -70,6 +74,7 @@ class MultimodalModule(LightningModule):
         loss: LossConfig = DEFAULT_LOSS,
         optim: OptimConfig = DEFAULT_OPTIM,
         gradient_checkpointing: bool = False,
+        compile: bool | dict[str, Any] = False,
     ) -> None:
         super().__init__()
         self.image_config = as_config(ImageTowerConfig, image)
@@ -87,6 +92,7 @@ class MultimodalModule(LightningModule):
                 "loss": as_dict(self.loss_config),
                 "optim": as_dict(self.optim_config),
                 "gradient_checkpointing": gradient_checkpointing,
+                "compile": compile,
             }
         )
         self.image_encoder, self.text_encoder = self._build_towers()
@@ -128,6 +134,14 @@ class MultimodalModule(LightningModule):
         if gradient_checkpointing:
             self.image_encoder.set_gradient_checkpointing(True)
             self.text_encoder.set_gradient_checkpointing(True)
+        if lc.chunks < 1:
+            raise ValueError(f"loss.chunks must be >= 1, got {lc.chunks}")
+        self.grad_cache = (
+            GradientCache([self.image_encoder, self.text_encoder, self.image_proj, self.text_proj], lc.chunks)
+            if lc.chunks > 1
+            else None
+        )
+        self._towers_compiled = False
         self.retrieval = RetrievalMetrics()
         self.flops = FlopsMeter()
         # Lightning keeps each submodule's mode as found, so frozen towers must start in eval mode
@@ -214,13 +228,13 @@ class MultimodalModule(LightningModule):
             if self.loss_config.sample_weighting == "complexity"
             else None
         )
-        logits = self.contrastive.logits(image_emb, text_emb, ids)
-        out = {"loss_itc": self.contrastive.loss_from_logits(logits, weights)}
-        if self.itm is not None:
-            out["loss_itm"], out["itm_accuracy"] = self.itm(
-                image_out.tokens, text_out.tokens, text_out.mask, logits, ids, weights
-            )
-        return out
+        if self.itm is None:
+            return {"loss_itc": self.contrastive(image_emb, text_emb, ids, weights)}
+        loss_itc, logits = self.contrastive.loss_and_logits(image_emb, text_emb, ids, weights)
+        loss_itm, itm_accuracy = self.itm(
+            image_out.tokens, text_out.tokens, text_out.mask, logits, ids, weights
+        )
+        return {"loss_itc": loss_itc, "loss_itm": loss_itm, "itm_accuracy": itm_accuracy}
 
     def _total(self, losses: dict[str, Tensor], weights: Tensor) -> Tensor:
         total = weights[0] * losses["loss_itc"]
@@ -231,8 +245,13 @@ class MultimodalModule(LightningModule):
     @override
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         with self.flops.count("train"):
-            image_out, image_emb = self.encode_images(batch["image"])
-            text_out, text_emb = self.encode_text(batch)
+            if self.grad_cache is None:
+                image_out, image_emb = self.encode_images(batch["image"])
+                text_out, text_emb = self.encode_text(batch)
+            else:  # pass 1 of gradient caching: embeddings without graph, chunk by chunk
+                image_out, image_emb, text_out, text_emb = embed_in_chunks(
+                    self.grad_cache, self.encode_images, self.encode_text, batch, tokens=self.itm is not None
+                )
             losses = self._losses(batch, image_out, image_emb, text_out, text_emb)
             if self.dwa is not None:
                 values = torch.stack(
@@ -255,8 +274,39 @@ class MultimodalModule(LightningModule):
     @override
     def backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
         with self.flops.count("train"):
-            super().backward(loss, *args, **kwargs)
+            if self.grad_cache is not None and self.grad_cache.pending:
+                # the heads' backward, then pass 2 into the towers; inside Lightning's backward, so the loss
+                # already carries GradScaler's scale and the accumulation divisor
+                self.grad_cache.backward(loss)
+            else:
+                super().backward(loss, *args, **kwargs)
         self.flops.finish("train")
+
+    @override
+    def setup(self, stage: str) -> None:
+        if stage == "fit" and self.grad_cache is not None:
+            check_strategy(self.trainer.strategy)
+
+    @override
+    def configure_model(self) -> None:
+        # here (once per process, after the strategy is set up) and in place, so checkpoint keys do not change
+        if self.hparams.compile and not self._towers_compiled:
+            self.compile_towers()
+        if self._trainer is not None and isinstance(self.trainer.strategy, FSDPStrategy):
+            # FSDP cannot flatten 0-d parameters (the temperature, SigLIP's bias): make them 1-element
+            for module in self.contrastive.modules():
+                for name, param in list(module.named_parameters(recurse=False)):
+                    if param.dim() == 0:
+                        setattr(module, name, nn.Parameter(param.detach().reshape(1), param.requires_grad))
+
+    def compile_towers(self) -> None:
+        """Compiles both towers in place with ``torch.compile`` (what ``compile=True`` does at fit start)."""
+        options = self.hparams.compile if isinstance(self.hparams.compile, dict) else {}
+        # image batches change size only at the end of an epoch (then one dynamic recompile); caption
+        # lengths change every batch, so the text tower is compiled for dynamic shapes from the start
+        self.image_encoder.compile(**options)
+        self.text_encoder.compile(**({"dynamic": True} | options))
+        self._towers_compiled = True
 
     @override
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
@@ -349,6 +399,9 @@ class MultimodalModule(LightningModule):
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
+        if isinstance(self.trainer.strategy, FSDPStrategy):
+            self._clip_sharded(optimizer, gradient_clip_val, gradient_clip_algorithm)
+            return
         encoder_params = {id(p) for p in self.image_encoder.parameters()} | {
             id(p) for p in self.text_encoder.parameters()
         }
@@ -365,3 +418,20 @@ class MultimodalModule(LightningModule):
         )
         # then the trainer's global clipping (Trainer(gradient_clip_val=...)), if configured
         self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+    def _clip_sharded(
+        self, optimizer: torch.optim.Optimizer, clip_val: float | None, algorithm: str | None
+    ) -> None:
+        """Gradient clipping under FSDP, where each rank holds only a shard of every gradient."""
+        if any(c is not None for c in (self.image_config.clip_norm, self.text_config.clip_norm)) or (
+            self.optim_config.clip_heads is not None
+        ):
+            raise ValueError(
+                "per-tower clip_norm / optim.clip_heads need whole gradients; under FSDP use "
+                "trainer.gradient_clip_val (clipped by the FSDP root over all shards)"
+            )
+        if clip_val and algorithm in (None, "norm"):
+            # torch.nn.utils.clip_grad_norm_ would see one shard; the FSDP root reduces the norm over ranks
+            self.log("train/grad_norm", self.trainer.strategy.model.clip_grad_norm_(clip_val))
+        else:
+            self.clip_gradients(optimizer, clip_val, algorithm)

@@ -56,6 +56,26 @@ class PairLoss(nn.Module):
         """
         raise NotImplementedError
 
+    def loss_and_logits(
+        self,
+        image_emb: Tensor,
+        text_emb: Tensor,
+        image_ids: Tensor | None = None,
+        sample_weights: Tensor | None = None,
+    ) -> tuple[Tensor, PairLogits]:
+        """The loss of the local rows and the logits for hard-negative mining, sharing work where possible.
+
+        Losses whose global form never builds the global logits (SigLIP) override it.
+
+        Args:
+            image_emb: (B, D) local image embeddings (need not be normalized).
+            text_emb: (B, D) local text embeddings, row i paired with image row i.
+            image_ids: (B,) image ids; pairs sharing an id are not negatives of each other.
+            sample_weights: (B,) optional per-pair weights.
+        """
+        logits = self.logits(image_emb, text_emb, image_ids)
+        return self.loss_from_logits(logits, sample_weights), logits
+
     @property
     def temperature(self) -> Tensor:
         """The current temperature (logged as ``train/temperature``)."""

@@ -1,0 +1,27 @@
+"""The large-batch options from the command line reach the module (training itself: test_module_chunks)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mm_lightning.cli import cli_main
+from mm_lightning.models.gradcache import GradientCache
+from mm_lightning.models.losses.siglip import SigLipLoss
+from tests.conftest import tiny_demo_args
+
+
+def test_siglip_chunks_and_compile_options_from_the_cli(tmp_path: Path) -> None:
+    args = [
+        "--model.loss.name",
+        "siglip",
+        "--model.loss.chunks",
+        "4",
+        "--model.loss.kwargs",
+        "{bias_init: -5}",
+    ]
+    model = cli_main(
+        [*tiny_demo_args(tmp_path, *args, "--model.compile", "{mode: max-autotune}")], run=False
+    ).model
+    assert isinstance(model.contrastive, SigLipLoss) and model.contrastive.logit_bias.item() == -5.0
+    assert isinstance(model.grad_cache, GradientCache) and model.grad_cache.chunks == 4
+    assert model.hparams.compile == {"mode": "max-autotune"}
