@@ -1,0 +1,52 @@
+"""Shards for the tests: img2dataset's layout (``{key}.jpg``, ``.txt``, ``.json``, ``_stats.json``), uneven sizes."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from PIL import Image
+from webdataset import TarWriter
+
+from tests.data.helpers import natural_array
+
+CAPTIONS_PER_SAMPLE = 2
+
+
+def jpeg_bytes(seed: int, size: tuple[int, int] = (40, 32)) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(natural_array(size[1], size[0], seed)).save(out, format="JPEG", quality=90)
+    return out.getvalue()
+
+
+def caption(sample: int, j: int) -> str:
+    return f"a red circle number {sample} version {j}"
+
+
+def write_shard(
+    path: Path, first: int, count: int, broken: dict[int, bytes] | None = None, stats: bool = True
+) -> Path:
+    """Samples ``first .. first+count-1``; ``broken`` replaces some images' bytes. Writes ``_stats.json``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with TarWriter(str(path)) as sink:
+        for n in range(first, first + count):
+            key = f"{n:09d}"
+            meta = {"key": key, "text": [caption(n, j) for j in range(CAPTIONS_PER_SAMPLE)]}
+            image = (broken or {}).get(n, jpeg_bytes(n))
+            sink.write(
+                {"__key__": key, "jpg": image, "txt": caption(n, 0), "json": json.dumps(meta).encode()}
+            )
+    if stats:
+        stem = str(path)[: -len(".tar")]
+        Path(stem + "_stats.json").write_text(json.dumps({"count": count, "successes": count}))
+    return path
+
+
+def uneven_shards(root: Path, sizes: tuple[int, ...] = (7, 3, 11, 5), **kwargs: object) -> str:
+    """Shards ``root/00000.tar ...`` with the given sample counts; returns the brace pattern."""
+    first = 0
+    for i, size in enumerate(sizes):
+        write_shard(root / f"{i:05d}.tar", first, size, **kwargs)  # type: ignore[arg-type]
+        first += size
+    return str(root / f"{{00000..{len(sizes) - 1:05d}}}.tar")

@@ -1,0 +1,51 @@
+"""ShardDataModule through the CLI and in Python: demo shards, weighted mixes of shards and JSONL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mm_lightning.data.sources.mixing import MixedDataset
+from mm_lightning.data.sources.shard_datamodule import ShardDataModule, Source
+from mm_lightning.data.sources.shards import ShardDataset
+from tests.conftest import REPO, tiny_demo_args
+from tests.data.helpers import TOKENIZER, coco_style
+from tests.shards.helpers import uneven_shards
+
+SHARDS_CONFIG = str(REPO / "configs" / "shards.yaml")
+
+
+def test_demo_trains_from_generated_shards_through_the_cli(tmp_path: Path) -> None:
+    from mm_lightning.cli import cli_main
+
+    args = tiny_demo_args(tmp_path, "--config", SHARDS_CONFIG, "--data.init_args.samples_per_shard", "100")
+    args += ["--checkpoint.dirpath", str(tmp_path / "checkpoints")]
+    cli = cli_main(["fit", *args])
+    dm = cli.datamodule
+    train = dm.datasets["train"]
+    assert isinstance(train, MixedDataset) and isinstance(train.datasets[0], ShardDataset)
+    # 1032 training images in shards of 100: the last one is smaller.
+    assert [s.nsamples for s in train.datasets[0].shards] == [100] * 10 + [32]
+    assert isinstance(dm.datasets["val"], ShardDataset)
+    assert cli.trainer.global_step == 6 and "val/r1_t2i" in cli.trainer.callback_metrics
+    assert (tmp_path / "demo" / "shards" / "train" / "00010_stats.json").exists()
+
+
+def test_mix_of_shards_and_jsonl_with_weights(tmp_path: Path) -> None:
+    pattern = uneven_shards(tmp_path / "shards", sizes=(5, 3))
+    jsonl = coco_style(tmp_path / "coco", num_images=4, captions_per_image=2)
+    dm = ShardDataModule(
+        sources=[Source(shards=pattern, weight=2.0), Source(file=str(jsonl), weight=1.0)],
+        val_file=str(jsonl),
+        tokenizer=TOKENIZER,
+        image_size=32,
+        batch_size=4,
+    )
+    dm.setup("fit")
+    batches = list(dm.train_dataloader())
+    assert len(batches) == (2 * 8 + 4) // 4
+    indices = [i for b in batches for i in b["index"].tolist()]
+    assert sum(i < 8 for i in indices) == 16 and sum(i >= 8 for i in indices) == 4
+    ids = {i: int(b["image_id"][k]) for b in batches for k, i in enumerate(b["index"].tolist())}
+    assert all(ids[i] >= 8 for i in indices if i >= 8)  # JSONL image ids shifted past the shards'
+    val = next(iter(dm.val_dataloader()))
+    assert val["image"].shape == (4, 3, 32, 32)  # validation from JSONL while training from shards
