@@ -9,6 +9,7 @@ from pathlib import Path
 from PIL import Image
 from webdataset import TarWriter
 
+from tests.conftest import REPO, tiny_demo_args
 from tests.data.helpers import natural_array
 
 CAPTIONS_PER_SAMPLE = 2
@@ -50,3 +51,10 @@ def uneven_shards(root: Path, sizes: tuple[int, ...] = (7, 3, 11, 5), **kwargs: 
         write_shard(root / f"{i:05d}.tar", first, size, **kwargs)  # type: ignore[arg-type]
         first += size
     return str(root / f"{{00000..{len(sizes) - 1:05d}}}.tar")
+
+
+def shard_demo_args(root: Path, *extra: str, max_steps: int = 6) -> list[str]:
+    """:func:`tests.conftest.tiny_demo_args` with ``configs/shards.yaml`` stacked right after the demo config
+    (so the run's own log and checkpoint folders, given later, still win)."""
+    args = tiny_demo_args(root, *extra, max_steps=max_steps)
+    return [*args[:2], "--config", str(REPO / "configs" / "shards.yaml"), *args[2:]]

@@ -7,18 +7,14 @@ from pathlib import Path
 from mm_lightning.data.sources.mixing import MixedDataset
 from mm_lightning.data.sources.shard_datamodule import ShardDataModule, Source
 from mm_lightning.data.sources.shards import ShardDataset
-from tests.conftest import REPO, tiny_demo_args
 from tests.data.helpers import TOKENIZER, coco_style
-from tests.shards.helpers import uneven_shards
-
-SHARDS_CONFIG = str(REPO / "configs" / "shards.yaml")
+from tests.shards.helpers import shard_demo_args, uneven_shards
 
 
 def test_demo_trains_from_generated_shards_through_the_cli(tmp_path: Path) -> None:
     from mm_lightning.cli import cli_main
 
-    args = tiny_demo_args(tmp_path, "--config", SHARDS_CONFIG, "--data.init_args.samples_per_shard", "100")
-    args += ["--checkpoint.dirpath", str(tmp_path / "checkpoints")]
+    args = shard_demo_args(tmp_path, "--data.init_args.samples_per_shard", "100")
     cli = cli_main(["fit", *args])
     dm = cli.datamodule
     train = dm.datasets["train"]

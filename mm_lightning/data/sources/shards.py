@@ -77,8 +77,19 @@ def expand_urls(spec: str | list[str]) -> list[str]:
     return [url for item in specs for url in braceexpand(item)]
 
 
+def options_for(url: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:
+    """fsspec options for ``url``: ``storage_options`` itself, or its entry for the URL's protocol when it is
+    keyed by protocol (``{"s3": {"endpoint_url": ...}, "https": {...}}``); none for local paths."""
+    if is_local(url) or not storage_options:
+        return {}
+    protocol = url.split("://", 1)[0]
+    if all(isinstance(v, dict) for v in storage_options.values()):
+        return dict(storage_options.get(protocol, {}))
+    return dict(storage_options)
+
+
 def _open(url: str, storage_options: dict[str, Any]) -> Any:
-    return fsspec.open(url, "rb", **(storage_options if not is_local(url) else {}))
+    return fsspec.open(url, "rb", **options_for(url, storage_options))
 
 
 def _read_json(url: str, storage_options: dict[str, Any]) -> dict[str, Any] | None:
@@ -99,7 +110,7 @@ def stats_url(shard_url: str) -> str:
 def _exists(url: str, storage_options: dict[str, Any]) -> bool:
     if url.startswith("pipe:"):
         return True  # only running the command can tell
-    fs, path = fsspec.core.url_to_fs(url, **(storage_options if not is_local(url) else {}))
+    fs, path = fsspec.core.url_to_fs(url, **options_for(url, storage_options))
     return fs.exists(path)
 
 
