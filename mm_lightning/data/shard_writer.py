@@ -30,8 +30,9 @@ from tqdm import tqdm
 from webdataset import TarWriter
 
 from mm_lightning.data.images import DEFAULT_MAX_PIXELS, ImageDecodeError
-from mm_lightning.data.records import RecordError, RecordParser
+from mm_lightning.data.records import RecordError
 from mm_lightning.data.sources.decode import decode_image_bytes
+from mm_lightning.data.sources.jsonl import RecordParser
 
 ImageFormat = Literal["copy", "jpg"]
 DESCRIPTOR = "shards.json"
@@ -97,12 +98,12 @@ def write_one_shard(job: ShardJob) -> dict[str, Any]:
                 ext, data = _encoded_image(path, job)
             except (OSError, ImageDecodeError) as err:
                 reason = getattr(err, "strerror", None) or str(err)
-                error = RecordError(job.source, line, f"image not written: {reason}", path)
+                kind = "missing_image" if isinstance(err, FileNotFoundError) else "undecodable_image"
+                error = RecordError(job.source, line, f"image not written: {reason}", path, kind=kind)
                 if job.on_bad_record == "raise":
-                    # Returned, not raised: the parent re-raises it (RecordError does not cross processes).
                     sink.close()
                     os.unlink(tmp)
-                    return {"error": (job.source, line, f"image not written: {reason}", path)}
+                    raise error from err
                 status[type(err).__name__] += 1
                 if len(failures) < 20:
                     failures.append(str(error))
@@ -241,8 +242,5 @@ def write_shards(
 
 def _collect(pending: dict[int, Future], results: dict[int, dict[str, Any]], bar: tqdm) -> None:
     number = next(iter(pending))
-    result = pending.pop(number).result()
-    if "error" in result:
-        raise RecordError(*result["error"])
-    results[number] = result
+    results[number] = pending.pop(number).result()  # re-raises a worker's RecordError (file, line, reason)
     bar.update(1)

@@ -9,6 +9,10 @@ from pathlib import Path
 from PIL import Image
 from webdataset import TarWriter
 
+from mm_lightning.data.samples import BadRecordPolicy, SampleBuilder
+from mm_lightning.data.sources.decode import decode_image_bytes
+from mm_lightning.data.sources.shard_dataset import ShardDataset
+from mm_lightning.data.sources.shards import list_shards
 from tests.conftest import REPO, tiny_demo_args
 from tests.data.helpers import natural_array
 
@@ -58,3 +62,20 @@ def shard_demo_args(root: Path, *extra: str, max_steps: int = 6) -> list[str]:
     (so the run's own log and checkpoint folders, given later, still win)."""
     args = tiny_demo_args(root, *extra, max_steps=max_steps)
     return [*args[:2], "--config", str(REPO / "configs" / "shards.yaml"), *args[2:]]
+
+
+def shard_dataset(
+    spec: str | list[str],
+    transform: object = None,
+    on_bad_record: str = "raise",
+    storage_options: dict | None = None,
+    **kwargs: object,
+) -> ShardDataset:
+    """A :class:`ShardDataset` with the datamodule's pieces (bytes decoder, bad-record policy)."""
+    return ShardDataset(
+        list_shards(spec, storage_options, kwargs.get("cache_dir")),  # type: ignore[arg-type]
+        SampleBuilder(transform, decode_bytes=decode_image_bytes),  # type: ignore[arg-type]
+        policy=BadRecordPolicy(on_bad_record),  # type: ignore[arg-type]
+        storage_options=storage_options,
+        **kwargs,  # type: ignore[arg-type]
+    )

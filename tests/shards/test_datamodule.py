@@ -6,7 +6,7 @@ from pathlib import Path
 
 from mm_lightning.data.sources.mixing import MixedDataset
 from mm_lightning.data.sources.shard_datamodule import ShardDataModule, Source
-from mm_lightning.data.sources.shards import ShardDataset
+from mm_lightning.data.sources.shard_dataset import ShardDataset
 from tests.data.helpers import TOKENIZER, coco_style
 from tests.shards.helpers import shard_demo_args, uneven_shards
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from mm_lightning.data.sources.shards import ShardDataset, list_shards
+from mm_lightning.data.sources.shards import list_shards
 from mm_lightning.data.transforms import eval_transform
 from tests.conftest import REPO
-from tests.shards.helpers import shard_demo_args, uneven_shards
+from tests.shards.helpers import shard_dataset, shard_demo_args, uneven_shards
 from tests.shards.servers import CREDENTIALS, http_server, s3_server, upload
 
 
@@ -25,7 +25,7 @@ def s3_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_s3_http_and_pipe_read_the_same_samples_as_local(tmp_path: Path, s3_env: None) -> None:
     pattern = uneven_shards(tmp_path / "local", sizes=(4, 2, 3))
-    local = ShardDataset(list_shards(pattern), eval_transform(32), caption_sampling="all")
+    local = shard_dataset(pattern, eval_transform(32), caption_sampling="all")
     expected = [(s["caption"], s["image"]) for s in (local[i] for i in range(len(local)))]
     with s3_server() as endpoint, http_server(tmp_path) as base:
         upload(endpoint, "bucket", tmp_path / "local", "data")
@@ -34,8 +34,8 @@ def test_s3_http_and_pipe_read_the_same_samples_as_local(tmp_path: Path, s3_env:
         for spec in ("s3://bucket/data/{00000..00002}.tar", f"{base}/local/{{00000..00002}}.tar", pipe):
             shards = list_shards(spec, options, str(tmp_path / "cache"))
             assert [s.nsamples for s in shards] == [4, 2, 3], spec
-            remote = ShardDataset(
-                shards, eval_transform(32), caption_sampling="all", storage_options=options,
+            remote = shard_dataset(
+                spec, eval_transform(32), caption_sampling="all", storage_options=options,
                 cache_dir=str(tmp_path / "cache"), open_shards=1,
             )  # fmt: skip
             got = [(s["caption"], s["image"]) for s in (remote[i] for i in range(len(remote)))]

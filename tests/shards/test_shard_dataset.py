@@ -7,18 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from torchvision.transforms import v2
 
 from mm_lightning.data.images import decode_image_file
 from mm_lightning.data.records import RecordError
-from mm_lightning.data.sources.shards import ShardDataset, ShardError, list_shards
+from mm_lightning.data.sources.shards import ShardError, list_shards
 from tests.shards.helpers import CAPTIONS_PER_SAMPLE, caption, jpeg_bytes, uneven_shards, write_shard
-
-IDENTITY = v2.Identity()
-
-
-def dataset(pattern: str, **kwargs: object) -> ShardDataset:
-    return ShardDataset(list_shards(pattern), IDENTITY, **kwargs)  # type: ignore[arg-type]
+from tests.shards.helpers import shard_dataset as dataset
 
 
 def test_listing_counts_from_stats_and_from_the_tar(tmp_path: Path) -> None:
@@ -38,7 +32,7 @@ def test_samples_decode_like_files_and_carry_every_caption(tmp_path: Path) -> No
     assert torch.equal(item["image"], decode_image_file(str(reference)))
     random = dataset(uneven_shards(tmp_path))
     drawn = {random.__getitems__([12, 13])[0]["caption"] for _ in range(1)}
-    drawn |= {random.__getitems__([12, n])[0]["caption"] for n in range(14, 30)}
+    drawn |= {random.__getitems__([12, n])[0]["caption"] for n in range(13, 26)}
     assert drawn == {caption(12, 0), caption(12, 1)}  # per-batch seeded draws cover both captions
     assert random.__getitems__([12, 13])[0]["caption"] == random.__getitems__([12, 13])[0]["caption"]
 
@@ -56,15 +50,19 @@ def corrupt(tmp_path: Path) -> str:
 
 
 def test_corrupt_member_raises_naming_shard_and_key(corrupt: str) -> None:
-    with pytest.raises(RecordError, match=r"00000\.tar:3 \(image '000000002'\): not a decodable image"):
+    where = r"00000\.tar \[sample 000000002\] \(image '000000002\.jpg'\): .*not a decodable image"
+    with pytest.raises(RecordError, match=where):
         dataset(corrupt)[2]
 
 
-def test_corrupt_member_is_a_counted_skip(corrupt: str) -> None:
-    ds = dataset(corrupt, on_bad_record="skip")
-    batch = ds.__getitems__(list(range(8)))
-    assert [b["num_skipped"] for b in batch] == [0, 0, 1, 0, 0, 0, 0, 0]
-    assert batch[2]["image_id"] == 3 and "000000002" in batch[2]["skip_reasons"][0]
+def test_corrupt_member_is_a_counted_skip_replaced_from_the_same_shard(corrupt: str) -> None:
+    batch = dataset(corrupt, on_bad_record="skip").__getitems__(list(range(8)))
+    assert [len(b["skipped"]) for b in batch] == [0, 0, 1, 0, 0, 0, 0, 0]
+    (error,) = batch[2]["skipped"]
+    assert (
+        error.sample == "000000002" and error.file.endswith("00000.tar") and error.kind == "undecodable_image"
+    )
+    assert batch[2]["index"] in (0, 1, 3)  # a valid sample of the same (open) shard stands in
 
 
 def truncate(path: Path, keep: float) -> None:
@@ -77,21 +75,21 @@ def test_truncated_shard_skips_its_missing_tail_and_names_it(tmp_path: Path) -> 
     truncate(tmp_path / "00000.tar", 0.5)  # stats still say 10 samples
     ds = dataset(pattern, on_bad_record="skip")
     items = ds.__getitems__(list(range(20)))
-    skipped = sum(i["num_skipped"] > 0 for i in items)
+    skipped = sum(len(i["skipped"]) for i in items)
     assert 4 <= skipped <= 6 and len(items) == 20
-    reasons = " ".join(r for i in items for r in i["skip_reasons"])
+    reasons = " ".join(str(e) for i in items for e in i["skipped"])
     assert "00000.tar" in reasons and ("truncated" in reasons or "corrupt" in reasons)
-    with pytest.raises(RecordError, match=r"00000\.tar:10.*shard is truncated"):
+    with pytest.raises(RecordError, match=r"00000\.tar \[sample #10\]: shard is truncated"):
         dataset(pattern)[9]
 
 
 def test_not_a_tar_is_a_skip_or_an_error_naming_the_shard(tmp_path: Path) -> None:
     pattern = uneven_shards(tmp_path, sizes=(3, 3))
     (tmp_path / "00000.tar").write_bytes(b"")  # an empty object left by a failed upload
-    with pytest.raises(RecordError, match=r"00000\.tar.*truncated or not a tar"):
+    with pytest.raises(RecordError, match=r"00000\.tar \[sample #1\]: .*truncated or not a tar"):
         dataset(pattern)[0]
     items = dataset(pattern, on_bad_record="skip").__getitems__([0, 1, 2])
-    assert all(i["image_id"] >= 3 and i["num_skipped"] >= 1 for i in items)
+    assert all(i["image_id"] >= 3 and len(i["skipped"]) == 1 for i in items)  # from the next shard
 
 
 def test_missing_shard_is_an_error_also_under_skip(tmp_path: Path) -> None:

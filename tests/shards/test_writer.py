@@ -10,11 +10,13 @@ import pytest
 import torch
 
 from mm_lightning.data.dataset import ImageTextDataset
-from mm_lightning.data.records import JsonlIndex, RecordError, RecordParser
+from mm_lightning.data.records import RecordError
+from mm_lightning.data.samples import SampleBuilder
 from mm_lightning.data.shard_writer import write_shards
-from mm_lightning.data.sources.shards import ShardDataset, list_shards
+from mm_lightning.data.sources.jsonl import JsonlIndex, RecordParser
 from mm_lightning.data.transforms import eval_transform
 from tests.data.helpers import coco_style, save_image, write_jsonl
+from tests.shards.helpers import shard_dataset
 
 
 def parser(file: Path) -> RecordParser:
@@ -35,10 +37,10 @@ def test_layout_and_same_samples_as_the_jsonl_path(tmp_path: Path) -> None:
     stats = json.loads((tmp_path / "out" / "00002_stats.json").read_text())
     assert stats["count"] == stats["successes"] == 1 and stats["status_dict"] == {"success": 1}
 
-    shards = ShardDataset(
-        list_shards(str(tmp_path / "out" / "shards.json")), eval_transform(32), caption_sampling="all"
+    shards = shard_dataset(str(tmp_path / "out" / "shards.json"), eval_transform(32), caption_sampling="all")
+    jsonl = ImageTextDataset(
+        JsonlIndex(parser(file)), SampleBuilder(eval_transform(32)), caption_sampling="all"
     )
-    jsonl = ImageTextDataset(JsonlIndex(parser(file)), eval_transform(32), caption_sampling="all")
     assert len(shards) == len(jsonl) == 14
     for i in range(14):
         a, b = shards[i], jsonl[i]
@@ -89,6 +91,7 @@ def test_reencode_as_jpeg(tmp_path: Path) -> None:
     save_image(root / "a.png")
     file = write_jsonl(root / "s.jsonl", [{"image": "a.png", "text": "a png"}])
     write_shards(parser(file), str(tmp_path / "out"), image_format="jpg", workers=1, progress=False)
-    ds = ShardDataset(list_shards(str(tmp_path / "out" / "{00000..00000}.tar")), eval_transform(32))
-    raw, _ = ds._raw(0)
-    assert ".jpg" in raw and ".png" not in raw and ds[0]["image"].shape == (3, 32, 32)
+    ds = shard_dataset(str(tmp_path / "out" / "{00000..00000}.tar"), eval_transform(32))
+    record = ds.record(0)
+    assert record.image_name.endswith(".jpg") and record.image[:2] == b"\xff\xd8"  # a JPEG now
+    assert ds[0]["image"].shape == (3, 32, 32)

@@ -18,13 +18,11 @@ skipping the indices it already yielded, and memory is O(shards + ``shuffle_shar
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 from torch.utils.data import Dataset, DistributedSampler
 
 MIX_BLOCK = 4096  # interleaving decisions drawn per block (vectorized, O(block) memory)
@@ -194,8 +192,9 @@ class _Chunked:
 class MixedDataset(Dataset):
     """Several datasets as one index space (source ``s`` owns ``[offsets[s], offsets[s + 1])``).
 
-    Batches are loaded with one seed derived from the batch's indices, as each source's own ``__getitems__``
-    does, so augmentation replays exactly after a resume. Image ids are made unique across sources.
+    A batch is split by source and each part loaded by its source's ``__getitems__`` (its own per-batch seeding
+    and bad-record policy); ``index`` is shifted into the mixed space and image ids are made unique across
+    sources.
 
     Args:
         datasets: map-style datasets yielding the project's sample dicts.
@@ -211,7 +210,6 @@ class MixedDataset(Dataset):
         self.id_offsets = np.concatenate([[0], np.cumsum([_id_span(d) for d in self.datasets])]).astype(
             np.int64
         )
-        self.seed = getattr(self.datasets[0], "seed", 0) if self.datasets else 0
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
@@ -219,18 +217,27 @@ class MixedDataset(Dataset):
     def source_of(self, index: int) -> int:
         return int(np.searchsorted(self.offsets, index, side="right")) - 1
 
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        s = self.source_of(index)
-        sample = self.datasets[s][index - int(self.offsets[s])]
-        sample["image_id"] = int(sample["image_id"]) + int(self.id_offsets[s])
-        sample["index"] = index
-        return sample
-
     def __getitems__(self, indices: list[int]) -> list[dict[str, Any]]:
-        seed = zlib.crc32(np.asarray(indices, dtype=np.int64).tobytes(), int(self.seed) & 0xFFFFFFFF)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            return [self[i] for i in indices]
+        out: list[dict[str, Any]] = [{} for _ in indices]
+        by_source: dict[int, list[int]] = {}
+        for n, index in enumerate(indices):
+            by_source.setdefault(self.source_of(index), []).append(n)
+        for s, positions in by_source.items():
+            base, dataset = int(self.offsets[s]), self.datasets[s]
+            local = [indices[n] - base for n in positions]
+            samples = (
+                dataset.__getitems__(local)
+                if hasattr(dataset, "__getitems__")
+                else [dataset[i] for i in local]
+            )
+            for n, sample in zip(positions, samples, strict=True):
+                sample["index"] = int(sample["index"]) + base  # a replacement keeps its own index
+                sample["image_id"] = int(sample["image_id"]) + int(self.id_offsets[s])
+                out[n] = sample
+        return out
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.__getitems__([index])[0]
 
 
 def _id_span(dataset: Dataset) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +23,16 @@ from typing_extensions import override
 from mm_lightning.data.datamodule import MultimodalDataModule, Split
 from mm_lightning.data.dataset import ImageTextDataset
 from mm_lightning.data.demo import generate_demo_dataset
-from mm_lightning.data.records import JsonlIndex, RecordParser, SkipLog
+from mm_lightning.data.samples import BadRecordPolicy, SampleBuilder
 from mm_lightning.data.shard_writer import DESCRIPTOR, write_shards
+from mm_lightning.data.skips import SkipLog
+from mm_lightning.data.sources.decode import decode_image_bytes
+from mm_lightning.data.sources.jsonl import JsonlIndex, RecordParser
 from mm_lightning.data.sources.mixing import MixedDataset, ShardOrderSampler, SourcePlan
-from mm_lightning.data.sources.shards import ShardDataset, list_shards
+from mm_lightning.data.sources.shard_dataset import ShardDataset
+from mm_lightning.data.sources.shards import list_shards
 from mm_lightning.data.transforms import eval_transform, train_transform
+from mm_lightning.seeding import global_seed
 
 ShardSpec = str | list[str]
 
@@ -93,36 +99,52 @@ class ShardDataModule(MultimodalDataModule):
         }
         self.sources = [s if isinstance(s, Source) else Source(**s) for s in sources or []]
 
-    def _shard_dataset(self, spec: ShardSpec, train: bool) -> ShardDataset:
+    def _builder(self, train: bool, confine_root: str | None = None) -> SampleBuilder:
+        """The JSONL path's record -> sample step, with a bytes decoder for shard members."""
         hp = self.hparams
         scale_min = hp.train_scale[0] if train else 1.0
-        return ShardDataset(
-            list_shards(spec, hp.storage_options, hp.cache_dir),
+        # Reduced JPEG decoding only down to a size the crop never has to upsample from.
+        min_side = int(hp.image_size / scale_min**0.5) + 1 if hp.reduced_decode else None
+        transform = (
             train_transform(hp.image_size, tuple(hp.train_scale), hp.horizontal_flip)
             if train
-            else eval_transform(hp.image_size),
+            else eval_transform(hp.image_size)
+        )
+        decode = partial(decode_image_bytes, max_pixels=hp.max_image_pixels, min_side=min_side)
+        return SampleBuilder(transform, hp.max_image_pixels, min_side, confine_root, decode_bytes=decode)
+
+    def _policy(self) -> BadRecordPolicy:
+        return BadRecordPolicy(self.hparams.on_bad_record, self.hparams.max_replacements, global_seed())
+
+    def _shard_dataset(self, spec: ShardSpec, split: str) -> ShardDataset:
+        hp = self.hparams
+        train = split == "train"
+        dataset = ShardDataset(
+            list_shards(spec, hp.storage_options, hp.cache_dir),
+            self._builder(train),
             text_key=hp.text_key,
             caption_sampling=hp.caption_sampling if train else "all",
-            on_bad_record=hp.on_bad_record,
-            max_pixels=hp.max_image_pixels,
-            min_side=int(hp.image_size / scale_min**0.5) + 1 if hp.reduced_decode else None,
+            policy=self._policy(),
             storage_options=hp.storage_options,
             cache_dir=hp.cache_dir,
             open_shards=max(hp.open_shards, hp.shuffle_shards + 2),
         )
+        if len(dataset) == 0:
+            raise ValueError(f"{split} shards {spec!r}: 0 samples listed; there is nothing to read.")
+        return dataset
 
     def _jsonl_dataset(self, file: str, image_root: str | None) -> ImageTextDataset:
         hp = self.hparams
         root = image_root or hp.image_root or os.path.dirname(os.path.abspath(file))
-        index = JsonlIndex(
-            RecordParser(file, hp.image_key, hp.text_key, root, hp.confine_to_root), hp.on_bad_record
-        )
+        parser = RecordParser(file, hp.image_key, hp.text_key, root, hp.confine_to_root)
+        index = JsonlIndex(parser, hp.on_bad_record)
+        if index.num_captions == 0:
+            raise ValueError(f"training source {file}: 0 valid records")
         return ImageTextDataset(
             index,
-            train_transform(hp.image_size, tuple(hp.train_scale), hp.horizontal_flip),
+            self._builder(True, parser.confine_root),
             caption_sampling=hp.caption_sampling,
-            on_bad_record=hp.on_bad_record,
-            max_pixels=hp.max_image_pixels,
+            policy=self._policy(),
         )
 
     def _train_mix(self) -> MixedDataset | None:
@@ -132,12 +154,12 @@ class ShardDataModule(MultimodalDataModule):
                 if (source.shards is None) == (source.file is None):
                     raise ValueError(f"a source needs exactly one of 'shards' or 'file': {source}")
                 if source.shards is not None:
-                    parts.append(self._shard_dataset(source.shards, train=True))
+                    parts.append(self._shard_dataset(source.shards, "train"))
                 else:
                     parts.append(self._jsonl_dataset(source.file, source.image_root))  # type: ignore[arg-type]
             return MixedDataset(parts, [str(s.shards or s.file) for s in self.sources])
         if self.shard_specs["train"] is not None:
-            return MixedDataset([self._shard_dataset(self.shard_specs["train"], train=True)])
+            return MixedDataset([self._shard_dataset(self.shard_specs["train"], "train")])
         return None
 
     @override
@@ -147,7 +169,7 @@ class ShardDataModule(MultimodalDataModule):
             if mix is not None:
                 return mix
         elif self.shard_specs[split] is not None:
-            return self._shard_dataset(self.shard_specs[split], train=False)  # type: ignore[arg-type]
+            return self._shard_dataset(self.shard_specs[split], split)  # type: ignore[arg-type]
         return super().build_dataset(split)
 
     @override
@@ -163,13 +185,11 @@ class ShardDataModule(MultimodalDataModule):
     @override
     def index_skips(self) -> SkipLog:
         log = SkipLog()
-        for ds in self.datasets.values():
-            parts = ds.datasets if isinstance(ds, MixedDataset) else [ds]
-            for part in parts:
-                index = getattr(part, "index", None)
+        for split, ds in self.datasets.items():
+            for part in ds.datasets if isinstance(ds, MixedDataset) else [ds]:
+                index = getattr(part, "index", None)  # JSONL sources drop bad lines while indexing
                 if index is not None:
-                    log.count += index.skips.count
-                    log.first.extend(index.skips.first[: max(0, log.keep - len(log.first))])
+                    log.update(index.skips, split=split)
         return log
 
     def sampler_plans(self, dataset: MixedDataset) -> list[SourcePlan]:
@@ -193,7 +213,7 @@ class ShardDataModule(MultimodalDataModule):
             self.sampler_plans(dataset),
             num_replicas=world,
             rank=rank,
-            seed=int(os.getenv("PL_GLOBAL_SEED", "0")),
+            seed=global_seed(),
             shuffle_shards=self.hparams.shuffle_shards,
             epoch_samples=self.hparams.epoch_samples,
         )
