@@ -1,14 +1,14 @@
 """JSONL + image files -> WebDataset shards in img2dataset's layout (``python -m mm_lightning shard``).
 
-    python -m mm_lightning shard --config configs/base.yaml --out shards/ --samples_per_shard 10000
+    python -m mm_lightning shard --config configs/base.yaml --shard.out shards/ --shard.samples_per_shard 10000
 
 For each split of the config's ``data`` section this writes ``<out>/<split>/00000.tar ...`` (members
 ``{key}.jpg|png|...``, ``{key}.txt`` = first caption, ``{key}.json`` = ``{"key", "text": [captions], "line",
 "image"}``), ``00000_stats.json`` per shard (img2dataset's fields: ``count``, ``successes``, ``failed_to_resize``,
 ``status_dict``, ...) and ``shards.json`` (wids' shard list with sample counts), which training reads directly:
-``--data.train_shards <out>/train/shards.json``. Shards are written in parallel by a process pool (webdataset's
+``--data.init_args.train_shards <out>/train/shards.json``. Shards are written in parallel by a process pool (webdataset's
 ``TarWriter``), each to a temporary name renamed when complete; a rerun keeps every finished shard whose input
-lines are unchanged (resumable). Images are copied byte for byte (``--image_format copy``) or re-encoded as JPEG.
+lines are unchanged (resumable). Images are copied byte for byte (``--shard.image_format copy``) or re-encoded as JPEG.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from PIL import Image
@@ -244,3 +244,57 @@ def _collect(pending: dict[int, Future], results: dict[int, dict[str, Any]], bar
     number = next(iter(pending))
     results[number] = pending.pop(number).result()  # re-raises a worker's RecordError (file, line, reason)
     bar.update(1)
+
+
+@dataclass
+class ShardOptions:
+    """Options of ``python -m mm_lightning shard``.
+
+    Args:
+        out: Output folder; each split goes to ``<out>/<split>/``.
+        samples_per_shard: Records per shard (the last shard of a split may be smaller).
+        splits: Splits of the config's ``data`` section to convert (those without a JSONL file are skipped).
+        image_format: ``copy`` keeps each image's bytes; ``jpg`` re-encodes as JPEG.
+        jpeg_quality: JPEG quality when re-encoding.
+        validate: Decode every image while writing, so bad images never reach a shard.
+        workers: Writer processes (default: every CPU).
+        progress: Show a progress bar.
+    """
+
+    out: str = "shards"
+    samples_per_shard: int = 10000
+    splits: list[str] = field(default_factory=lambda: ["train", "val", "test"])
+    image_format: ImageFormat = "copy"
+    jpeg_quality: int = 95
+    validate: bool = True
+    workers: int | None = None
+    progress: bool = True
+
+
+def shard_datamodule(dm: Any, options: ShardOptions) -> dict[str, ShardSummary]:
+    """Convert every JSONL split of a :class:`~mm_lightning.data.MultimodalDataModule` (``prepare_data`` first,
+    so the demo generates its data) with the datamodule's own parser, image root and ``on_bad_record``."""
+    dm.prepare_data()
+    summaries = {}
+    for split in options.splits:
+        if dm.files.get(split) is None:
+            continue
+        summary = write_shards(
+            dm.record_parser(split),
+            os.path.join(options.out, split),
+            options.samples_per_shard,
+            options.image_format,
+            options.jpeg_quality,
+            options.validate,
+            dm.hparams.max_image_pixels,
+            dm.hparams.on_bad_record,
+            options.workers,
+            options.progress,
+        )
+        summaries[split] = summary
+        print(
+            f"shard: {split}: {summary.samples} samples in {summary.shards} shards ({summary.written} written, "
+            f"{summary.reused} reused), {summary.skipped_lines} bad lines and {summary.failed_images} bad images "
+            f"left out; read it with --data.init_args.{split}_shards {summary.descriptor}"
+        )
+    return summaries

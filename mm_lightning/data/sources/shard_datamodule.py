@@ -99,12 +99,14 @@ class ShardDataModule(MultimodalDataModule):
         }
         self.sources = [s if isinstance(s, Source) else Source(**s) for s in sources or []]
 
-    def _builder(self, train: bool, confine_root: str | None = None) -> SampleBuilder:
+    def _builder(
+        self, train: bool, confine_root: str | None = None, full_size: bool = False
+    ) -> SampleBuilder:
         """The JSONL path's record -> sample step, with a bytes decoder for shard members."""
         hp = self.hparams
         scale_min = hp.train_scale[0] if train else 1.0
         # Reduced JPEG decoding only down to a size the crop never has to upsample from.
-        min_side = int(hp.image_size / scale_min**0.5) + 1 if hp.reduced_decode else None
+        min_side = int(hp.image_size / scale_min**0.5) + 1 if hp.reduced_decode and not full_size else None
         transform = (
             train_transform(hp.image_size, tuple(hp.train_scale), hp.horizontal_flip)
             if train
@@ -132,6 +134,23 @@ class ShardDataModule(MultimodalDataModule):
         if len(dataset) == 0:
             raise ValueError(f"{split} shards {spec!r}: 0 samples listed; there is nothing to read.")
         return dataset
+
+    def audit_shards(self, split: str, workers: int, progress: bool) -> dict[str, Any] | None:
+        """The audit report of ``split`` when it is read from shards (``None`` otherwise): every sample checked
+        as training reads it, at full size, one process per shard."""
+        from mm_lightning.data.audit import _caption_report
+        from mm_lightning.data.sources.shard_audit import audit_shard_split
+
+        hp, spec = self.hparams, self.shard_specs.get(split)
+        if spec is None:
+            return None
+        shards = list_shards(spec, hp.storage_options, hp.cache_dir)
+        dataset = ShardDataset(
+            shards, self._builder(split == "train", full_size=True), hp.text_key, "random", self._policy(),
+            hp.storage_options, hp.cache_dir, open_shards=1,
+        )  # fmt: skip
+        report, captions = audit_shard_split(dataset, spec, workers, progress)
+        return {**report, **_caption_report(captions, hp.tokenizer, hp.max_length)}
 
     def _jsonl_dataset(self, file: str, image_root: str | None) -> ImageTextDataset:
         hp = self.hparams
