@@ -1,6 +1,6 @@
 """JSONL + image files -> WebDataset shards in img2dataset's layout (``python -m mm_lightning shard``).
 
-    python -m mm_lightning shard --config configs/base.yaml --shard.out shards/ --shard.samples_per_shard 10000
+    python -m mm_lightning shard --config configs/base.yaml --out shards/ --samples_per_shard 10000
 
 For each split of the config's ``data`` section this writes ``<out>/<split>/00000.tar ...`` (members
 ``{key}.jpg|png|...``, ``{key}.txt`` = first caption, ``{key}.json`` = ``{"key", "text": [captions], "line",
@@ -8,7 +8,7 @@ For each split of the config's ``data`` section this writes ``<out>/<split>/0000
 ``status_dict``, ...) and ``shards.json`` (wids' shard list with sample counts), which training reads directly:
 ``--data.init_args.train_shards <out>/train/shards.json``. Shards are written in parallel by a process pool (webdataset's
 ``TarWriter``), each to a temporary name renamed when complete; a rerun keeps every finished shard whose input
-lines are unchanged (resumable). Images are copied byte for byte (``--shard.image_format copy``) or re-encoded as JPEG.
+lines are unchanged (resumable). Images are copied byte for byte (``--image_format copy``) or re-encoded as JPEG.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import logging
 import socket
 import threading
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ def s3_server() -> Iterator[str]:
     """moto's S3 server in a thread; yields its endpoint URL."""
     from moto.server import ThreadedMotoServer
 
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()

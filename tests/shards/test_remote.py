@@ -70,6 +70,7 @@ def test_two_processes_train_from_s3_with_uneven_shards_and_validate_over_http(
             "--data.init_args.cache_dir", str(tmp_path / "cache"),
             "--data.init_args.val_shards", f"{base}/val/shards.json",
             "--data.init_args.num_workers", "1",
+            "--data.init_args.batch_size", "32",
             "--trainer.val_check_interval", "1.0",
             "--trainer.limit_val_batches", "2",
             "--trainer.devices", "2",
@@ -81,5 +82,5 @@ def test_two_processes_train_from_s3_with_uneven_shards_and_validate_over_http(
         )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-5000:]
     checkpoint = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
-    # 1032 samples / 2 ranks = 516 each -> 32 full batches of 16 on both ranks (no rank waits for the other).
-    assert checkpoint["global_step"] == 32 and checkpoint["epoch"] == 0
+    # 1032 samples / 2 ranks = 516 each -> 16 full batches of 32 on both ranks (no rank waits for the other).
+    assert checkpoint["global_step"] == 16 and checkpoint["epoch"] == 0

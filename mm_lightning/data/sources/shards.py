@@ -19,6 +19,7 @@ a bounded number at a time per process, and removed again when evicted.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -33,6 +34,7 @@ from typing import Any
 import fsspec
 from braceexpand import braceexpand
 from wids.wids import IndexedTarSamples
+from wids.wids_dl import ULockFile
 from wids.wids_lru import LRUCache
 
 
@@ -117,13 +119,21 @@ def list_shards(
     """
     options = storage_options or {}
     if isinstance(spec, str) and spec.endswith(".json"):
-        descriptor = _read_json(spec, options)
+        try:
+            descriptor = _read_json(spec, options)
+        except ValueError as err:
+            raise ShardError(f"shard list {spec!r} is not valid JSON ({err})") from err
         if descriptor is None:
-            raise ShardError(f"shard list {spec!r} not found")
+            raise ShardError(f"shard list {spec!r} not found", missing=True)
         base = posixpath.dirname(spec)
-        shards = [
-            ShardInfo(_join(base, item["url"]), int(item["nsamples"])) for item in descriptor["shardlist"]
-        ]
+        try:
+            shards = [
+                ShardInfo(_join(base, item["url"]), int(item["nsamples"])) for item in descriptor["shardlist"]
+            ]
+        except (KeyError, TypeError, ValueError) as err:
+            raise ShardError(
+                f"shard list {spec!r}: expected {{'shardlist': [{{'url': ..., 'nsamples': ...}}]}} ({err!r})"
+            ) from err
     else:
         urls = expand_urls(spec)
         if not urls:
@@ -137,7 +147,7 @@ def list_shards(
             if not ok
         ]
     if missing:
-        raise ShardError(f"{len(missing)} shard(s) not found, first: {missing[0]!r}")
+        raise ShardError(f"{len(missing)} shard(s) not found, first: {missing[0]!r}", missing=True)
     return shards
 
 
@@ -148,11 +158,14 @@ def _join(base: str, url: str) -> str:
 
 
 def _info_from_stats(url: str, options: dict[str, Any], cache_dir: str | None) -> ShardInfo:
-    stats = None if url.startswith("pipe:") else _read_json(stats_url(url), options)
-    if stats is not None and "successes" in stats:
-        return ShardInfo(url, int(stats["successes"]))
+    try:
+        stats = None if url.startswith("pipe:") else _read_json(stats_url(url), options)
+    except ValueError:  # an unreadable stats file: count the samples instead
+        stats = None
+    if isinstance(stats, dict) and isinstance(stats.get("successes"), int):
+        return ShardInfo(url, stats["successes"])
     if not url.startswith("pipe:") and not _exists(url, options):
-        raise ShardError(f"shard {url!r} not found")
+        raise ShardError(f"shard {url!r} not found", missing=True)
     cache = ShardCache(options, cache_dir, capacity=1)
     return ShardInfo(url, len(cache.get(url)))
 
@@ -213,16 +226,22 @@ class ShardCache:
         os.makedirs(self.cache_dir, exist_ok=True)
         name = hashlib.blake2b(url.encode(), digest_size=12).hexdigest() + ".tar"
         local = os.path.join(self.cache_dir, name)
-        if os.path.exists(local):
-            return local
+        # Workers of a rank reach the same shard at about the same time: one fetches, the others wait for it.
+        with ULockFile(local + ".lock"):
+            if not os.path.exists(local):
+                self._download(url, local)
+        return local
+
+    def _download(self, url: str, local: str) -> None:
         fd, tmp = tempfile.mkstemp(prefix=".fetch-", dir=self.cache_dir)
         try:
             with os.fdopen(fd, "wb") as out:
                 if url.startswith("pipe:"):
                     done = subprocess.run(url[5:], shell=True, stdout=out, stderr=subprocess.PIPE)
                     if done.returncode:
-                        raise ShardError(
-                            f"shard {url!r}: command exited {done.returncode}: {done.stderr.decode()[-500:]}"
+                        raise ShardError(  # no tar to read: as final as a missing shard
+                            f"shard {url!r}: command exited {done.returncode}: {done.stderr.decode()[-500:]}",
+                            missing=True,
                         )
                 else:
                     with _open(url, self.storage_options) as src:
@@ -234,14 +253,13 @@ class ShardCache:
             if os.path.exists(tmp):
                 os.unlink(tmp)
         self.fetches += 1
-        return local
 
     def _release(self, url: str, shard: IndexedTarSamples) -> None:
         shard.close()
-        if not is_local(url):
-            local = shard.path
-            if local and os.path.exists(local):
-                os.unlink(local)
+        if not is_local(url) and shard.path:
+            # Processes that still map the file keep reading it; the next one to need it fetches it again.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(shard.path)
 
     def __len__(self) -> int:
         return len(self.lru)
