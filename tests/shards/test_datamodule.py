@@ -1,29 +1,15 @@
-"""ShardDataModule through the CLI and in Python: demo shards, weighted mixes of shards and JSONL."""
+"""ShardDataModule in Python: weighted mixes of shards and JSONL, validation from JSONL.
+
+(configs/shards.yaml through the CLI: tests/shards/test_resume.py and test_remote.py.)
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from mm_lightning.data.sources.mixing import MixedDataset
 from mm_lightning.data.sources.shard_datamodule import ShardDataModule, Source
-from mm_lightning.data.sources.shard_dataset import ShardDataset
 from tests.data.helpers import TOKENIZER, coco_style
-from tests.shards.helpers import shard_demo_args, uneven_shards
-
-
-def test_demo_trains_from_generated_shards_through_the_cli(tmp_path: Path) -> None:
-    from mm_lightning.cli import cli_main
-
-    args = shard_demo_args(tmp_path, "--data.init_args.samples_per_shard", "100")
-    cli = cli_main(["fit", *args])
-    dm = cli.datamodule
-    train = dm.datasets["train"]
-    assert isinstance(train, MixedDataset) and isinstance(train.datasets[0], ShardDataset)
-    # 1032 training images in shards of 100: the last one is smaller.
-    assert [s.nsamples for s in train.datasets[0].shards] == [100] * 10 + [32]
-    assert isinstance(dm.datasets["val"], ShardDataset)
-    assert cli.trainer.global_step == 6 and "val/r1_t2i" in cli.trainer.callback_metrics
-    assert (tmp_path / "demo" / "shards" / "train" / "00010_stats.json").exists()
+from tests.shards.helpers import uneven_shards
 
 
 def test_mix_of_shards_and_jsonl_with_weights(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -84,3 +85,9 @@ def test_two_processes_train_from_s3_with_uneven_shards_and_validate_over_http(
     checkpoint = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
     # 1032 samples / 2 ranks = 516 each -> 16 full batches of 32 on both ranks (no rank waits for the other).
     assert checkpoint["global_step"] == 16 and checkpoint["epoch"] == 0
+    assert list(
+        (tmp_path / "checkpoints").glob("best-*.ckpt")
+    )  # val/r1_t2i was computed from the HTTP shards
+    # The demo shards the run trained from are uneven: 300, 300, 300, 132.
+    listing = json.loads((demo / "shards" / "train" / "shards.json").read_text())
+    assert [s["nsamples"] for s in listing["shardlist"]] == [300, 300, 300, 132]
