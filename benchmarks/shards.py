@@ -5,7 +5,8 @@
 Writes ``--images`` JPEGs (COCO-size natural-looking images generated here, or the JPEGs of ``--photos``) with
 captions as JSONL, converts them with ``write_shards`` (images copied as is), serves the shards from a local
 S3 endpoint (moto's server on 127.0.0.1), then times one training epoch of
-  (a) MultimodalDataModule's train loader over the JSONL + image files (the baseline),
+  (a) MultimodalDataModule's train loader over the JSONL + image files (the baseline; every image listed 4
+      times, so an epoch is long enough that worker start-up does not count),
   (b) ShardDataModule over the local shards,
   (c) ShardDataModule over the same shards on the local S3 endpoint (fetched into a cache as read),
 with the same workers, batch size, image size and transforms; rounds alternate a/b/c and the best round of
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -96,6 +98,17 @@ def epoch(dm: MultimodalDataModule, limit: int | None = None) -> tuple[float, in
     return samples / (time.perf_counter() - start), samples, peak
 
 
+def footprint(args: argparse.Namespace) -> None:
+    """Read the same number of batches from ``args.footprint`` with 2 shards open per process and one shard
+    per shuffle window (fewer than either dataset holds): what stays open is bounded by the open shards."""
+    dm = ShardDataModule(
+        train_shards=args.footprint, open_shards=2, shuffle_shards=1, tokenizer=TOKENIZER,
+        batch_size=args.batch_size, num_workers=args.workers, image_size=args.image_size,
+    )  # fmt: skip
+    _, samples, (fds, uss) = epoch(dm, limit=max(4, args.images // args.batch_size))
+    print(samples, fds, f"{uss:.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=400)
@@ -105,7 +118,11 @@ def main() -> None:
     parser.add_argument("--samples-per-shard", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--photos", type=Path, default=None, help="folder of real JPEG photos to use")
+    parser.add_argument("--footprint", default=None, help=argparse.SUPPRESS)  # internal: one measurement
     args = parser.parse_args()
+    if args.footprint is not None:
+        footprint(args)
+        return
     os.environ.update(CREDENTIALS)
     root = Path(tempfile.gettempdir()) / "mm_lightning_bench_shards"
     common = {
@@ -124,31 +141,34 @@ def main() -> None:
             validate=False,
             progress=False,
         )
-    local = str(root / "shards_x1" / "shards.json")
+    # Throughput on the 4x data (every image 4 times): epochs long enough that worker start-up is noise.
+    local = str(root / "shards_x4" / "shards.json")
     speeds: dict[str, list[float]] = {"jsonl": [], "shards_local": [], "shards_s3": []}
     with s3_server() as endpoint:
-        upload(endpoint, "bench", root / "shards_x1", "x1")
+        upload(endpoint, "bench", root / "shards_x4", "x4")
         s3 = {
-            "train_shards": "s3://bench/x1/shards.json",
+            "train_shards": "s3://bench/x4/shards.json",
             "storage_options": {"endpoint_url": endpoint},
             "cache_dir": str(root / "cache"),
         }
         for _ in range(args.rounds):
-            speeds["jsonl"].append(epoch(MultimodalDataModule(train_file=str(files[1]), **common))[0])
+            speeds["jsonl"].append(epoch(MultimodalDataModule(train_file=str(files[4]), **common))[0])
             speeds["shards_local"].append(epoch(ShardDataModule(train_shards=local, **common))[0])
             speeds["shards_s3"].append(epoch(ShardDataModule(**s3, **common))[0])
     best = {k: max(v) for k, v in speeds.items()}
     for name, value in best.items():
         print(f"{name:>13}: {value:7.1f} samples/s (rounds: {', '.join(f'{v:.1f}' for v in speeds[name])})")
 
-    limit = max(4, args.images // args.batch_size)
     flat = {}
     for copies in (1, 4):
-        # 2 shards open per process and one shard per shuffle window: both sizes hold more shards than that,
-        # so what stays in memory is bounded by the open shards, not by the samples.
-        shards = str(root / f"shards_x{copies}" / "shards.json")
-        dm = ShardDataModule(train_shards=shards, open_shards=2, shuffle_shards=1, **common)
-        _, samples, (fds, uss) = epoch(dm, limit=limit)
+        # A fresh process per size (the loader's own footprint, not this process's history).
+        out = subprocess.run(
+            [sys.executable, __file__, "--footprint", str(root / f"shards_x{copies}" / "shards.json"),
+             "--workers", str(args.workers), "--batch-size", str(args.batch_size),
+             "--image-size", str(args.image_size), "--images", str(args.images)],
+            capture_output=True, text=True, check=True,
+        ).stdout.split()  # fmt: skip
+        samples, fds, uss = int(out[-3]), int(out[-2]), float(out[-1])
         flat[copies] = (fds, uss)
         print(
             f"shards x{copies} ({args.images * copies} samples): {samples} read, "
@@ -158,7 +178,8 @@ def main() -> None:
     ratio = best["shards_local"] / best["jsonl"]
     print(
         f"RESULT shards ratio={ratio:.2f} (shard/jsonl samples/s on local disk; s3/jsonl "
-        f"{best['shards_s3'] / best['jsonl']:.2f}; {args.images} {images}, {args.workers} workers, batch "
+        f"{best['shards_s3'] / best['jsonl']:.2f}; {4 * args.images} samples of {args.images} {images}, "
+        f"{args.workers} workers, batch "
         f"{args.batch_size}, {args.image_size} px; open files x1/x4 {flat[1][0]}/{flat[4][0]}, "
         f"USS x1/x4 {flat[1][1]:.0f}/{flat[4][1]:.0f} MiB)"
     )

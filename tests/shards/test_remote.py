@@ -24,7 +24,9 @@ def s3_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv(name, value)
 
 
-def test_s3_http_and_pipe_read_the_same_samples_as_local(tmp_path: Path, s3_env: None) -> None:
+def test_s3_http_and_pipe_read_the_same_samples_as_local(
+    tmp_path: Path, s3_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pattern = uneven_shards(tmp_path / "local", sizes=(4, 2, 3))
     local = shard_dataset(pattern, eval_transform(32), caption_sampling="all")
     expected = [(s["caption"], s["image"]) for s in (local[i] for i in range(len(local)))]
@@ -46,6 +48,8 @@ def test_s3_http_and_pipe_read_the_same_samples_as_local(tmp_path: Path, s3_env:
             assert not [
                 f for f in os.listdir(tmp_path / "cache") if f.endswith(".tar")
             ]  # evicted copies removed
+        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)  # the endpoint from the environment instead
+        assert [s.nsamples for s in list_shards("s3://bucket/data/{00000..00002}.tar")] == [4, 2, 3]
         with pytest.raises(Exception, match="00003.tar"):
             list_shards("s3://bucket/data/{00000..00003}.tar", {"endpoint_url": endpoint})  # flat form
 
