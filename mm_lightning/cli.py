@@ -1,4 +1,4 @@
-"""Command line: ``python -m mm_lightning {fit,validate,test,predict,audit} --config configs/<x>.yaml``.
+"""Command line: ``python -m mm_lightning {fit,validate,test,predict,audit,shard} --config configs/<x>.yaml``.
 
 A ``LightningCLI`` over :class:`~mm_lightning.models.MultimodalModule` and any
 :class:`~mm_lightning.data.MultimodalDataModule` subclass, with the defaults a run needs (TensorBoard, last +
@@ -17,6 +17,7 @@ Examples::
     python -m mm_lightning fit --config configs/base.yaml --config configs/ddp_explicit.yaml --data.batch_size 64
     python -m mm_lightning fit --config configs/demo.yaml --print_config
     python -m mm_lightning audit --config configs/demo.yaml
+    python -m mm_lightning shard --config configs/demo.yaml --out data/demo_shards --samples_per_shard 500
 """
 
 from __future__ import annotations
@@ -157,7 +158,11 @@ class MultimodalCLI(LightningCLI):
     @staticmethod
     @override
     def subcommands() -> dict[str, set[str]]:
-        return {**LightningCLI.subcommands(), "audit": {"model", "datamodule"}}
+        return {
+            **LightningCLI.subcommands(),
+            "audit": {"model", "datamodule"},
+            "shard": {"model", "datamodule"},
+        }
 
     @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -193,12 +198,12 @@ class MultimodalCLI(LightningCLI):
 
     @override
     def instantiate_classes(self) -> None:
-        if self.subcommand != "audit":
+        if self.subcommand not in ("audit", "shard"):
             super().instantiate_classes()
             return
-        # The audit reads the data only: no model (its weights may be remote), no accelerator, no logger.
+        # audit and shard read the data only: no model (its weights may be remote), no accelerator, no logger.
         self.config_init = self.config
-        self.datamodule = instantiate_datamodule(self.config.audit.data)
+        self.datamodule = instantiate_datamodule(self.config[self.subcommand].data)
         self.model = None
         self.trainer = MultimodalTrainer(
             accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False
@@ -208,6 +213,10 @@ class MultimodalCLI(LightningCLI):
         """Runs :meth:`MultimodalTrainer.audit` and keeps its exit status for :func:`main`."""
         # the parsed ``--audit.*`` group (LightningCLI passes a dataclass argument's fields individually)
         self.exit_code = self.trainer.audit(model, datamodule, self.config.audit.audit)
+
+    def shard(self, model: Any, datamodule: Any, **options: Any) -> None:
+        """Runs :meth:`MultimodalTrainer.shard` (JSONL + images -> WebDataset shards)."""
+        self.exit_code = self.trainer.shard(model, datamodule, **options)
 
 
 def cli_main(args: list[str] | None = None, run: bool = True) -> MultimodalCLI:

@@ -72,6 +72,47 @@ class MultimodalTrainer(Trainer):
             rank_zero_info("audit: too many bad records or a split without a valid record: exit status 1")
         return report["exit_code"]
 
+    def shard(
+        self,
+        model: LightningModule | None = None,
+        datamodule: LightningDataModule | None = None,
+        out: str = "shards",
+        samples_per_shard: int = 10000,
+        splits: list[str] | None = None,
+        image_format: str = "copy",
+        jpeg_quality: int = 95,
+        validate: bool = True,
+        workers: int | None = None,
+        progress: bool = True,
+    ) -> int:
+        """Convert the data's JSONL splits into WebDataset shards (img2dataset's layout) under ``out/<split>/``.
+
+        Args:
+            model: Unused (only the data is read).
+            datamodule: The data to convert.
+            out: Output folder.
+            samples_per_shard: Records per shard (the last one of a split may be smaller).
+            splits: Splits to convert (default: train, val, test; those without a file are skipped).
+            image_format: ``copy`` keeps each image's bytes; ``jpg`` re-encodes as JPEG.
+            jpeg_quality: JPEG quality when re-encoding.
+            validate: Decode every image while writing (bad ones never reach a shard).
+            workers: Writer processes (default: every CPU).
+            progress: Show a progress bar.
+
+        Returns:
+            0 (a bad record under ``on_bad_record=raise`` raises, naming file, line and reason).
+        """
+        from mm_lightning.data.shard_writer import ShardOptions, shard_datamodule
+
+        if datamodule is None:
+            raise ValueError("shard needs the data section of a config (--config ... or --data ...).")
+        options = ShardOptions(
+            out, samples_per_shard, splits or ["train", "val", "test"], image_format,  # type: ignore[arg-type]
+            jpeg_quality, validate, workers, progress,
+        )  # fmt: skip
+        shard_datamodule(datamodule, options)
+        return 0
+
 
 def instantiate_datamodule(spec: object) -> LightningDataModule:
     """Build a datamodule from its parsed ``class_path`` / ``init_args`` spec (a jsonargparse Namespace).

@@ -146,7 +146,9 @@ def _image_report(scan: SplitScan, results: dict[str, dict[str, Any]]) -> dict[s
 def audit(dm: MultimodalDataModule, splits: list[str], workers: int, progress: bool) -> dict[str, Any]:
     """Scan ``splits`` of ``dm`` and return the report (a JSON-able dict)."""
     hp = dm.hparams
-    scans = {s: scan_lines(dm, s) for s in splits if dm.files.get(s)}
+    # Splits read from WebDataset shards have their own scan (mm_lightning.data.sources.shard_audit).
+    shard_splits = [s for s in splits if getattr(dm, "shard_specs", {}).get(s) is not None]
+    scans = {s: scan_lines(dm, s) for s in splits if dm.files.get(s) and s not in shard_splits}
     # Each split checks its images with its own builder (its own image_root confinement).
     jobs = sorted({(p, s) for s, scan in scans.items() for p in scan.images})
     with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
@@ -177,6 +179,11 @@ def audit(dm: MultimodalDataModule, splits: list[str], workers: int, progress: b
             **_caption_report(scan.captions, hp.tokenizer, hp.max_length),
         }
         total_records, total_errors = total_records + scan.records, total_errors + errors
+    for split in shard_splits:
+        rep = report["splits"][split] = dm.audit_shards(split, workers, progress)  # type: ignore[attr-defined]
+        total_records, total_errors = total_records + rep["records"], total_errors + rep["errors"]
+        if rep["records"] == rep["errors"]:
+            empty.append(split)
     report["records"], report["errors"] = total_records, total_errors
     report["error_rate"] = total_errors / total_records if total_records else 0.0
     report["splits_without_valid_records"] = empty

@@ -1,0 +1,303 @@
+"""ShardDataModule: train (and evaluate) from WebDataset shards, JSONL files, or a weighted mix of both.
+
+    python -m mm_lightning fit --config configs/base.yaml \\
+        --data.class_path mm_lightning.data.sources.shard_datamodule.ShardDataModule \\
+        --data.init_args.train_shards 's3://bucket/laion/{00000..00127}.tar' \\
+        --data.init_args.storage_options '{"endpoint_url": "http://127.0.0.1:9000"}'
+
+Everything else (decode, transforms, tokenization, multi-caption, ``on_bad_record``) is the JSONL path's.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import DataLoader, Dataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+from typing_extensions import override
+
+from mm_lightning.data.datamodule import MultimodalDataModule, Split
+from mm_lightning.data.dataset import ImageTextDataset
+from mm_lightning.data.demo import generate_demo_dataset
+from mm_lightning.data.samples import BadRecordPolicy, SampleBuilder
+from mm_lightning.data.shard_writer import DESCRIPTOR, write_shards
+from mm_lightning.data.skips import SkipLog
+from mm_lightning.data.sources.decode import decode_image_bytes
+from mm_lightning.data.sources.jsonl import JsonlIndex, RecordParser
+from mm_lightning.data.sources.mixing import MixedDataset, ShardOrderSampler, SourcePlan
+from mm_lightning.data.sources.shard_dataset import ShardDataset
+from mm_lightning.data.sources.shards import list_shards
+from mm_lightning.data.transforms import eval_transform, train_transform
+from mm_lightning.seeding import global_seed
+
+ShardSpec = str | list[str]
+
+
+@dataclass
+class Source:
+    """One training source of a mix: shards or a JSONL file, with its weight.
+
+    Args:
+        shards: shard pattern/list/descriptor (``a/{00000..00009}.tar``, ``s3://b/x.json``).
+        file: a JSONL file instead (images resolved against ``image_root`` or the file's folder).
+        weight: upsampling per epoch: 2.0 = each item twice, 0.5 = half of them (a different half each
+            epoch); with ``epoch_samples``, the source's share is ``weight * size`` over the total.
+        image_root: image folder of a JSONL source.
+    """
+
+    shards: ShardSpec | None = None
+    file: str | None = None
+    weight: float = 1.0
+    image_root: str | None = None
+
+
+class ShardDataModule(MultimodalDataModule):
+    """:class:`MultimodalDataModule` whose splits can come from WebDataset shards (img2dataset's layout).
+
+    Args:
+        train_shards: training shards (pattern, list or ``shards.json`` descriptor); local, ``http(s)://``,
+            ``s3://``, any fsspec URL, or ``pipe:<command>``.
+        val_shards: validation shards (every caption is a query, like the JSONL path).
+        test_shards: test shards.
+        predict_shards: prediction shards.
+        sources: a weighted training mix (replaces ``train_shards``/``train_file``), e.g.
+            ``[{"shards": "laion/{0..9}.tar", "weight": 1}, {"file": "coco.jsonl", "weight": 3}]``.
+        storage_options: fsspec options for remote shards (``{"endpoint_url": ...}``, credentials, ...).
+            S3 also reads the usual ``AWS_*`` environment variables, ``AWS_ENDPOINT_URL`` included.
+        cache_dir: local folder remote shards are fetched to (each is deleted when evicted).
+        shuffle_shards: training shards whose samples are shuffled together (more: better mixing, more open).
+        open_shards: shards kept open per loader process.
+        epoch_samples: fixed samples per epoch (all ranks), drawn by weight with resampling; ``None``: an epoch
+            is one weighted pass over the sources.
+        **kwargs: every :class:`MultimodalDataModule` argument (batch size, workers, JSONL files, ...).
+    """
+
+    def __init__(
+        self,
+        train_shards: ShardSpec | None = None,
+        val_shards: ShardSpec | None = None,
+        test_shards: ShardSpec | None = None,
+        predict_shards: ShardSpec | None = None,
+        sources: list[Source] | None = None,
+        storage_options: dict[str, Any] | None = None,
+        cache_dir: str | None = None,
+        shuffle_shards: int = 4,
+        open_shards: int = 8,
+        epoch_samples: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.shard_specs: dict[str, ShardSpec | None] = {
+            "train": train_shards,
+            "val": val_shards,
+            "test": test_shards,
+            "predict": predict_shards,
+        }
+        self.sources = [s if isinstance(s, Source) else Source(**s) for s in sources or []]
+
+    def _builder(
+        self, train: bool, confine_root: str | None = None, full_size: bool = False
+    ) -> SampleBuilder:
+        """The JSONL path's record -> sample step, with a bytes decoder for shard members."""
+        hp = self.hparams
+        scale_min = hp.train_scale[0] if train else 1.0
+        # Reduced JPEG decoding only down to a size the crop never has to upsample from.
+        min_side = int(hp.image_size / scale_min**0.5) + 1 if hp.reduced_decode and not full_size else None
+        transform = (
+            train_transform(hp.image_size, tuple(hp.train_scale), hp.horizontal_flip)
+            if train
+            else eval_transform(hp.image_size)
+        )
+        decode = partial(decode_image_bytes, max_pixels=hp.max_image_pixels, min_side=min_side)
+        return SampleBuilder(transform, hp.max_image_pixels, min_side, confine_root, decode_bytes=decode)
+
+    def _policy(self) -> BadRecordPolicy:
+        return BadRecordPolicy(self.hparams.on_bad_record, self.hparams.max_replacements, global_seed())
+
+    def _shard_dataset(self, spec: ShardSpec, split: str) -> ShardDataset:
+        hp = self.hparams
+        train = split == "train"
+        dataset = ShardDataset(
+            list_shards(spec, hp.storage_options, hp.cache_dir),
+            self._builder(train),
+            text_key=hp.text_key,
+            caption_sampling=hp.caption_sampling if train else "all",
+            policy=self._policy(),
+            storage_options=hp.storage_options,
+            cache_dir=hp.cache_dir,
+            open_shards=max(hp.open_shards, hp.shuffle_shards + 2),
+        )
+        if len(dataset) == 0:
+            raise ValueError(f"{split} shards {spec!r}: 0 samples listed; there is nothing to read.")
+        return dataset
+
+    def audit_shards(self, split: str, workers: int, progress: bool) -> dict[str, Any] | None:
+        """The audit report of ``split`` when it is read from shards (``None`` otherwise): every sample checked
+        as training reads it, at full size, one process per shard."""
+        from mm_lightning.data.audit import _caption_report
+        from mm_lightning.data.sources.shard_audit import audit_shard_split
+
+        hp, spec = self.hparams, self.shard_specs.get(split)
+        if spec is None:
+            return None
+        shards = list_shards(spec, hp.storage_options, hp.cache_dir)
+        dataset = ShardDataset(
+            shards, self._builder(split == "train", full_size=True), hp.text_key, "random", self._policy(),
+            hp.storage_options, hp.cache_dir, open_shards=1,
+        )  # fmt: skip
+        report, captions = audit_shard_split(dataset, spec, workers, progress)
+        return {**report, **_caption_report(captions, hp.tokenizer, hp.max_length)}
+
+    def _jsonl_dataset(self, file: str, image_root: str | None) -> ImageTextDataset:
+        hp = self.hparams
+        root = image_root or hp.image_root or os.path.dirname(os.path.abspath(file))
+        parser = RecordParser(file, hp.image_key, hp.text_key, root, hp.confine_to_root)
+        index = JsonlIndex(parser, hp.on_bad_record)
+        if index.num_captions == 0:
+            raise ValueError(f"training source {file}: 0 valid records")
+        return ImageTextDataset(
+            index,
+            self._builder(True, parser.confine_root),
+            caption_sampling=hp.caption_sampling,
+            policy=self._policy(),
+        )
+
+    def _train_mix(self) -> MixedDataset | None:
+        if self.sources:
+            parts: list[Dataset] = []
+            for source in self.sources:
+                if (source.shards is None) == (source.file is None):
+                    raise ValueError(f"a source needs exactly one of 'shards' or 'file': {source}")
+                if source.shards is not None:
+                    parts.append(self._shard_dataset(source.shards, "train"))
+                else:
+                    parts.append(self._jsonl_dataset(source.file, source.image_root))  # type: ignore[arg-type]
+            return MixedDataset(parts, [str(s.shards or s.file) for s in self.sources])
+        if self.shard_specs["train"] is not None:
+            return MixedDataset([self._shard_dataset(self.shard_specs["train"], "train")])
+        return None
+
+    @override
+    def build_dataset(self, split: Split) -> Dataset:  # type: ignore[override]
+        if split == "train":
+            mix = self._train_mix()
+            if mix is not None:
+                return mix
+        elif self.shard_specs[split] is not None:
+            return self._shard_dataset(self.shard_specs[split], split)  # type: ignore[arg-type]
+        return super().build_dataset(split)
+
+    @override
+    def setup(self, stage: str) -> None:
+        wanted = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",)}
+        for split in wanted.get(stage, ()):
+            has_data = self.files[split] is not None or self.shard_specs[split] is not None
+            has_data = has_data or (split == "train" and bool(self.sources))
+            if has_data and split not in self.datasets:
+                self.datasets[split] = self.build_dataset(split)  # type: ignore[arg-type]
+
+    @property
+    @override
+    def index_skips(self) -> SkipLog:
+        log = SkipLog()
+        for split, ds in self.datasets.items():
+            for part in ds.datasets if isinstance(ds, MixedDataset) else [ds]:
+                index = getattr(part, "index", None)  # JSONL sources drop bad lines while indexing
+                if index is not None:
+                    log.update(index.skips, split=split)
+        return log
+
+    def sampler_plans(self, dataset: MixedDataset) -> list[SourcePlan]:
+        weights = [s.weight for s in self.sources] or [1.0]
+        plans = []
+        for s, (part, weight) in enumerate(zip(dataset.datasets, weights, strict=True)):
+            offset = int(dataset.offsets[s])
+            if isinstance(part, ShardDataset):
+                plans.append(SourcePlan(tuple(part.item_counts()), weight, offset, locality=True))
+            else:
+                plans.append(SourcePlan((len(part),), weight, offset, locality=False))  # type: ignore[arg-type]
+        return plans
+
+    @override
+    def train_dataloader(self) -> StatefulDataLoader:
+        dataset = self._dataset("train")
+        if not isinstance(dataset, MixedDataset):
+            return super().train_dataloader()
+        world, rank = self._rank_info()
+        sampler = ShardOrderSampler(
+            self.sampler_plans(dataset),
+            num_replicas=world,
+            rank=rank,
+            seed=global_seed(),
+            shuffle_shards=self.hparams.shuffle_shards,
+            epoch_samples=self.hparams.epoch_samples,
+        )
+        # Every rank's sampler has the same length, so drop_last gives every rank the same number of batches.
+        return StatefulDataLoader(dataset, sampler=sampler, drop_last=True, **self._loader_kwargs())
+
+    @override
+    def val_dataloader(self) -> DataLoader | list:
+        if self.files["val"] is None and self.shard_specs["val"] is None:
+            return []
+        return DataLoader(self._dataset("val"), shuffle=False, **self._loader_kwargs())
+
+
+class DemoShardDataModule(ShardDataModule):
+    """The synthetic demo, converted to shards on first use (``<data_dir>/shards/<split>/``) and read from them.
+
+    Args:
+        data_dir: cache folder of the generated demo (JSONL + PNG) and its shards.
+        render_size: side of the generated images.
+        train_renders: renders of each training attribute combination.
+        num_val: validation images.
+        num_test: test images.
+        demo_seed: seed of the generator.
+        samples_per_shard: shard size (the demo's last training shard is smaller: shards are uneven).
+        **kwargs: any :class:`ShardDataModule` argument.
+    """
+
+    def __init__(
+        self,
+        data_dir: str = "data/demo",
+        render_size: int = 64,
+        train_renders: int = 4,
+        num_val: int = 150,
+        num_test: int = 150,
+        demo_seed: int = 0,
+        samples_per_shard: int = 500,
+        **kwargs: Any,
+    ) -> None:
+        shards = Path(data_dir) / "shards"
+        for split in ("train", "val", "test"):
+            if kwargs.get(f"{split}_shards") is None:  # the CLI passes every argument, unset ones as None
+                kwargs[f"{split}_shards"] = str(shards / split / DESCRIPTOR)
+        super().__init__(**kwargs)
+        self.data_dir, self.samples_per_shard = Path(data_dir), samples_per_shard
+        self.generator_args = {
+            "image_size": render_size,
+            "train_renders": train_renders,
+            "num_val": num_val,
+            "num_test": num_test,
+            "seed": demo_seed,
+        }
+
+    @override
+    def prepare_data(self) -> None:
+        generate_demo_dataset(self.data_dir, **self.generator_args)
+        hp = self.hparams
+        for split in ("train", "val", "test"):
+            parser = RecordParser(
+                str(self.data_dir / f"{split}.jsonl"), hp.image_key, hp.text_key, str(self.data_dir), False
+            )
+            # Resumable and fingerprinted: a rerun reuses finished shards; new demo data rewrites them.
+            write_shards(
+                parser,
+                str(self.data_dir / "shards" / split),
+                self.samples_per_shard,
+                workers=1,
+                progress=False,
+            )

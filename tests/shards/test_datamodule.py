@@ -1,0 +1,33 @@
+"""ShardDataModule in Python: weighted mixes of shards and JSONL, validation from JSONL.
+
+(configs/shards.yaml through the CLI: tests/shards/test_resume.py and test_remote.py.)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mm_lightning.data.sources.shard_datamodule import ShardDataModule, Source
+from tests.data.helpers import TOKENIZER, coco_style
+from tests.shards.helpers import uneven_shards
+
+
+def test_mix_of_shards_and_jsonl_with_weights(tmp_path: Path) -> None:
+    pattern = uneven_shards(tmp_path / "shards", sizes=(5, 3))
+    jsonl = coco_style(tmp_path / "coco", num_images=4, captions_per_image=2)
+    dm = ShardDataModule(
+        sources=[Source(shards=pattern, weight=2.0), Source(file=str(jsonl), weight=1.0)],
+        val_file=str(jsonl),
+        tokenizer=TOKENIZER,
+        image_size=32,
+        batch_size=4,
+    )
+    dm.setup("fit")
+    batches = list(dm.train_dataloader())
+    assert len(batches) == (2 * 8 + 4) // 4
+    indices = [i for b in batches for i in b["index"].tolist()]
+    assert sum(i < 8 for i in indices) == 16 and sum(i >= 8 for i in indices) == 4
+    ids = {i: int(b["image_id"][k]) for b in batches for k, i in enumerate(b["index"].tolist())}
+    assert all(ids[i] >= 8 for i in indices if i >= 8)  # JSONL image ids shifted past the shards'
+    val = next(iter(dm.val_dataloader()))
+    assert val["image"].shape == (4, 3, 32, 32)  # validation from JSONL while training from shards

@@ -1,0 +1,85 @@
+"""Exact mid-epoch resume from shards through the real CLI: SIGKILL a ``fit`` on demo shards, resume it with
+``--ckpt_path last``; the final weights equal an uninterrupted run's (the sampler's position, in the
+checkpoint, makes the resumed run read exactly the samples it had not seen; test_sampler.py holds the
+loader-level control: a loader without that state starts the epoch over)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from mm_lightning.data.sources.shard_datamodule import DemoShardDataModule
+from tests.conftest import REPO
+from tests.shards.helpers import shard_demo_args
+
+MAX_STEPS = 8  # 1032 samples in shards of 100, batch 16: 64 batches per epoch, every checkpoint is mid-epoch
+
+
+def cli_args(demo: Path, run: Path, *extra: str) -> list[str]:
+    args = shard_demo_args(run, max_steps=MAX_STEPS)
+    args[args.index("--data.init_args.data_dir") + 1] = str(demo)
+    return [
+        sys.executable, "-m", "mm_lightning", "fit", *args,
+        "--data.init_args.samples_per_shard", "100",
+        "--data.init_args.num_workers", "1",
+        "--data.init_args.shuffle_shards", "2",
+        "--trainer.deterministic", "true",
+        "--trainer.limit_val_batches", "0",  # last.ckpt is written every 2 steps without validation
+        "--checkpoint.every_n_train_steps", "2",
+        *extra,
+    ]  # fmt: skip
+
+
+def last_step(checkpoint_dir: Path) -> int:
+    path = checkpoint_dir / "last.ckpt"
+    try:
+        return torch.load(path, weights_only=True)["global_step"] if path.exists() else -1
+    except (RuntimeError, EOFError):  # being replaced right now
+        return -1
+
+
+def final_state(run: Path) -> dict[str, torch.Tensor]:
+    checkpoint = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["global_step"] == MAX_STEPS
+    return checkpoint["state_dict"]
+
+
+def finish(process: subprocess.Popen) -> None:
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 0, out[-2000:] + err[-5000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_sigkill_mid_epoch_then_resume_reads_exactly_the_unseen_shard_samples(tmp_path: Path) -> None:
+    demo = tmp_path / "demo"
+    generator = {"render_size": 32, "train_renders": 1, "num_val": 24, "num_test": 24}
+    DemoShardDataModule(str(demo), samples_per_shard=100, **generator).prepare_data()  # shared by the runs
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    popen = {"cwd": REPO, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    uninterrupted = subprocess.Popen(cli_args(demo, full), **popen)  # runs alongside the killed one
+    process = subprocess.Popen(
+        cli_args(demo, killed), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=REPO
+    )
+    deadline = time.monotonic() + 300
+    while last_step(killed / "checkpoints") < 2:
+        assert process.poll() is None, process.stderr.read()[-5000:]  # type: ignore[union-attr]
+        assert time.monotonic() < deadline, "no checkpoint at step 2 within 300 s"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+    killed_at = last_step(killed / "checkpoints")
+    assert 2 <= killed_at < MAX_STEPS
+
+    finish(subprocess.Popen(cli_args(demo, killed, "--ckpt_path", "last"), **popen))
+    finish(uninterrupted)
+    expected, resumed = final_state(full), final_state(killed)
+    assert resumed.keys() == expected.keys()
+    worst = max((resumed[k].double() - expected[k].double()).abs().max().item() for k in expected)
+    assert worst <= 1e-6, f"resumed from step {killed_at}: max parameter difference {worst:.3g}"
