@@ -76,7 +76,7 @@ class MultimodalDataModule(pl.LightningDataModule):
             copy (``on_after_batch_transfer``; 4x fewer bytes through worker queues, pinned memory and PCIe);
             ``"worker"``: in the collate. ``"auto"``: device when training on an accelerator, workers on CPU
             and outside a Trainer (measured in ``benchmarks/data_pipeline.py``).
-        reduced_decode: let large JPEGs decode at 1/4 or 1/8 size when the crop still needs no upsampling.
+        reduced_decode: let JPEGs decode at 1/2, 1/4 or 1/8 size when the crop still needs no upsampling.
         confine_to_root: reject image paths (absolute, ``..``, links) that leave ``image_root``.
         max_image_pixels: refuse images above this many pixels (decompression bombs); ``None`` disables.
     """
@@ -155,9 +155,15 @@ class MultimodalDataModule(pl.LightningDataModule):
         min_side = int(hp.image_size / scale_min**0.5) + 1 if hp.reduced_decode else None
         return ImageTextDataset(
             self.build_index(split),
-            train_transform(hp.image_size, tuple(hp.train_scale), hp.horizontal_flip)
+            train_transform(
+                hp.image_size,
+                tuple(hp.train_scale),
+                hp.horizontal_flip,
+                hp.reduced_decode,
+                hp.max_image_pixels,
+            )
             if train
-            else eval_transform(hp.image_size),
+            else eval_transform(hp.image_size, hp.reduced_decode, hp.max_image_pixels),
             caption_sampling=hp.caption_sampling if train else "all",
             on_bad_record=hp.on_bad_record,
             max_pixels=hp.max_image_pixels,

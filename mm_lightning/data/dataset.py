@@ -11,8 +11,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from mm_lightning.data.images import DEFAULT_MAX_PIXELS, ImageDecodeError, decode_image_file
+from mm_lightning.data.images import DEFAULT_MAX_PIXELS, ImageDecodeError
 from mm_lightning.data.records import JsonlIndex, RecordError
+from mm_lightning.data.transforms import decode_and_transform
 
 CaptionSampling = Literal["random", "all"]
 
@@ -74,11 +75,11 @@ class ImageTextDataset(Dataset):
         line_no = int(self.index.line_numbers[line])
         self.index.parser.check_confined(record.image, line_no)
         try:
-            image = decode_image_file(record.image, max_pixels=self.max_pixels, min_side=self.min_side)
+            image = decode_and_transform(record.image, self.transform, self.max_pixels, self.min_side)
         except ImageDecodeError as err:
             raise RecordError(self.index.file, line_no, str(err), record.image) from err
         return {
-            "image": self.transform(image),
+            "image": image,
             "caption": record.captions[int(self.index.cap_pos[row])],
             "image_id": int(self.index.image_ids[row]),
             "index": item,
