@@ -30,6 +30,7 @@ import os
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from real_photos import PHOTO_SETS, bits_per_pixel, build, caption, source_photos  # noqa: E402
 
 from mm_lightning.data import MultimodalDataModule  # noqa: E402
+from mm_lightning.data.collate import load_tokenizer  # noqa: E402
 from mm_lightning.data.images import EncodedImage, read_image_bytes  # noqa: E402
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif"}
@@ -70,10 +72,8 @@ class NaiveDataset(Dataset):
     """A naive per-sample pipeline: PIL + Resize((224, 224)) + ToTensor + Normalize + pad-to-512 tokens."""
 
     def __init__(self, jsonl: Path, tokenizer: str) -> None:
-        from transformers import AutoTokenizer
-
         self.rows, self.root = rows_of(jsonl), jsonl.parent
-        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        self.tokenizer = load_tokenizer(tokenizer)
         self.transform = T.Compose(
             [T.Resize((224, 224)), T.ToTensor(), T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])]
         )
@@ -216,7 +216,14 @@ def main() -> None:
         print(f"images: {source}")
     else:
         names = [n for n in args.sets.split(",") if n]
-        sets = {name: build(args.data, PHOTO_SETS[name]) for name in names}
+        with ProcessPoolExecutor(len(names)) as pool:  # first run only: the sets are cached
+            sets = dict(
+                zip(
+                    names,
+                    pool.map(build, [args.data] * len(names), [PHOTO_SETS[n] for n in names]),
+                    strict=True,
+                )
+            )
         print(
             "images: derived from real photographs (" + ", ".join(source_photos()) + "), see real_photos.py"
         )
@@ -225,6 +232,14 @@ def main() -> None:
 
         sets["SYNTHETIC"] = build_synthetic(args.data / "synthetic", 200)
 
+    if args.gpu and args.skip_cpu:
+        from gpu_recipe import gpu_report
+
+        summary, fed = gpu_report(sets, args.batch_size, args.workers)
+        print(
+            f"RESULT data_pipeline_gpu ratio={fed:.2f} (loader-fed / in-memory samples/s, base recipe; {summary})"
+        )
+        return
     per_core: dict[str, dict[str, float]] = {}
     for name, jsonl in sets.items():
         print(f"set {describe(name, jsonl)}", flush=True)
@@ -249,7 +264,9 @@ def main() -> None:
     if args.gpu:
         from gpu_recipe import gpu_report
 
-        extra = "; " + gpu_report(main_jsonl, args.batch_size)
+        extra = "; " + gpu_report(
+            {k: v for k, v in sets.items() if k != "SYNTHETIC"}, args.batch_size, args.workers
+        )
     a, b, c = loaders["naive"], loaders["ours"], loaders["decode_only"]
     print(
         f"RESULT data_pipeline ratio={b / a:.2f} (ours {b:.0f} vs naive {a:.0f} samples/s on {describe(main_name, main_jsonl)}; "

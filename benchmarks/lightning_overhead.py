@@ -148,6 +148,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-attribute", action="store_true", help="skip the per-callback runs")
+    parser.add_argument(
+        "--callbacks", help="comma-separated callback class names to attribute (default: all)"
+    )
     parser.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "mm_lightning_overhead")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -158,7 +161,8 @@ def main() -> None:
     harness = Harness(args.steps, args.data)
     kinds = ["plain", "bare", "default"]
     if not args.no_attribute:
-        kinds += ["logger"] + [f"logger+{name}" for name in harness.callback_names]
+        wanted = args.callbacks.split(",") if args.callbacks else harness.callback_names
+        kinds += ["logger"] + [f"logger+{name}" for name in wanted]
     print(f"default callbacks: {', '.join(harness.callback_names)}", flush=True)
     best: dict[str, tuple[float, float]] = {}  # kind -> (mean, median) ms of the best round
     for r in range(args.rounds):
