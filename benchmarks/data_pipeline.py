@@ -121,6 +121,8 @@ def samples_per_second(loader: DataLoader, min_seconds: float, after: object = N
     """Samples/s over whole passes lasting at least ``min_seconds``, not counting the first batch (start-up)."""
     count, start = 0, None
     while start is None or time.perf_counter() - start < min_seconds:
+        if len(loader) < 2:
+            raise SystemExit(f"{len(loader.dataset)} images make fewer than 2 batches: use more images")
         for batch in loader:
             if after is not None:
                 batch = after(batch)
