@@ -30,8 +30,7 @@ def tiny_demo_args(root: Path, *extra: str, max_steps: int = 6) -> list[str]:
         "--trainer.val_check_interval", "3",
         "--trainer.log_every_n_steps", "1",
         "--trainer.enable_progress_bar", "false",
-        "--trainer.logger.init_args.save_dir", str(root / "logs"),
-        "--checkpoint.dirpath", str(root / "checkpoints"),
+        "--trainer.default_root_dir", str(root),  # logs in root/version_N, checkpoints in root/checkpoints
         "--throughput.window_size", "3",
         *extra,
     ]  # fmt: skip

@@ -60,12 +60,13 @@ def test_strategy_shorthand_and_nested_override(capsys: pytest.CaptureFixture[st
         capsys, "--config", demo, "--config", overlay, "--trainer.strategy.mode", "per_parameter"
     )
     assert config["trainer"]["strategy"]["init_args"]["mode"] == "per_parameter"
+    # nested options need the class (a registry name is a plain string); its short name resolves
     config = _print_config(
         capsys,
         "--config",
         demo,
         "--trainer.strategy",
-        "ddp_explicit",
+        "ExplicitAllReduceDDPStrategy",
         "--trainer.strategy.mode",
         "per_parameter",
     )
@@ -73,3 +74,23 @@ def test_strategy_shorthand_and_nested_override(capsys: pytest.CaptureFixture[st
         config["trainer"]["strategy"]["class_path"] == "mm_lightning.strategies.ExplicitAllReduceDDPStrategy"
     )
     assert config["trainer"]["strategy"]["init_args"]["mode"] == "per_parameter"
+
+
+def test_nested_options_under_a_strategy_name_say_how_to_fix(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--config", str(CONFIGS / "demo.yaml"), "--trainer.strategy", "ddp_explicit"]
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["fit", *args, "--trainer.strategy.mode", "per_parameter", "--print_config"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--trainer.strategy ExplicitAllReduceDDPStrategy --trainer.strategy.mode" in err
+
+
+def test_run_dir_moves_logs_and_checkpoints(capsys: pytest.CaptureFixture[str]) -> None:
+    config = _print_config(
+        capsys, "--config", str(CONFIGS / "demo.yaml"), "--trainer.default_root_dir", "runs/a"
+    )
+    assert config["trainer"]["default_root_dir"] == "runs/a"
+    # linked: derived from the run directory, so not printed
+    assert "dirpath" not in config["checkpoint"]
+    assert "save_dir" not in config["trainer"]["logger"]["init_args"]
+    assert config["trainer"]["plugins"][0]["class_path"] == "mm_lightning.plugins.AtomicCheckpointIO"

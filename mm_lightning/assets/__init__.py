@@ -3,6 +3,9 @@
 ``resolve_pretrained`` is the single place where a built-in model name becomes a local directory; every
 ``from_pretrained`` call in the project passes its name through it, so built-in names work offline anywhere
 (a relative path in a config would only work from the repository root).
+
+This package is a leaf: it imports nothing from the rest of ``mm_lightning``. The demo text encoder's files are
+written by :func:`mm_lightning.data.demo.build_demo_bert`.
 """
 
 from __future__ import annotations
@@ -18,30 +21,3 @@ def resolve_pretrained(name_or_path: str) -> str:
     """Map a built-in name (e.g. ``"mm-lightning/demo-bert"``) to its local directory; return others unchanged."""
     builtin = BUILTIN.get(name_or_path)
     return str(builtin) if builtin is not None else name_or_path
-
-
-def build_demo_bert(out_dir: str | Path) -> Path:
-    """Write the demo text encoder directory: a tiny BERT ``config.json`` and a WordPiece tokenizer.
-
-    The vocabulary is the demo captions' word list, so demo captions never hit ``[UNK]``. There are no weights:
-    the demo builds the encoder from this config (``text_pretrained: false``). The committed copy under
-    ``mm_lightning/assets/demo-bert`` was written by this function; ``tests/test_demo_data.py`` checks they agree.
-    """
-    from transformers import BertConfig, BertTokenizerFast
-
-    from mm_lightning.data.demo import demo_words
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ",", ".", *demo_words()]
-    tokenizer = BertTokenizerFast(vocab={token: i for i, token in enumerate(vocab)}, model_max_length=64)
-    tokenizer.save_pretrained(out)
-    BertConfig(
-        vocab_size=len(vocab),
-        hidden_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=256,
-        max_position_embeddings=64,
-    ).save_pretrained(out)
-    return out

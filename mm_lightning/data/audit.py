@@ -2,10 +2,13 @@
 
     python -m mm_lightning audit --config configs/base.yaml [--audit.output audit.json] [--audit.max_error_rate 0.01]
 
-Reads the ``data`` section of a training config (other sections are accepted and ignored), scans every split:
-decodes every image in a process pool, tokenizes every caption, and writes a JSON report with bad lines,
-missing/undecodable images, empty and overlong captions, duplicate images and captions, and histograms of
-image size/mode and caption length. Exits 1 when errors exceed ``--audit.max_error_rate``.
+Reads the ``data`` section of a training config (other sections are accepted and ignored) and runs every record
+through the same checks as training (:class:`~mm_lightning.data.sources.jsonl.RecordParser` for each line,
+:class:`~mm_lightning.data.samples.SampleBuilder` for each image, in a process pool), so a record the audit
+passes is one ``fit`` accepts and vice versa. Tokenizes every caption and writes a JSON report with bad records
+by kind (with examples naming file, line and reason), missing/undecodable images, empty and overlong captions,
+duplicate images and captions, and histograms of image size/mode and caption length. Exits 1 when errors exceed
+``--audit.max_error_rate`` or a split has no valid record. :func:`run_audit` is the same audit from Python.
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ from tqdm import tqdm
 
 from mm_lightning.data.collate import load_tokenizer
 from mm_lightning.data.datamodule import MultimodalDataModule
-from mm_lightning.data.images import ImageDecodeError, decode_image_file
-from mm_lightning.data.records import RecordError
+from mm_lightning.data.records import Record, RecordError
+from mm_lightning.data.samples import SampleBuilder
 
 # Sections of a full training config that the audit does not use.
 IGNORED_KEYS = ("model", "trainer", "ckpt_path", "seed_everything", "optimizer", "lr_scheduler")
@@ -36,31 +39,22 @@ TOKEN_BUCKETS = (0, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512)
 EXAMPLES = 10
 
 
-def _line_category(reason: str) -> str:
-    for key, category in (
-        ("malformed JSON", "malformed_json"),
-        ("expected a JSON object", "malformed_json"),
-        ("missing key", "missing_key"),
-        ("caption is empty", "empty_caption"),
-        ("empty list", "empty_caption"),
-        ("escapes image_root", "path_escapes_root"),
-    ):
-        if key in reason:
-            return category
-    return "bad_field"
-
-
-def inspect_image(path: str, max_pixels: int | None) -> dict[str, Any]:
-    """Decode one image fully; return its size, mode, content hash, or the reason it fails."""
+def inspect_image(path: str, builder: SampleBuilder) -> dict[str, Any]:
+    """Check, decode and transform one image as training does; return its size, mode and content hash, or
+    the kind of error and why."""
+    record = Record(path, [], "<audit>")
     try:
-        image = decode_image_file(path, max_pixels=max_pixels)
+        image = builder.decode(record)
+        builder.apply_transform(record, image)
         with Image.open(path) as img:
             mode = img.mode
         with open(path, "rb") as f:
             digest = hashlib.blake2b(f.read(), digest_size=16).hexdigest()
-        return {"ok": True, "height": image.shape[1], "width": image.shape[2], "mode": mode, "hash": digest}
-    except ImageDecodeError as err:
-        return {"ok": False, "reason": str(err)}
+    except RecordError as err:
+        return {"ok": False, "kind": err.kind, "reason": err.reason}
+    except OSError as err:  # read again after a successful decode: the file changed meanwhile
+        return {"ok": False, "kind": "undecodable_image", "reason": f"unreadable ({err})"}
+    return {"ok": True, "height": image.shape[1], "width": image.shape[2], "mode": mode, "hash": digest}
 
 
 def _histogram(values: list[int], edges: tuple[int, ...]) -> dict[str, int]:
@@ -74,22 +68,25 @@ class SplitScan:
     """Line-level scan of one split (images are checked afterwards, in parallel)."""
 
     file: str
+    builder: SampleBuilder
     records: int = 0
-    bad_lines: Counter = field(default_factory=Counter)
+    bad_lines: Counter = field(default_factory=Counter)  # kind -> bad records
     examples: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     images: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))  # path -> line numbers
     captions: list[str] = field(default_factory=list)
+    bad_records: list[tuple[int, str]] = field(default_factory=list)  # (line, kind) of every bad record
 
-    def error(self, category: str, message: str) -> None:
-        self.bad_lines[category] += 1
-        if len(self.examples[category]) < EXAMPLES:
-            self.examples[category].append(message)
+    def error(self, kind: str, message: str, lines: list[int]) -> None:
+        self.bad_lines[kind] += len(lines)
+        self.bad_records.extend((line, kind) for line in lines)
+        if len(self.examples[kind]) < EXAMPLES:
+            self.examples[kind].append(message)
 
 
 def scan_lines(dm: MultimodalDataModule, split: str) -> SplitScan:
-    """Parse and validate every line of ``split``."""
+    """Parse and validate every line of ``split`` with the parser training uses."""
     parser = dm.record_parser(split)  # type: ignore[arg-type]
-    scan = SplitScan(parser.file)
+    scan = SplitScan(parser.file, dm.sample_builder(split, full_size=True))  # type: ignore[arg-type]
     with open(parser.file, "rb") as f:
         for line_no, raw in enumerate(f, start=1):
             if not raw.strip():
@@ -98,7 +95,7 @@ def scan_lines(dm: MultimodalDataModule, split: str) -> SplitScan:
             try:
                 record = parser.parse(raw, line_no)
             except RecordError as err:
-                scan.error(_line_category(err.reason), str(err))
+                scan.error(err.kind, str(err), [line_no])
                 continue
             scan.images[record.image].append(line_no)
             scan.captions.extend(record.captions)
@@ -109,7 +106,9 @@ def _caption_report(captions: list[str], tokenizer: str, max_length: int) -> dic
     tok = load_tokenizer(tokenizer)
     lengths: list[int] = []
     for start in range(0, len(captions), 1024):
-        lengths += [len(ids) for ids in tok(captions[start : start + 1024], truncation=False)["input_ids"]]
+        # Full lengths on purpose (to count overlong captions): no "longer than the maximum" warning.
+        ids = tok(captions[start : start + 1024], truncation=False, verbose=False)["input_ids"]
+        lengths += [len(row) for row in ids]
     counts = Counter(captions)
     return {
         "captions": len(captions),
@@ -121,64 +120,112 @@ def _caption_report(captions: list[str], tokenizer: str, max_length: int) -> dic
     }
 
 
-def _image_report(scan: SplitScan, results: dict[str, dict[str, Any]]) -> tuple[dict[str, Any], int]:
-    missing = undecodable = bad_records = 0
+def _image_report(scan: SplitScan, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    bad_images: Counter = Counter()
     modes: Counter = Counter()
     sides: list[int] = []
     by_hash: dict[str, list[str]] = defaultdict(list)
     for path, lines in scan.images.items():
         res = results[path]
         if not res["ok"]:
-            category = "missing_image" if "not found" in res["reason"] else "undecodable_image"
-            missing += category == "missing_image"
-            undecodable += category == "undecodable_image"
-            bad_records += len(lines)
-            scan.error(category, f"{scan.file}:{lines[0]} (image {path!r}): {res['reason']}")
-            scan.bad_lines[category] += len(lines) - 1
+            # Every line naming a bad image is a bad record (training skips or stops on each).
+            bad_images[res["kind"]] += 1
+            scan.error(res["kind"], f"{scan.file}:{lines[0]} (image {path!r}): {res['reason']}", lines)
             continue
         modes[res["mode"]] += 1
         sides.append(min(res["height"], res["width"]))
         by_hash[res["hash"]].append(path)
     return {
         "images": len(scan.images),
-        "missing_images": missing,
-        "undecodable_images": undecodable,
+        "missing_images": bad_images["missing_image"],
+        "undecodable_images": bad_images["undecodable_image"],
         "lines_sharing_an_image": sum(len(v) - 1 for v in scan.images.values()),
         "duplicate_images_by_content": sum(len(v) - 1 for v in by_hash.values() if len(v) > 1),
         "duplicate_image_examples": [v for v in by_hash.values() if len(v) > 1][:EXAMPLES],
         "image_modes": dict(modes),
         "image_short_side_histogram": _histogram(sides, SIZE_BUCKETS),
-    }, bad_records
+    }
 
 
 def audit(dm: MultimodalDataModule, splits: list[str], workers: int, progress: bool) -> dict[str, Any]:
     """Scan ``splits`` of ``dm`` and return the report (a JSON-able dict)."""
     hp = dm.hparams
     scans = {s: scan_lines(dm, s) for s in splits if dm.files.get(s)}
-    paths = sorted({p for scan in scans.values() for p in scan.images})
+    # Each split checks its images with its own builder (its own image_root confinement).
+    jobs = sorted({(p, s) for s, scan in scans.items() for p in scan.images})
     with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
-        results = dict(zip(paths, tqdm(
-            pool.map(inspect_image, paths, [hp.max_image_pixels] * len(paths), chunksize=16),
-            total=len(paths), desc="audit: decoding images", disable=not progress,
-        ), strict=True))  # fmt: skip
+        checked = list(tqdm(
+            pool.map(inspect_image, [p for p, _ in jobs], [scans[s].builder for _, s in jobs], chunksize=16),
+            total=len(jobs), desc="audit: decoding images", disable=not progress,
+        ))  # fmt: skip
+    results: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for (path, split), res in zip(jobs, checked, strict=True):
+        results[split][path] = res
     report: dict[str, Any] = {"splits": {}}
     total_records = total_errors = 0
+    empty = []
     for split, scan in scans.items():
-        images, bad_image_records = _image_report(scan, results)
-        errors = sum(n for k, n in scan.bad_lines.items() if k not in ("missing_image", "undecodable_image"))
-        errors += bad_image_records
+        images = _image_report(scan, results[split])
+        errors = sum(scan.bad_lines.values())
+        if scan.records == errors:
+            empty.append(split)
         report["splits"][split] = {
             "file": scan.file,
             "records": scan.records,
+            "valid_records": scan.records - errors,
             "errors": errors,
             "bad_lines": dict(scan.bad_lines),
             "examples": dict(scan.examples),
+            "bad_records": sorted(scan.bad_records),
             **images,
             **_caption_report(scan.captions, hp.tokenizer, hp.max_length),
         }
         total_records, total_errors = total_records + scan.records, total_errors + errors
     report["records"], report["errors"] = total_records, total_errors
     report["error_rate"] = total_errors / total_records if total_records else 0.0
+    report["splits_without_valid_records"] = empty
+    return report
+
+
+def run_audit(
+    dm: MultimodalDataModule,
+    output: str | None = None,
+    max_error_rate: float = 0.0,
+    splits: list[str] | tuple[str, ...] = ("train", "val", "test"),
+    workers: int | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Audit ``dm``'s splits, print a summary, optionally write the JSON report; ``report["exit_code"]`` is 1
+    when the error rate exceeds ``max_error_rate`` or a split has no valid record (training would stop), else 0.
+
+    Args:
+        dm: the datamodule (its ``prepare_data`` is called first).
+        output: JSON report path, or ``None``.
+        max_error_rate: largest accepted (bad records / records).
+        splits: splits to scan (those without a file are left out).
+        workers: image-decoding processes (default: every CPU).
+        progress: show a progress bar.
+    """
+    dm.prepare_data()
+    report = audit(dm, list(splits), workers or os.cpu_count() or 1, progress)
+    report["max_error_rate"] = max_error_rate
+    failed = report["error_rate"] > max_error_rate or bool(report["splits_without_valid_records"])
+    report["exit_code"] = int(failed)
+    if output is not None:
+        os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+        with open(output, "w") as f:
+            json.dump(report, f, indent=2)
+    print(
+        f"audit: {report['records']} records, {report['errors']} errors "
+        f"(rate {report['error_rate']:.4f}, max {max_error_rate})" + (f"; report: {output}" if output else "")
+    )
+    for split, rep in report["splits"].items():
+        print(
+            f"  {split}: {rep['records']} records, {rep['images']} images, bad {rep['bad_lines'] or 'none'}, "
+            f"overlong captions {rep['overlong_captions']}, duplicate captions {rep['duplicate_captions']}"
+        )
+    for split in report["splits_without_valid_records"]:
+        print(f"  {split}: 0 valid records in {report['splits'][split]['file']}: training would stop")
     return report
 
 
@@ -215,7 +262,7 @@ def _config_keys(argv: list[str]) -> set[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the audit; return the exit code (0 ok, 1 too many errors)."""
+    """Run the audit from command-line arguments; return the exit code (0 ok, 1 too many errors)."""
     argv = list(argv or [])
     parser = build_parser(_config_keys(argv))
     cfg = parser.parse_args(argv)
@@ -229,20 +276,5 @@ def main(argv: list[str] | None = None) -> int:
     ):
         init_args.tokenizer = model.get("text_encoder")
     dm = parser.instantiate_classes(cfg).data
-    dm.prepare_data()
-    report = audit(dm, cfg.audit.splits, cfg.audit.workers, cfg.audit.progress)
-    report["max_error_rate"] = cfg.audit.max_error_rate
-    os.makedirs(os.path.dirname(os.path.abspath(cfg.audit.output)), exist_ok=True)
-    with open(cfg.audit.output, "w") as f:
-        json.dump(report, f, indent=2)
-    failed = report["error_rate"] > cfg.audit.max_error_rate
-    print(
-        f"audit: {report['records']} records, {report['errors']} errors "
-        f"(rate {report['error_rate']:.4f}, max {cfg.audit.max_error_rate}); report: {cfg.audit.output}"
-    )
-    for split, rep in report["splits"].items():
-        print(
-            f"  {split}: {rep['records']} records, {rep['images']} images, bad {rep['bad_lines'] or 'none'}, "
-            f"overlong captions {rep['overlong_captions']}, duplicate captions {rep['duplicate_captions']}"
-        )
-    return 1 if failed else 0
+    a = cfg.audit
+    return run_audit(dm, a.output, a.max_error_rate, a.splits, a.workers, a.progress)["exit_code"]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import os
 from typing import Any
 
 import torch
 
 from mm_lightning.assets import resolve_pretrained
+from mm_lightning.data.skips import SKIPPED_KEY
 
 
 def load_tokenizer(name_or_path: str) -> Any:
@@ -31,6 +33,9 @@ class MultimodalCollate:
         pad_to_multiple_of: pad the batch length up to a multiple of this (8 suits tensor cores).
         normalize: optional callable applied to the stacked uint8 images in the worker (worker-side
             normalization); ``None`` leaves them uint8 for the device.
+
+    The batch also carries ``skipped``: the :class:`~mm_lightning.data.records.RecordError` of every bad
+    record a sample of this batch stands in for (counted by the bad-record logger).
     """
 
     def __init__(
@@ -49,6 +54,12 @@ class MultimodalCollate:
         if self._tokenizer is None:
             self._tokenizer = load_tokenizer(self.tokenizer_name)
         return self._tokenizer
+
+    def with_normalize(self, normalize: torch.nn.Module | None) -> MultimodalCollate:
+        """A copy that normalizes with ``normalize`` (shares the loaded tokenizer; this one is unchanged)."""
+        other = copy.copy(self)
+        other.normalize = normalize
+        return other
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -73,10 +84,8 @@ class MultimodalCollate:
             "attention_mask": tokens["attention_mask"].long(),
             "image_id": torch.tensor([s["image_id"] for s in samples], dtype=torch.long),
             "index": torch.tensor([s["index"] for s in samples], dtype=torch.long),
-            "num_skipped": torch.tensor([s["num_skipped"] for s in samples], dtype=torch.long),
+            SKIPPED_KEY: [err for s in samples for err in s.get(SKIPPED_KEY, ())],
         }
         if "token_type_ids" in tokens:
             batch["token_type_ids"] = tokens["token_type_ids"].long()
-        if any(s.get("skip_reasons") for s in samples):
-            batch["skip_reasons"] = [r for s in samples for r in s.get("skip_reasons", ())]
         return batch

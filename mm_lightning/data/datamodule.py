@@ -22,8 +22,10 @@ from typing_extensions import override
 from mm_lightning.data.collate import MultimodalCollate
 from mm_lightning.data.dataset import CaptionSampling, ImageTextDataset
 from mm_lightning.data.images import DEFAULT_MAX_PIXELS
-from mm_lightning.data.records import JsonlIndex, RecordParser, SkipLog
 from mm_lightning.data.samplers import LengthGroupedSampler
+from mm_lightning.data.samples import BadRecordPolicy, SampleBuilder
+from mm_lightning.data.skips import SkipLog
+from mm_lightning.data.sources.jsonl import JsonlIndex, RecordParser
 from mm_lightning.data.transforms import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -31,6 +33,7 @@ from mm_lightning.data.transforms import (
     eval_transform,
     train_transform,
 )
+from mm_lightning.seeding import global_seed
 
 Split = Literal["train", "val", "test", "predict"]
 
@@ -50,7 +53,7 @@ class MultimodalDataModule(pl.LightningDataModule):
         test_file: test JSONL (same protocol as validation).
         predict_file: prediction JSONL.
         image_root: folder that relative image paths are resolved against (default: each JSONL's folder).
-        image_key: record key holding the image path (the seeds' format uses ``"image_path"``).
+        image_key: record key holding the image path (e.g. ``"image_path"``).
         text_key: record key holding the caption, a string or a list of strings.
         tokenizer: HF tokenizer name or local path (the CLI links it to ``model.text_encoder``).
         max_length: truncate captions to this many tokens.
@@ -64,6 +67,7 @@ class MultimodalDataModule(pl.LightningDataModule):
         multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or ``None`` (platform default).
         on_bad_record: ``"raise"`` stops with file, line, image and reason; ``"skip"`` replaces the bad sample
             by another valid one (batch shapes stay equal on every rank) and counts it (``data/skipped``).
+        max_replacements: under ``"skip"``, bad candidates tried for one replacement before the run stops.
         caption_sampling: training with several captions per image: ``"random"`` draws one caption per image
             per visit, ``"all"`` visits every (image, caption) pair. Evaluation always uses all pairs.
         length_grouping: batch training captions of similar length together (less padding).
@@ -101,6 +105,7 @@ class MultimodalDataModule(pl.LightningDataModule):
         prefetch_factor: int | None = None,
         multiprocessing_context: str | None = None,
         on_bad_record: Literal["raise", "skip"] = "raise",
+        max_replacements: int = 64,
         caption_sampling: CaptionSampling = "random",
         length_grouping: bool = False,
         length_window: int = 32,
@@ -124,14 +129,14 @@ class MultimodalDataModule(pl.LightningDataModule):
         self.normalize = Normalize(mean, std)
         self.collate = MultimodalCollate(tokenizer, max_length, pad_to_multiple_of)
         self.datasets: dict[str, ImageTextDataset] = {}
+        self._collates: dict[bool, MultimodalCollate] = {}
 
     @property
     def index_skips(self) -> SkipLog:
-        """Lines dropped while indexing (bad JSON, missing keys, bad captions, escaping paths), all splits."""
+        """Lines dropped while indexing (bad JSON, missing keys, bad captions, bad paths), by split."""
         log = SkipLog()
-        for ds in self.datasets.values():
-            log.count += ds.index.skips.count
-            log.first.extend(ds.index.skips.first[: max(0, log.keep - len(log.first))])
+        for split, ds in self.datasets.items():
+            log.update(ds.index.skips, split=split)
         return log
 
     def record_parser(self, split: Split) -> RecordParser:
@@ -145,29 +150,38 @@ class MultimodalDataModule(pl.LightningDataModule):
 
     def build_index(self, split: Split) -> JsonlIndex:
         """Index one split's JSONL (validates every line; bad lines raise or are counted per ``on_bad_record``)."""
-        return JsonlIndex(self.record_parser(split), self.hparams.on_bad_record)
+        index = JsonlIndex(self.record_parser(split), self.hparams.on_bad_record)
+        if index.num_captions == 0:
+            raise EmptySplitError(split, index)
+        return index
 
-    def build_dataset(self, split: Split) -> ImageTextDataset:
+    def sample_builder(self, split: Split, full_size: bool = False) -> SampleBuilder:
+        """Record -> sample for one split (also used by the data audit, with ``full_size``: no reduced decode)."""
         hp = self.hparams
         train = split == "train"
         scale_min = hp.train_scale[0] if train else 1.0
         # Reduced JPEG decoding only down to a size the crop never has to upsample from.
-        min_side = int(hp.image_size / scale_min**0.5) + 1 if hp.reduced_decode else None
-        return ImageTextDataset(
-            self.build_index(split),
+        min_side = int(hp.image_size / scale_min**0.5) + 1 if hp.reduced_decode and not full_size else None
+        reduced = hp.reduced_decode and not full_size
+        transform = (
             train_transform(
-                hp.image_size,
-                tuple(hp.train_scale),
-                hp.horizontal_flip,
-                hp.reduced_decode,
-                hp.max_image_pixels,
+                hp.image_size, tuple(hp.train_scale), hp.horizontal_flip, reduced, hp.max_image_pixels
             )
             if train
-            else eval_transform(hp.image_size, hp.reduced_decode, hp.max_image_pixels),
-            caption_sampling=hp.caption_sampling if train else "all",
-            on_bad_record=hp.on_bad_record,
-            max_pixels=hp.max_image_pixels,
-            min_side=min_side,
+            else eval_transform(hp.image_size, reduced, hp.max_image_pixels)
+        )
+        root = self.record_parser(split).confine_root
+        return SampleBuilder(transform, hp.max_image_pixels, min_side, confine_root=root)
+
+    def build_dataset(self, split: Split) -> ImageTextDataset:
+        hp = self.hparams
+        seed = global_seed()
+        return ImageTextDataset(
+            self.build_index(split),
+            self.sample_builder(split),
+            caption_sampling=hp.caption_sampling if split == "train" else "all",
+            policy=BadRecordPolicy(hp.on_bad_record, hp.max_replacements, seed),
+            seed=seed,
         )
 
     @override
@@ -183,21 +197,27 @@ class MultimodalDataModule(pl.LightningDataModule):
                 self.datasets[split] = self.build_dataset(split)  # type: ignore[arg-type]
 
     def normalizes_in_workers(self) -> bool:
-        """Whether the collate normalizes (else ``on_after_batch_transfer`` does, on the device)."""
+        """Where uint8 images become normalized floats: the one decision, read by the loaders' collate and by
+        ``on_after_batch_transfer`` (``True``: in the collate, in the workers; ``False``: on the device)."""
         if self.hparams.normalize_on != "auto":
             return self.hparams.normalize_on == "worker"
         # On CPU "the device" is the training process itself: normalizing there (~tens of ms per batch of
         # 224 px images) stalls the step, while workers run in parallel. On a GPU it is nearly free.
         return self.trainer is None or self.trainer.strategy.root_device.type == "cpu"
 
+    def _collate(self) -> MultimodalCollate:
+        in_workers = self.normalizes_in_workers()
+        if in_workers not in self._collates:  # one per decision, so the tokenizer loads once per process
+            self._collates[in_workers] = self.collate.with_normalize(self.normalize if in_workers else None)
+        return self._collates[in_workers]
+
     def _loader_kwargs(self) -> dict[str, Any]:
         hp = self.hparams
-        self.collate.normalize = self.normalize if self.normalizes_in_workers() else None
         kwargs: dict[str, Any] = {
             "batch_size": hp.batch_size,
             "num_workers": hp.num_workers,
             "pin_memory": hp.pin_memory,
-            "collate_fn": self.collate,
+            "collate_fn": self._collate(),
         }
         if hp.num_workers > 0:
             kwargs["persistent_workers"] = hp.persistent_workers
@@ -227,7 +247,7 @@ class MultimodalDataModule(pl.LightningDataModule):
                 hp.batch_size,
                 num_replicas=world,
                 rank=rank,
-                seed=int(os.getenv("PL_GLOBAL_SEED", "0")),
+                seed=global_seed(),
                 window_batches=hp.length_window,
             )
             return StatefulDataLoader(dataset, sampler=sampler, drop_last=True, **kwargs)
@@ -257,10 +277,25 @@ class MultimodalDataModule(pl.LightningDataModule):
     @override
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         # uint8 images cross the host-device link (4x fewer bytes than float32); convert where it is cheap.
-        if isinstance(batch, dict) and "image" in batch and not batch["image"].is_floating_point():
+        if isinstance(batch, dict) and "image" in batch and not self.normalizes_in_workers():
             batch["image"] = self.normalize(batch["image"])
         return batch
 
     def normalize_batch(self, batch: dict[str, Any]) -> dict[str, Any]:
         """For use outside a Trainer: the same conversion Lightning applies after transfer."""
         return self.on_after_batch_transfer(batch, 0)
+
+
+class EmptySplitError(ValueError):
+    """A split's file holds no valid record (empty, or every line bad)."""
+
+    def __init__(self, split: str, index: JsonlIndex) -> None:
+        file, skips = index.file, index.skips
+        detail = f"{index.lines} non-blank lines, {skips.count} bad"
+        detail += f"; first: {skips.first[0]}" if skips.first else ""
+        hint = {
+            "val": " Without validation data no metric is computed and no best checkpoint can be kept: fix the "
+            "file, or train without validation (--data.val_file null).",
+            "train": " There is nothing to train on.",
+        }.get(split, "")
+        super().__init__(f"{split}_file {file}: 0 valid records found ({detail}).{hint}")

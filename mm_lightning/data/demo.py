@@ -81,6 +81,31 @@ def demo_words() -> list[str]:
     return sorted(words)
 
 
+def build_demo_bert(out_dir: str | Path) -> Path:
+    """Write the demo text encoder directory: a tiny BERT ``config.json`` and a WordPiece tokenizer.
+
+    The vocabulary is the demo captions' word list, so demo captions never hit ``[UNK]``. There are no weights:
+    the demo builds the encoder from this config (``text_pretrained: false``). The copy shipped as the built-in
+    ``mm-lightning/demo-bert`` was written by this function; ``tests/data/test_demo.py`` checks they agree.
+    """
+    from transformers import BertConfig, BertTokenizerFast
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ",", ".", *demo_words()]
+    tokenizer = BertTokenizerFast(vocab={token: i for i, token in enumerate(vocab)}, model_max_length=64)
+    tokenizer.save_pretrained(out)
+    BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=256,
+        max_position_embeddings=64,
+    ).save_pretrained(out)
+    return out
+
+
 def _shape_polygon(shape: str, cx: float, cy: float, r: float) -> list[tuple[float, float]]:
     if shape == "triangle":
         return [(cx, cy - r), (cx + r * 0.95, cy + r * 0.8), (cx - r * 0.95, cy + r * 0.8)]

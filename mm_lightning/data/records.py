@@ -1,211 +1,176 @@
-"""JSONL index: one object per line, kept as byte offsets and numpy arrays, never as a list of dicts.
+"""What a record is and how one bad record is reported, whatever source it comes from (JSONL, shards).
 
-Python objects in a list are touched (ref-counted) on every access, so forked DataLoader workers copy the
-pages holding them and their RSS grows over an epoch; a handful of numpy arrays are single objects whose
-data pages are only read. Lines are re-read from the file by offset when a sample is needed.
+A *record* is one image (a path or encoded bytes) with its captions, plus where it came from. Every check on
+a record raises :class:`RecordError`; :func:`record_errors` turns any other exception raised while handling
+one record (parsing, path resolution, decoding, transforming) into one, so a single hostile record can only
+ever be a clear error or a counted skip.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-from array import array
-from dataclasses import dataclass, field
+import unicodedata
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Literal
 
-import numpy as np
+ErrorKind = Literal[
+    "malformed_json",  # not JSON, not an object, nested too deep, a number too long, undecodable bytes
+    "missing_key",  # the image or text key is absent
+    "bad_field",  # the image field is not a non-empty string
+    "empty_caption",  # an empty list, or a caption without a visible character
+    "bad_caption",  # a caption that is not a string or not encodable text
+    "path_escapes_root",  # under confine_to_root: absolute, ``..`` or a link leaving image_root
+    "bad_path",  # a path no file system accepts (NUL byte, lone surrogate) or not a regular file
+    "missing_image",  # no file at the path
+    "undecodable_image",  # empty, truncated, not an image, too many pixels, extreme shape
+]
+ERROR_KINDS: tuple[str, ...] = ErrorKind.__args__  # type: ignore[attr-defined]
 
 
 class RecordError(ValueError):
-    """A bad record. The message names the JSONL file, the line number, the image path (if known) and why."""
+    """A bad record. The message names the source file, the line (or sample key), the field, the image and why.
 
-    def __init__(self, file: str, line: int, reason: str, image: str | None = None) -> None:
+    Args:
+        file: the JSONL file or shard the record comes from.
+        line: 1-based line number (JSONL), or ``None``.
+        reason: what is wrong, in words.
+        image: the image path or member name, when known.
+        kind: the category (one of :data:`ERROR_KINDS`); reports and logs group by it.
+        key: the record field at fault (e.g. ``"text"``), when one is.
+        sample: the sample key inside a shard, when the source has no lines.
+    """
+
+    def __init__(
+        self,
+        file: str,
+        line: int | None,
+        reason: str,
+        image: str | None = None,
+        *,
+        kind: ErrorKind = "undecodable_image",
+        key: str | None = None,
+        sample: str | None = None,
+    ) -> None:
         self.file, self.line, self.reason, self.image = file, line, reason, image
-        where = f"{file}:{line}" + (f" (image {image!r})" if image is not None else "")
+        self.kind, self.key, self.sample = kind, key, sample
+        where = file + (f":{line}" if line is not None else "") + (f" [sample {sample}]" if sample else "")
+        where += f" (key {key!r})" if key is not None else ""
+        where += f" (image {image!r})" if image is not None else ""
         super().__init__(f"{where}: {reason}")
 
+    def __reduce__(self) -> tuple:
+        # Errors travel from DataLoader workers inside batches; keep every field through pickling.
+        kwargs = {"kind": self.kind, "key": self.key, "sample": self.sample}
+        return _rebuild_error, (self.file, self.line, self.reason, self.image, kwargs)
 
-@dataclass
-class SkipLog:
-    """Counts skipped records and keeps the first reasons (never silent, never unbounded)."""
 
-    count: int = 0
-    first: list[str] = field(default_factory=list)
-    keep: int = 20
-
-    def add(self, err: RecordError) -> None:
-        self.count += 1
-        if len(self.first) < self.keep:
-            self.first.append(str(err))
+def _rebuild_error(file: str, line: int | None, reason: str, image: str | None, kwargs: dict) -> RecordError:
+    return RecordError(file, line, reason, image, **kwargs)
 
 
 @dataclass(frozen=True)
 class Record:
-    """One parsed line: resolved image path and its captions."""
-
-    image: str
-    captions: list[str]
-
-
-class RecordParser:
-    """Parses and validates one JSONL line into a :class:`Record`.
-
-    Args:
-        file: the JSONL file (for messages).
-        image_key: key of the image path.
-        text_key: key of the caption (a string or a list of strings).
-        image_root: folder relative image paths are resolved against.
-        confine_to_root: reject image paths (absolute, ``..`` or symlinks) that leave ``image_root``.
-    """
-
-    def __init__(
-        self, file: str, image_key: str, text_key: str, image_root: str, confine_to_root: bool
-    ) -> None:
-        self.file, self.image_key, self.text_key = file, image_key, text_key
-        self.image_root = os.path.abspath(image_root)
-        self.confine_to_root = confine_to_root
-
-    def parse(self, raw: bytes, line: int) -> Record:
-        """Parse one raw line (1-based ``line`` for messages).
-
-        Raises:
-            RecordError: malformed JSON, missing key, bad caption or a path escaping the root.
-        """
-        try:
-            obj = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise RecordError(self.file, line, f"malformed JSON ({err})") from err
-        if not isinstance(obj, dict):
-            raise RecordError(self.file, line, f"expected a JSON object, got {type(obj).__name__}")
-        for key in (self.image_key, self.text_key):
-            if key not in obj:
-                raise RecordError(self.file, line, f"missing key {key!r} (keys: {sorted(obj)})")
-        image = obj[self.image_key]
-        if not isinstance(image, str) or not image:
-            raise RecordError(
-                self.file, line, f"{self.image_key!r} must be a non-empty string path, got {image!r}"
-            )
-        return Record(self.resolve(image, line), self._captions(obj[self.text_key], line, image))
-
-    def resolve(self, image: str, line: int) -> str:
-        path = os.path.normpath(os.path.join(self.image_root, image))
-        if self.confine_to_root and os.path.commonpath([path, self.image_root]) != self.image_root:
-            raise RecordError(self.file, line, f"image path escapes image_root {self.image_root!r}", image)
-        return path
-
-    def check_confined(self, path: str, line: int) -> None:
-        """At load time: also catch symlinks that leave the root (normpath alone cannot see them)."""
-        if self.confine_to_root:
-            real, root = os.path.realpath(path), os.path.realpath(self.image_root)
-            if os.path.commonpath([real, root]) != root:
-                raise RecordError(
-                    self.file, line, f"image path escapes image_root {root!r} (via a link)", path
-                )
-
-    def _captions(self, value: object, line: int, image: str) -> list[str]:
-        captions = value if isinstance(value, list) else [value]
-        if not captions:
-            raise RecordError(self.file, line, f"{self.text_key!r} is an empty list", image)
-        for cap in captions:
-            if not isinstance(cap, str):
-                raise RecordError(
-                    self.file, line, f"caption must be a string, got {type(cap).__name__}", image
-                )
-            if not cap.strip():
-                raise RecordError(self.file, line, "caption is empty", image)
-        return captions
-
-
-def _path_hash(path: str) -> int:
-    return int.from_bytes(hashlib.blake2b(path.encode(), digest_size=8).digest(), "little", signed=True)
-
-
-def _first_appearance_ids(keys: np.ndarray) -> np.ndarray:
-    """Dense ids numbered in order of first appearance in the file (so ids follow the file order)."""
-    if not len(keys):
-        return np.zeros(0, dtype=np.int64)
-    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-    rank = np.empty(len(first), dtype=np.int64)
-    rank[np.argsort(first, kind="stable")] = np.arange(len(first))
-    return rank[inverse.reshape(-1)]
-
-
-class JsonlIndex:
-    """Byte offsets of the valid lines of a JSONL file plus per-caption arrays.
+    """One image with its captions and where it came from.
 
     Attributes:
-        offsets: int64 byte offset of each valid line.
-        line_numbers: int32 1-based line number of each valid line (for messages).
-        cap_line: int32 valid-line index of each caption ("pair" = one caption of one line).
-        cap_pos: int16 position of that caption inside its line's caption list.
-        cap_words: int16 whitespace word count of each caption (a cheap length proxy for batching).
-        image_ids: int64 dense image id of each caption; the same resolved path gives the same id, also
-            across lines.
-        skips: invalid lines dropped under ``on_bad_record="skip"``.
-
-    Args:
-        parser: validates each line.
-        on_bad_record: ``"raise"`` raises :class:`RecordError` on the first bad line; ``"skip"`` drops and
-            counts it.
+        image: resolved image path, or the encoded image bytes (shards).
+        captions: one or more non-empty captions.
+        file: source file or shard (for messages).
+        line: 1-based line in ``file``, if the source has lines.
+        sample: sample key in ``file``, if the source has keys (shards).
+        image_name: how to name the image in messages when ``image`` is bytes (e.g. the tar member).
     """
 
-    def __init__(self, parser: RecordParser, on_bad_record: str = "raise") -> None:
-        self.parser, self.file = parser, parser.file
-        self.skips = SkipLog()
-        offsets, lines, cap_line, cap_pos = array("q"), array("i"), array("i"), array("h")
-        hashes, words = array("q"), array("h")
-        with open(self.file, "rb") as f:
-            offset, line_no = 0, 0
-            for raw in f:
-                line_no += 1
-                start, offset = offset, offset + len(raw)
-                if not raw.strip():
-                    continue
-                try:
-                    rec = parser.parse(raw, line_no)
-                except RecordError as err:
-                    if on_bad_record == "raise":
-                        raise
-                    self.skips.add(err)
-                    continue
-                h = _path_hash(rec.image)
-                for pos, caption in enumerate(rec.captions):
-                    cap_line.append(len(offsets))
-                    cap_pos.append(pos)
-                    hashes.append(h)
-                    words.append(min(len(caption.split()), 32767))
-                offsets.append(start)
-                lines.append(line_no)
-        self.offsets = np.frombuffer(offsets, dtype=np.int64).copy()
-        self.line_numbers = np.frombuffer(lines, dtype=np.int32).copy()
-        self.cap_line = np.frombuffer(cap_line, dtype=np.int32).copy()
-        self.cap_pos = np.frombuffer(cap_pos, dtype=np.int16).copy()
-        self.cap_words = np.frombuffer(words, dtype=np.int16).copy()
-        self.image_ids = _first_appearance_ids(np.frombuffer(hashes, dtype=np.int64))
-        # Captions grouped by image: image i owns by_image[starts[i]:starts[i + 1]].
-        self.by_image = np.argsort(self.image_ids, kind="stable").astype(np.int32)
-        self.starts = np.searchsorted(self.image_ids[self.by_image], np.arange(self.num_images + 1)).astype(
-            np.int64
+    image: str | bytes
+    captions: list[str]
+    file: str = "<memory>"
+    line: int | None = None
+    sample: str | None = None
+    image_name: str | None = None
+
+    @property
+    def image_label(self) -> str | None:
+        return self.image if isinstance(self.image, str) else self.image_name
+
+    def error(self, reason: str, kind: ErrorKind, key: str | None = None) -> RecordError:
+        """A :class:`RecordError` about this record."""
+        return RecordError(
+            self.file, self.line, reason, self.image_label, kind=kind, key=key, sample=self.sample
         )
-        self._fh: object = None
-        self._pid = -1
 
-    @property
-    def num_images(self) -> int:
-        return int(self.image_ids.max()) + 1 if len(self.image_ids) else 0
 
-    @property
-    def num_captions(self) -> int:
-        return len(self.cap_line)
+# Exceptions that are never one record's fault: stop the run rather than skip a record.
+FATAL = (MemoryError,)
 
-    def read(self, valid_line: int) -> Record:
-        """Re-read and parse one valid line (file handle opened lazily once per process)."""
-        if self._pid != os.getpid():  # forked/spawned workers must not share a file position
-            self._fh, self._pid = open(self.file, "rb"), os.getpid()
-        self._fh.seek(int(self.offsets[valid_line]))
-        return self.parser.parse(self._fh.readline(), int(self.line_numbers[valid_line]))
 
-    def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        state["_fh"], state["_pid"] = None, -1
-        return state
+def describe(err: BaseException) -> str:
+    """``"ValueError: embedded null byte"``: the type says more than the message alone (RecursionError...)."""
+    text = str(err).splitlines()[0][:300] if str(err) else ""
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+@contextmanager
+def record_errors(
+    file: str,
+    line: int | None,
+    kind: ErrorKind,
+    *,
+    image: str | None = None,
+    key: str | None = None,
+    sample: str | None = None,
+    what: str = "",
+) -> Iterator[None]:
+    """Turn any exception raised inside the block into a :class:`RecordError` of ``kind`` for this record.
+
+    A ``RecordError`` passes through unchanged; ``KeyboardInterrupt``, ``SystemExit`` (not ``Exception``
+    subclasses) and ``MemoryError`` propagate. Everything else -- ``RecursionError`` from deeply nested JSON,
+    ``ValueError`` from a NUL byte in a path or a 5000-digit integer, ``OverflowError`` -- becomes a record
+    error naming the file, line and reason.
+
+    Args:
+        file: source file.
+        line: 1-based line, or ``None``.
+        kind: category of errors raised in this block.
+        image: image path or name for the message.
+        key: record field for the message.
+        sample: shard sample key for the message.
+        what: prefix of the reason (e.g. ``"malformed JSON"``).
+    """
+    try:
+        yield
+    except (RecordError, *FATAL):
+        raise
+    except Exception as err:
+        reason = f"{what} ({describe(err)})" if what else describe(err)
+        raise RecordError(file, line, reason, image, kind=kind, key=key, sample=sample) from err
+
+
+def _has_visible_character(text: str) -> bool:
+    # Control (Cc), format (Cf: zero-width space, BOM, bidi marks) and separator (Z*) characters alone make a
+    # caption the tokenizer reduces to nothing.
+    return any(not (ch.isspace() or unicodedata.category(ch)[0] in "CZ") for ch in text)
+
+
+def validate_captions(value: object, record: Record, key: str) -> list[str]:
+    """The caption list of ``value`` (a string or a list of strings), or a :class:`RecordError` saying why not.
+
+    Args:
+        value: the record's text field.
+        record: the record (for messages; its ``captions`` are not used).
+        key: the text field name (for messages).
+    """
+    captions = value if isinstance(value, list) else [value]
+    if not captions:
+        raise record.error("the caption list is empty", "empty_caption", key)
+    for pos, cap in enumerate(captions):
+        at = f"caption {pos}" if len(captions) > 1 else "caption"
+        if not isinstance(cap, str):
+            raise record.error(f"{at} must be a string, got {type(cap).__name__}", "bad_caption", key)
+        try:
+            cap.encode("utf-8")
+        except UnicodeEncodeError as err:  # lone surrogates ("\ud800" in JSON) break every tokenizer
+            raise record.error(f"{at} is not valid text ({describe(err)})", "bad_caption", key) from err
+        if not _has_visible_character(cap):
+            raise record.error(f"{at} is empty (no visible character)", "empty_caption", key)
+    return captions

@@ -1,102 +1,91 @@
-"""BadRecordLogger: makes ``on_bad_record="skip"`` visible (``data/skipped`` scalar + first reasons).
+"""Skip accounting under ``on_bad_record="skip"``: the one place that counts skipped records.
 
-Workers are separate processes, so skips travel inside the batch (``num_skipped`` per row, plus
-``skip_reasons``); this callback adds them up in the main process.
+A record is counted once where it is found bad: lines dropped while indexing by the index's log, bad images
+by the sample that replaced them (``sample["skipped"]``, a list of :class:`RecordError`). DataLoader workers
+are separate processes, so those errors travel inside the batch (``batch["skipped"]``) to the main process,
+where :class:`~mm_lightning.callbacks.bad_records.BadRecordLogger` adds them to a :class:`SkipLog`.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
-import lightning.pytorch as pl
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
-from typing_extensions import override
+
+from mm_lightning.data.records import ERROR_KINDS, RecordError
+
+SKIPPED_KEY = "skipped"  # sample/batch field: list of RecordError for the bad records a sample stands in for
+SPLITS = ("train", "val", "test", "predict")
 
 
-class BadRecordLogger(pl.Callback):
-    """Logs ``data/skipped`` (cumulative, all ranks, including lines dropped while indexing) and keeps the
-    first reasons; warns on the first skip and writes a text summary to TensorBoard at the end of fit.
+@dataclass
+class SkipLog:
+    """Counts skipped records by split and kind, and keeps the first reasons (never silent, never unbounded).
 
     Args:
-        keep: how many skip reasons to keep for the summary.
+        keep: how many reasons to keep.
     """
 
-    def __init__(self, keep: int = 20) -> None:
-        self.keep = keep
-        self.local_skipped = 0
-        self.reasons: list[str] = []
-        self._warned = False
-        self._index_skipped = 0
+    keep: int = 20
+    counts: Counter = field(default_factory=Counter)  # (split, kind) -> count
+    first: list[str] = field(default_factory=list)
 
-    @override
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        skips = getattr(trainer.datamodule, "index_skips", None)
-        self._index_skipped = skips.count if skips is not None else 0
-        if skips is not None:
-            self._add_reasons(skips.first)
+    @property
+    def count(self) -> int:
+        return sum(self.counts.values())
 
-    def _add_reasons(self, reasons: list[str]) -> None:
-        if reasons and not self._warned:
-            rank_zero_warn(f"skipping bad records (on_bad_record='skip'); first: {reasons[0]}")
-            self._warned = True
-        for reason in reasons:
-            if len(self.reasons) < self.keep and reason not in self.reasons:
-                self.reasons.append(reason)
+    def by_kind(self) -> dict[str, int]:
+        out: Counter = Counter()
+        for (_, kind), n in self.counts.items():
+            out[kind] += n
+        return {k: out[k] for k in ERROR_KINDS if out[k]}
 
-    def _count(self, batch: Any) -> None:
-        if isinstance(batch, dict) and "num_skipped" in batch:
-            self.local_skipped += int(batch["num_skipped"].sum())
-            self._add_reasons(batch.get("skip_reasons", []))
+    def by_split(self) -> dict[str, int]:
+        out: Counter = Counter()
+        for (split, _), n in self.counts.items():
+            out[split] += n
+        return {s: out[s] for s in SPLITS if out[s]}
 
-    def total(self, trainer: pl.Trainer) -> int:
-        """Skips on all ranks so far (a collective: call it on every rank)."""
-        local = torch.tensor(self.local_skipped, dtype=torch.long, device=trainer.strategy.root_device)
-        return int(trainer.strategy.reduce(local, reduce_op="sum")) + self._index_skipped
+    def add(self, err: RecordError, split: str = "train") -> None:
+        self.counts[(split, err.kind)] += 1
+        self._keep(str(err))
 
-    def _log(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        pl_module.log("data/skipped", float(self.total(trainer)), on_step=True, on_epoch=False)
+    def update(self, other: SkipLog, split: str | None = None) -> None:
+        """Add ``other``'s counts (relabelled to ``split`` if given) and its first reasons."""
+        for (own_split, kind), n in other.counts.items():
+            self.counts[(split or own_split, kind)] += n
+        for reason in other.first:
+            self._keep(reason)
 
-    @override
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        self._count(batch)
-        # Every step (the logger still writes every log_every_n_steps): one scalar all-reduce, and the
-        # Lightning logger's cadence stays the single source of truth.
-        self._log(trainer, pl_module)
+    def add_batch(self, batch: Any, split: str) -> None:
+        """Count the records a batch's samples stand in for."""
+        if isinstance(batch, dict):
+            for err in batch.get(SKIPPED_KEY, ()):
+                self.add(err, split)
 
-    @override
-    def on_validation_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self._count(batch)
+    def _keep(self, reason: str) -> None:
+        if len(self.first) < self.keep and reason not in self.first:
+            self.first.append(reason)
 
-    @override
-    def on_test_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self._count(batch)
+    def to_tensor(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """Counts as a (splits x kinds) tensor, for a cross-rank sum."""
+        table = [[self.counts[(s, k)] for k in ERROR_KINDS] for s in SPLITS]
+        return torch.tensor(table, dtype=torch.long, device=device)
 
-    @override
-    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        total = self.total(trainer)
-        if not total:
-            return
-        summary = f"{total} bad records skipped. First reasons:\n" + "\n".join(f"- {r}" for r in self.reasons)
-        rank_zero_warn(summary)
-        experiment = getattr(trainer.logger, "experiment", None)
-        if trainer.is_global_zero and hasattr(experiment, "add_text"):
-            experiment.add_text("data/skipped_summary", summary.replace("\n", "  \n"), trainer.global_step)
+    @classmethod
+    def from_tensor(cls, table: torch.Tensor, first: list[str], keep: int = 20) -> SkipLog:
+        log = cls(keep=keep, first=list(first))
+        for i, split in enumerate(SPLITS):
+            for j, kind in enumerate(ERROR_KINDS):
+                if int(table[i, j]):
+                    log.counts[(split, kind)] = int(table[i, j])
+        return log
+
+    def summary(self) -> str:
+        """Multi-line text: total, per split, per kind, first reasons."""
+        splits = ", ".join(f"{s} {n}" for s, n in self.by_split().items())
+        kinds = ", ".join(f"{k} {n}" for k, n in self.by_kind().items())
+        head = f"{self.count} bad records skipped ({splits}; by kind: {kinds})."
+        return head + " First reasons:\n" + "\n".join(f"- {r}" for r in self.first)

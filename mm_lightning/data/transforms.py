@@ -11,8 +11,6 @@ when ``normalize_on="worker"``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torchvision.transforms import v2
 
@@ -21,9 +19,9 @@ from mm_lightning.data.images import (
     DEFAULT_MAX_PIXELS,
     Backend,
     EncodedImage,
+    ImageDecodeError,
     ImageSource,
     dct_scale_for,
-    decode_image_bytes,
     read_image_bytes,
 )
 
@@ -94,19 +92,27 @@ class DecodeResizedCrop:
             box = top, left, bottom - top, right - left
         return box, scale
 
-    def __call__(self, source: ImageSource | torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, source: ImageSource | torch.Tensor, max_aspect_ratio: float | None = None
+    ) -> torch.Tensor:
         """RGB uint8 (3, size, size).
 
+        Args:
+            source: encoded image (path or bytes), or a decoded uint8 (3, H, W) tensor.
+            max_aspect_ratio: refuse images whose long side exceeds this many times the short side.
+
         Raises:
-            ImageDecodeError: the source cannot be decoded; the message says why.
+            ImageDecodeError: the source cannot be decoded or is too elongated; the message says why.
         """
         if isinstance(source, torch.Tensor):
             height, width = source.shape[-2:]
+            _check_aspect(width, height, max_aspect_ratio)
             image, (box, scale) = source, self.plan(width, height, scalable=False)
         else:
             with EncodedImage(
                 read_image_bytes(source), self.max_pixels, self.background, self.backend
             ) as encoded:
+                _check_aspect(*encoded.size, max_aspect_ratio)
                 box, scale = self.plan(*encoded.size, scalable=encoded.scalable)
                 image = encoded.decode(scale)
         if scale > 1:
@@ -123,23 +129,9 @@ class DecodeResizedCrop:
         return out.contiguous()
 
 
-def decode_and_transform(
-    source: ImageSource,
-    transform: Callable[[torch.Tensor], torch.Tensor],
-    max_pixels: int | None = DEFAULT_MAX_PIXELS,
-    min_side: int | None = None,
-) -> torch.Tensor:
-    """Decode ``source`` (path or bytes) and apply ``transform``: the one call a dataset needs.
-
-    A :class:`DecodeResizedCrop` decodes by itself (crop first, then a scaled decode, with its own
-    ``max_pixels``); any other uint8 tensor transform gets the full decode (JPEGs reduced to ``min_side``).
-
-    Raises:
-        ImageDecodeError: the source cannot be decoded; the message says why.
-    """
-    if isinstance(transform, DecodeResizedCrop):
-        return transform(source)
-    return transform(decode_image_bytes(read_image_bytes(source), max_pixels, min_side))
+def _check_aspect(width: int, height: int, max_aspect_ratio: float | None) -> None:
+    if max_aspect_ratio is not None and max(width, height) > max_aspect_ratio * min(width, height):
+        raise ImageDecodeError(f"image is {width}x{height}: aspect ratio above {max_aspect_ratio:g}")
 
 
 def train_transform(

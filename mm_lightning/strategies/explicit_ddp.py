@@ -21,7 +21,6 @@ from typing import Any, Literal
 import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
-from lightning.pytorch.overrides.distributed import _sync_module_states
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch import Tensor
@@ -29,6 +28,7 @@ from torch.nn import Module, Parameter
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from mm_lightning.lightning_compat import sync_module_states
 from mm_lightning.strategies.reducers import (
     BucketedReducer,
     GradientReducer,
@@ -100,7 +100,7 @@ class ExplicitAllReduceDDPStrategy(DDPStrategy):
     def configure_ddp(self) -> None:
         # Instead of wrapping in DistributedDataParallel, do what its constructor does: rank 0's state wins.
         assert self.model is not None
-        self._collective("broadcast parameters and buffers from rank 0", _sync_module_states, self.model)
+        self._collective("broadcast parameters and buffers from rank 0", sync_module_states, self.model)
         self._close_reducers()
         self._sync_buffers_before_forward = True
 

@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from typing_extensions import override
 
 from mm_lightning.callbacks.nan_guard import NaNGuard
+from mm_lightning.plugins import AtomicCheckpointIO
 
 
 class TinyModule(LightningModule):
@@ -143,8 +144,12 @@ def run_on_two_ranks(fn: Callable[[str], None], out_dir: Path) -> None:
 
 
 def fit_tiny(module: TinyModule, callbacks: list[Callback], steps: int = 5, **trainer_kwargs: Any) -> Trainer:
-    """Fit ``module`` on :func:`random_loader` for ``steps`` steps, without logger or default checkpoints."""
+    """Fit ``module`` on :func:`random_loader` for ``steps`` steps, without logger or default checkpoints.
+
+    Saves go through :class:`AtomicCheckpointIO`, as in the CLI.
+    """
     has_checkpoint = any(isinstance(c, ModelCheckpoint) for c in callbacks)
+    trainer_kwargs.setdefault("plugins", [AtomicCheckpointIO()])  # as the CLI installs it
     trainer = Trainer(
         accelerator="cpu",
         max_steps=steps,

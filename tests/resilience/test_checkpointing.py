@@ -17,7 +17,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from typing_extensions import override
 
-from mm_lightning.checkpointing import AtomicCheckpointIO, ExactResume, ResilientCheckpoint
+from mm_lightning.callbacks import ExactResume, ResilientCheckpoint
+from mm_lightning.plugins import AtomicCheckpointIO
 from tests.resilience.helpers import TinyModule, random_loader
 
 REPO = Path(__file__).resolve().parents[2]
@@ -94,13 +95,13 @@ def test_last_checkpoint_every_n_steps_and_epoch_end_despite_monitor(
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
+        plugins=[AtomicCheckpointIO()],
         callbacks=[sampler, checkpoint],
     )
     trainer.fit(
         TinyModule(), random_loader(40), random_loader(16)
     )  # 5 steps per epoch, validation at its end
     if checkpoint_cls is ResilientCheckpoint:
-        assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
         assert sampler.steps == {3, 5, 6, 9, 10}
     else:  # stock (Lightning 2.6.6 gives {6, 9}): waits for the monitored metric and skips epoch ends
         assert {3, 5, 10}.isdisjoint(sampler.steps)
@@ -122,6 +123,7 @@ def test_best_checkpoint_follows_each_validation(tmp_path: Path, checkpoint_cls:
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
+        plugins=[AtomicCheckpointIO()],
         callbacks=[checkpoint],
     )
     trainer.fit(TinyModule(), random_loader(40), random_loader(16))

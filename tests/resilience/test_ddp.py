@@ -14,8 +14,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
+from mm_lightning.callbacks import PreemptionCheckpoint, ResilientCheckpoint
 from mm_lightning.callbacks.nan_guard import NaNGuard, NonFiniteTrainingError
-from mm_lightning.checkpointing import PreemptionCheckpoint, ResilientCheckpoint
 from tests.resilience.helpers import SaveParamsAtEnd, TinyModule, UnsyncedNaNGuard, fit_tiny, run_on_two_ranks
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from lightning.pytorch import Trainer
 
-from mm_lightning.checkpointing import PreemptionCheckpoint
+from mm_lightning.callbacks import PreemptionCheckpoint
 from tests.resilience.helpers import TinyModule, random_loader
 from tests.resilience.test_checkpointing import REPO, wait_for
 

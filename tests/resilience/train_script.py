@@ -18,8 +18,9 @@ from torch.utils.data import TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 from typing_extensions import override
 
+from mm_lightning.callbacks import ExactResume, PreemptionCheckpoint, ResilientCheckpoint
 from mm_lightning.callbacks.nan_guard import NaNGuard
-from mm_lightning.checkpointing import ExactResume, PreemptionCheckpoint, ResilientCheckpoint
+from mm_lightning.plugins import AtomicCheckpointIO
 from tests.resilience.helpers import TinyModule, flat_params
 
 
@@ -63,6 +64,7 @@ def main() -> None:
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
+        plugins=[AtomicCheckpointIO()],
         callbacks=[
             ResilientCheckpoint(dirpath=args.root / "ckpts", every_n_train_steps=args.every, save_top_k=0),
             PreemptionCheckpoint(),

@@ -1,0 +1,157 @@
+"""BadRecordLogger: makes ``on_bad_record="skip"`` visible in every stage (``data/skipped`` + a summary).
+
+Lines dropped while indexing are known on every rank (each rank indexes the same files) and are counted once;
+bad images are found in the DataLoader workers, travel inside the batch (``batch["skipped"]``) and are summed
+over ranks. The accounting itself is :class:`~mm_lightning.data.skips.SkipLog`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.utilities import rank_zero_warn
+from typing_extensions import override
+
+from mm_lightning.data.skips import SkipLog
+
+
+class BadRecordLogger(pl.Callback):
+    """Logs ``data/skipped`` (cumulative, all ranks, including lines dropped while indexing), warns on the first
+    skip, and at the end of fit, validate, test and predict warns a summary (per split, per kind, first reasons)
+    and writes it to TensorBoard as ``data/skipped_summary``.
+
+    Args:
+        keep: how many skip reasons to keep for the summary.
+    """
+
+    def __init__(self, keep: int = 20) -> None:
+        self.keep = keep
+        self.local = SkipLog(keep)  # found by this rank's loaders
+        self.indexed = SkipLog(keep)  # dropped while indexing (the same on every rank)
+        self._warned = False
+
+    @property
+    def reasons(self) -> list[str]:
+        """The first skip reasons (this rank's, lines dropped while indexing first)."""
+        merged = SkipLog(self.keep)
+        merged.update(self.indexed)
+        merged.update(self.local)
+        return merged.first
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        skips = getattr(trainer.datamodule, "index_skips", None)
+        self.indexed = SkipLog(self.keep)
+        if skips is not None:
+            self.indexed.update(skips)
+            self._warn_first(skips.first)
+
+    def _warn_first(self, reasons: list[str]) -> None:
+        if reasons and not self._warned:
+            rank_zero_warn(f"skipping bad records (on_bad_record='skip'); first: {reasons[0]}")
+            self._warned = True
+
+    def _count(self, batch: Any, split: str) -> None:
+        before = len(self.local.first)
+        self.local.add_batch(batch, split)
+        self._warn_first(self.local.first[before:])
+
+    def gathered(self, trainer: pl.Trainer) -> SkipLog:
+        """All ranks' skips so far plus the indexing drops (a collective: call it on every rank)."""
+        table = self.local.to_tensor(trainer.strategy.root_device)
+        total = trainer.strategy.reduce(table, reduce_op="sum").cpu()
+        log = SkipLog.from_tensor(total, [], self.keep)
+        log.update(self.indexed)
+        log.first = self.reasons
+        return log
+
+    def total(self, trainer: pl.Trainer) -> int:
+        """Skips on all ranks so far (a collective: call it on every rank)."""
+        return self.gathered(trainer).count
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._count(batch, "train")
+        # Every step (the logger still writes every log_every_n_steps): one small all-reduce, and the
+        # Lightning logger's cadence stays the single source of truth.
+        pl_module.log("data/skipped", float(self.total(trainer)), on_step=True, on_epoch=False, batch_size=1)
+
+    @override
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if not trainer.sanity_checking:  # the sanity check re-reads the first val batches; count them once
+            self._count(batch, "val")
+
+    @override
+    def on_test_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._count(batch, "test")
+
+    @override
+    def on_predict_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._count(batch, "predict")
+
+    @override
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.state.fn == "validate":  # in fit, the training steps log it
+            pl_module.log("data/skipped", float(self.total(trainer)), batch_size=1)
+
+    @override
+    def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        pl_module.log("data/skipped", float(self.total(trainer)), batch_size=1)
+
+    @override
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._summarize(trainer)
+
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.state.fn == "validate":
+            self._summarize(trainer)
+
+    @override
+    def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._summarize(trainer)
+
+    @override
+    def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        log = self._summarize(trainer)
+        # LightningModule.log is not available in predict; write the scalar to the logger directly.
+        if trainer.is_global_zero and trainer.logger is not None:
+            trainer.logger.log_metrics({"data/skipped": float(log.count)}, step=trainer.global_step)
+
+    def _summarize(self, trainer: pl.Trainer) -> SkipLog:
+        log = self.gathered(trainer)
+        if not log.count:
+            return log
+        summary = log.summary()
+        rank_zero_warn(summary)
+        experiment = getattr(trainer.logger, "experiment", None)
+        if trainer.is_global_zero and hasattr(experiment, "add_text"):
+            experiment.add_text("data/skipped_summary", summary.replace("\n", "  \n"), trainer.global_step)
+        return log

@@ -1,0 +1,290 @@
+"""Checkpoint callbacks that survive kills: ``last.ckpt`` every N steps, exact RNG resume, preemption.
+
+Saves are atomic through the checkpoint IO plugin :class:`~mm_lightning.plugins.AtomicCheckpointIO` (the CLI
+installs it; in plain Python pass ``Trainer(plugins=[AtomicCheckpointIO()])``).
+
+* :class:`ResilientCheckpoint` is a drop-in ``ModelCheckpoint`` whose ``last.ckpt`` is written every
+  ``every_n_train_steps`` and at every training epoch end, independently of the monitored metric.
+* :class:`ExactResume` stores Python / NumPy / torch RNG states in the checkpoint (as tensors, so it loads
+  with ``weights_only=True``), reseeds per batch and re-applies the train loader's saved position when Lightning
+  skipped it, which makes a mid-epoch resume bit-exact.
+* :class:`PreemptionCheckpoint` turns SIGTERM / SIGUSR1 into "save ``last.ckpt`` after this batch, then exit 0",
+  with the same decision on every rank.
+
+Resume with ``python -m mm_lightning fit --config ... --ckpt_path last``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+from types import FrameType
+from typing import Any
+
+import numpy as np
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from typing_extensions import override
+
+from mm_lightning import lightning_compat as compat
+from mm_lightning.plugins.io import AtomicCheckpointIO
+
+
+class ResilientCheckpoint(ModelCheckpoint):
+    """``ModelCheckpoint`` whose ``last.ckpt`` never waits for validation and whose "best" uses fresh metrics.
+
+    With a ``monitor``, stock ``ModelCheckpoint`` (Lightning 2.6) defers step-triggered saves, ``last.ckpt``
+    included, until the metric exists and then compares each step's checkpoint against the *previous*
+    validation's value; a run killed before its first validation has no checkpoint at all. Here:
+
+    * ``last.ckpt`` is written every ``every_n_train_steps`` optimizer steps and at each training epoch end
+      (after that epoch's validation), whatever the monitor;
+    * with a ``monitor``, top-k checkpoints are considered right after each validation, with its metrics;
+      without one, top-k saving is Lightning's.
+
+    Takes exactly ``ModelCheckpoint``'s arguments; ``save_last`` defaults to ``True`` ("link" is not supported)
+    and ``enable_version_counter`` to ``False``: a run directory holds one run, whose ``last.ckpt`` is
+    overwritten in place (never ``last-v1.ckpt``), so ``--ckpt_path last`` always means this directory's latest
+    state.
+    """
+
+    def __init__(
+        self, *args: Any, save_last: bool | None = True, enable_version_counter: bool = False, **kwargs: Any
+    ) -> None:
+        if save_last == "link":
+            raise ValueError("ResilientCheckpoint writes last.ckpt itself; use save_last=True, not 'link'.")
+        super().__init__(*args, save_last=save_last, enable_version_counter=enable_version_counter, **kwargs)
+        self._last_only_step: int | None = None
+
+    @override
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage == "fit" and not isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO):
+            rank_zero_warn(
+                "ResilientCheckpoint: checkpoints are not written atomically (a kill during a save can corrupt"
+                " last.ckpt); pass Trainer(plugins=[mm_lightning.plugins.AtomicCheckpointIO()])."
+            )
+        super().setup(trainer, pl_module, stage)
+
+    @override
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self.monitor is None:
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        every = compat.every_n_train_steps(self)
+        if every >= 1 and trainer.global_step % every == 0:
+            self.save_last_now(trainer)
+
+    @override
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.monitor is None:
+            super().on_validation_end(trainer, pl_module)
+        elif not compat.should_skip_saving(self, trainer):
+            compat.save_topk(self, trainer)
+
+    @override
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.monitor is None:
+            super().on_train_epoch_end(trainer, pl_module)
+        # Always rewritten here (even if this step was saved after its batch) so that a resume starts the next
+        # epoch with the state *after* epoch-end validation, as an uninterrupted run does.
+        self.save_last_now(trainer, force=True)
+
+    def save_last_now(self, trainer: Trainer, force: bool = False) -> None:
+        """Write ``last.ckpt`` for the current state (every rank must call this; rank 0 writes).
+
+        Args:
+            trainer: The running trainer.
+            force: Rewrite even if ``last.ckpt`` already holds this global step.
+        """
+        if not self.save_last or trainer.fast_dev_run or trainer.state.fn != "fit" or trainer.sanity_checking:
+            return
+        step = trainer.global_step
+        saved_step, saved_path = compat.last_saved(self)
+        if not force and step in (saved_step, self._last_only_step):
+            return
+        compat.save_last(self, trainer)
+        # Lightning's top-k logic skips any step marked as saved; a last-only save must not cost the step its
+        # deferred "best" checkpoint at the next validation.
+        compat.set_last_saved(self, saved_step, saved_path)
+        self._last_only_step = step
+
+
+class ExactResume(Callback):
+    """Make a resumed run continue exactly like an uninterrupted one (RNG streams and data position).
+
+    * Lightning checkpoints do not contain RNG states. This callback stores the Python, NumPy and torch (CPU
+      and CUDA) states and restores them when the checkpoint is loaded, which covers a resume at an epoch
+      boundary (the next epoch's shuffling and worker seeds are drawn from them).
+    * Within an epoch, Lightning's prefetching, validation and the data loader's iterator creation draw from the
+      global generators at points that differ between a resumed and an uninterrupted run, so with
+      ``reseed_every_batch`` the generators are also reseeded at every training batch from ``(seed, batch
+      counter)``: a batch's dropout, negative sampling etc. depend only on its position in training.
+    * Lightning 2.6 applies the checkpoint's train-loader position (a ``StatefulDataLoader``'s state) in
+      ``FitLoop.setup_data``. When ``configure_optimizers`` reads ``trainer.estimated_stepping_batches`` (as
+      warmup/cosine schedules do), ``setup_data`` has already run before the checkpoint's loop state is read, the
+      position is never applied and the resumed epoch starts over with a new shuffle. ``on_train_start`` applies
+      it and restarts the not yet consumed iterator.
+
+    Random data augmentation is exact only if it does not draw from the global generators of the process that
+    loads the batch (see the README: per-sample seeding).
+
+    Args:
+        seed: Base seed of the per-batch reseeding; ``None`` uses the one ``seed_everything`` set (0 if none).
+        reseed_every_batch: Reseed the global generators at each training batch.
+    """
+
+    def __init__(self, seed: int | None = None, reseed_every_batch: bool = True) -> None:
+        self.seed = seed
+        self.reseed_every_batch = reseed_every_batch
+
+    @override
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self.seed is None:
+            self.seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+
+    @override
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        compat.apply_pending_train_loader_state(trainer)
+
+    @override
+    def on_train_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self.reseed_every_batch:
+            # total_batch_idx is restored from the checkpoint, so the seed of a batch survives a resume.
+            batch_seed = hash((self.seed, trainer.fit_loop.total_batch_idx)) % 2**32
+            random.seed(batch_seed)
+            np.random.seed(batch_seed)
+            torch.manual_seed(batch_seed)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        np_state = np.random.get_state()
+        state: dict[str, Any] = {
+            "seed": self.seed,
+            "python": random.getstate(),
+            # NumPy's state holds an ndarray; stored as a tensor so the checkpoint loads with weights_only=True.
+            "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]),
+            "torch": torch.get_rng_state(),
+        }
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.seed = state_dict["seed"]
+        random.setstate(state_dict["python"])
+        name, keys, *rest = state_dict["numpy"]
+        np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+        torch.set_rng_state(state_dict["torch"])
+        if "cuda" in state_dict and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state_dict["cuda"])
+
+
+class PreemptionCheckpoint(Callback):
+    """Save ``last.ckpt`` and exit cleanly (code 0) when the job is told to stop (SIGTERM, SIGUSR1).
+
+    Lightning 2.6 on SIGTERM only sets ``trainer.received_sigterm`` and raises ``SIGTERMException`` after the
+    current batch (or in the middle of validation) *without* saving; SIGUSR1 is handled only under SLURM with
+    auto-requeue, and that handler saves an ``hpc_ckpt`` from inside the signal handler, i.e. at an arbitrary
+    point of a step. This callback replaces the SIGTERM / SIGUSR1 handlers while fitting with one that only sets
+    a flag; after each training batch and after each validation the ranks agree (one all-reduce) whether any
+    received a signal, and if so all save ``last.ckpt`` through the first ``ModelCheckpoint`` (so
+    ``--ckpt_path last`` finds it) at that consistent point and raise ``SIGTERMException`` (exit status 0), which
+    lets SLURM's ``--requeue`` or any scheduler restart the job. Lightning restores the previous handlers at
+    teardown.
+
+    Args:
+        signals: Names of the signals that mean "save and stop".
+    """
+
+    def __init__(self, signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1")) -> None:
+        self.signals = tuple(signal.Signals[name] for name in signals)
+        self.received: signal.Signals | None = None
+        self._active = False
+        self._previous: dict[signal.Signals, Any] = {}
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self._active:
+            # Only a flag: the handler runs between two bytecodes of whatever is executing, so it must not save.
+            self.received = signal.Signals(signum)
+            return
+        # Outside fit (Lightning may reinstall this handler at its teardown): behave as before we were installed.
+        previous = self._previous.get(signal.Signals(signum), signal.SIG_DFL)
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    def _install(self) -> None:
+        for signum in self.signals:
+            try:
+                self._previous.setdefault(signum, signal.getsignal(signum))
+                signal.signal(signum, self._on_signal)
+            except ValueError:  # not the main thread (e.g. a notebook's worker thread): nothing to install
+                return
+
+    @override
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        self.received, self._active, self._previous = None, True, {}
+        # Installed before Lightning registers its SIGTERM handler, so data-loader workers forked at the start
+        # of the first epoch inherit a handler that does not kill them.
+        self._install()
+
+    @override
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # Lightning's own handler (registered after `setup`) would raise in the middle of validation.
+        self._install()
+
+    @override
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._active = False
+        for signum, previous in self._previous.items():
+            if previous is not None and threading.current_thread() is threading.main_thread():
+                signal.signal(signum, previous)
+
+    @override
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._active = False  # Lightning restores our handler at its teardown; it then delegates (see above)
+
+    @override
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._save_and_exit_if_signalled(trainer)
+
+    @override
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self._save_and_exit_if_signalled(trainer)
+
+    def _save_and_exit_if_signalled(self, trainer: Trainer) -> None:
+        if not trainer.strategy.reduce_boolean_decision(self.received is not None, all=False):
+            return
+        what = self.received.name if self.received is not None else "another rank's signal"
+        path = self._save_last(trainer)
+        rank_zero_info(f"Received {what}: saved {path} at global step {trainer.global_step}; exiting.")
+        raise SIGTERMException
+
+    @staticmethod
+    def _save_last(trainer: Trainer) -> str:
+        for callback in trainer.checkpoint_callbacks:
+            if isinstance(callback, ResilientCheckpoint):
+                callback.save_last_now(trainer, force=True)
+                return callback.last_model_path
+            if isinstance(callback, ModelCheckpoint) and callback.save_last:
+                compat.save_last(callback, trainer)
+                return callback.last_model_path
+        path = os.path.join(trainer.default_root_dir, "checkpoints", "last.ckpt")
+        trainer.save_checkpoint(path)
+        return path

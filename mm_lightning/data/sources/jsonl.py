@@ -1,0 +1,219 @@
+"""JSONL source: one ``{"image": <path>, "text": <caption or list>}`` object per line, images as files.
+
+The index keeps byte offsets and numpy arrays, never a list of dicts: Python objects in a list are touched
+(ref-counted) on every access, so forked DataLoader workers copy the pages holding them and their RSS grows
+over an epoch; a handful of numpy arrays are single objects whose data pages are only read. Lines are re-read
+from the file by offset when a sample is needed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from array import array
+from dataclasses import dataclass
+
+import numpy as np
+
+from mm_lightning.data.records import Record, RecordError, record_errors, validate_captions
+from mm_lightning.data.skips import SkipLog
+
+
+class RecordParser:
+    """Parses and validates one JSONL line into a :class:`~mm_lightning.data.records.Record`.
+
+    Args:
+        file: the JSONL file (for messages).
+        image_key: key of the image path.
+        text_key: key of the caption (a string or a list of strings).
+        image_root: folder relative image paths are resolved against.
+        confine_to_root: reject image paths (absolute, ``..`` or symlinks) that leave ``image_root``.
+    """
+
+    def __init__(
+        self, file: str, image_key: str, text_key: str, image_root: str, confine_to_root: bool
+    ) -> None:
+        self.file, self.image_key, self.text_key = file, image_key, text_key
+        self.image_root = os.path.abspath(image_root)
+        self.confine_to_root = confine_to_root
+
+    @property
+    def confine_root(self) -> str | None:
+        """The folder every image must stay inside (links resolved at load time), or ``None``."""
+        return self.image_root if self.confine_to_root else None
+
+    def parse(self, raw: bytes, line: int) -> Record:
+        """Parse one raw line (1-based ``line`` for messages).
+
+        Raises:
+            RecordError: malformed JSON (also too deep or with too long a number), missing key, bad image
+                field, bad caption, or a path that no file system accepts or that escapes the root.
+        """
+        with record_errors(self.file, line, "malformed_json", what="malformed JSON"):
+            obj = json.loads(raw)
+        stub = Record("", [], self.file, line)
+        if not isinstance(obj, dict):
+            raise stub.error(
+                f"malformed JSON: expected an object, got {type(obj).__name__}", "malformed_json"
+            )
+        for key in (self.image_key, self.text_key):
+            if key not in obj:
+                keys = sorted(str(k)[:40] for k in obj)[:20]
+                raise stub.error(f"missing key {key!r} (keys: {keys})", "missing_key")
+        image = obj[self.image_key]
+        if not isinstance(image, str) or not image:
+            raise stub.error(
+                f"must be a non-empty string path, got {_preview(image)}", "bad_field", self.image_key
+            )
+        path = self.resolve(image, line)
+        record = Record(path, [], self.file, line)
+        return Record(path, validate_captions(obj[self.text_key], record, self.text_key), self.file, line)
+
+    def resolve(self, image: str, line: int) -> str:
+        """``image`` joined onto ``image_root`` and normalized; checks what can be checked without the disk."""
+        with record_errors(self.file, line, "bad_path", image=image, key=self.image_key):
+            if "\0" in image:
+                raise ValueError("embedded null byte")
+            os.fsencode(image)  # lone surrogates: no file system can name them
+        path = os.path.normpath(os.path.join(self.image_root, image))
+        if self.confine_to_root and os.path.commonpath([path, self.image_root]) != self.image_root:
+            raise RecordError(
+                self.file,
+                line,
+                f"image path escapes image_root {self.image_root!r}",
+                image,
+                kind="path_escapes_root",
+                key=self.image_key,
+            )
+        return path
+
+
+def _preview(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _path_hash(path: str) -> int:
+    return int.from_bytes(hashlib.blake2b(os.fsencode(path), digest_size=8).digest(), "little", signed=True)
+
+
+def _first_appearance_ids(keys: np.ndarray) -> np.ndarray:
+    """Dense ids numbered in order of first appearance in the file (so ids follow the file order)."""
+    if not len(keys):
+        return np.zeros(0, dtype=np.int64)
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    rank = np.empty(len(first), dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(first))
+    return rank[inverse.reshape(-1)]
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One (image, caption) pair of the index, read back from the file.
+
+    Attributes:
+        record: the whole parsed line.
+        caption: this pair's caption.
+        image_id: dense image id (the same resolved path gives the same id, also across lines).
+    """
+
+    record: Record
+    caption: str
+    image_id: int
+
+
+class JsonlIndex:
+    """Byte offsets of the valid lines of a JSONL file plus per-caption ("pair") arrays.
+
+    Attributes:
+        offsets: int64 byte offset of each valid line.
+        line_numbers: int32 1-based line number of each valid line (for messages).
+        cap_line: int32 valid-line index of each pair.
+        cap_pos: int32 position of that caption inside its line's caption list.
+        cap_words: int16 whitespace word count of each caption (a cheap length proxy for batching).
+        image_ids: int64 dense image id of each pair.
+        skips: invalid lines dropped under ``on_bad_record="skip"``.
+        lines: non-blank lines seen (valid or not).
+
+    Args:
+        parser: validates each line.
+        on_bad_record: ``"raise"`` raises :class:`RecordError` on the first bad line; ``"skip"`` drops and
+            counts it.
+    """
+
+    def __init__(self, parser: RecordParser, on_bad_record: str = "raise") -> None:
+        self.parser, self.file = parser, parser.file
+        self.skips = SkipLog()
+        self.lines = 0
+        offsets, lines, cap_line, cap_pos = array("q"), array("i"), array("i"), array("i")
+        hashes, words = array("q"), array("h")
+        with open(self.file, "rb") as f:
+            offset, line_no = 0, 0
+            for raw in f:
+                line_no += 1
+                start, offset = offset, offset + len(raw)
+                if not raw.strip():
+                    continue
+                self.lines += 1
+                try:
+                    rec = parser.parse(raw, line_no)
+                except RecordError as err:
+                    if on_bad_record == "raise":
+                        raise
+                    self.skips.add(err, "index")
+                    continue
+                h = _path_hash(rec.image)
+                for pos, caption in enumerate(rec.captions):
+                    cap_line.append(len(offsets))
+                    cap_pos.append(pos)
+                    hashes.append(h)
+                    words.append(min(len(caption.split()), 32767))
+                offsets.append(start)
+                lines.append(line_no)
+        self.offsets = np.frombuffer(offsets, dtype=np.int64).copy()
+        self.line_numbers = np.frombuffer(lines, dtype=np.int32).copy()
+        self.cap_line = np.frombuffer(cap_line, dtype=np.int32).copy()
+        self.cap_pos = np.frombuffer(cap_pos, dtype=np.int32).copy()
+        self.cap_words = np.frombuffer(words, dtype=np.int16).copy()
+        self.image_ids = _first_appearance_ids(np.frombuffer(hashes, dtype=np.int64))
+        # Pairs grouped by image: image i owns by_image[starts[i]:starts[i + 1]].
+        self.by_image = np.argsort(self.image_ids, kind="stable").astype(np.int32)
+        self.starts = np.searchsorted(self.image_ids[self.by_image], np.arange(self.num_images + 1)).astype(
+            np.int64
+        )
+        self._fh: object = None
+        self._pid = -1
+
+    @property
+    def num_images(self) -> int:
+        return int(self.image_ids.max()) + 1 if len(self.image_ids) else 0
+
+    @property
+    def num_captions(self) -> int:
+        return len(self.cap_line)
+
+    def pairs_of_image(self, image: int) -> np.ndarray:
+        """Pair rows holding ``image``'s captions."""
+        return self.by_image[self.starts[image] : self.starts[image + 1]]
+
+    def first_pair_of_images(self) -> np.ndarray:
+        """One pair row per image (its first caption), in image-id order."""
+        return self.by_image[self.starts[:-1]]
+
+    def read(self, valid_line: int) -> Record:
+        """Re-read and parse one valid line (file handle opened lazily once per process)."""
+        if self._pid != os.getpid():  # forked/spawned workers must not share a file position
+            self._fh, self._pid = open(self.file, "rb"), os.getpid()
+        self._fh.seek(int(self.offsets[valid_line]))
+        return self.parser.parse(self._fh.readline(), int(self.line_numbers[valid_line]))
+
+    def pair(self, row: int) -> Pair:
+        """Read pair ``row`` back: its record, caption and image id."""
+        record = self.read(int(self.cap_line[row]))
+        return Pair(record, record.captions[int(self.cap_pos[row])], int(self.image_ids[row]))
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_fh"], state["_pid"] = None, -1
+        return state
