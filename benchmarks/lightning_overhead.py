@@ -79,7 +79,7 @@ class Harness:
             "--data.init_args.data_dir", str(self.root / "demo"),
             "--data.init_args.num_workers", "0",
             "--trainer.logger.init_args.save_dir", str(self.root / "logs"),
-            "--checkpoint.dirpath", str(self.root / "checkpoints"),
+            "--trainer.default_root_dir", str(self.root / "run"),
             "--trainer.max_epochs", "1",
             "--trainer.max_steps", str(self.steps),
         ]  # fmt: skip
