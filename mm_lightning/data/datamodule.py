@@ -80,7 +80,7 @@ class MultimodalDataModule(pl.LightningDataModule):
             copy (``on_after_batch_transfer``; 4x fewer bytes through worker queues, pinned memory and PCIe);
             ``"worker"``: in the collate. ``"auto"``: device when training on an accelerator, workers on CPU
             and outside a Trainer (measured in ``benchmarks/data_pipeline.py``).
-        reduced_decode: let large JPEGs decode at 1/4 or 1/8 size when the crop still needs no upsampling.
+        reduced_decode: let JPEGs decode at 1/2, 1/4 or 1/8 size when the crop still needs no upsampling.
         confine_to_root: reject image paths (absolute, ``..``, links) that leave ``image_root``.
         max_image_pixels: refuse images above this many pixels (decompression bombs); ``None`` disables.
     """
@@ -162,10 +162,13 @@ class MultimodalDataModule(pl.LightningDataModule):
         scale_min = hp.train_scale[0] if train else 1.0
         # Reduced JPEG decoding only down to a size the crop never has to upsample from.
         min_side = int(hp.image_size / scale_min**0.5) + 1 if hp.reduced_decode and not full_size else None
+        reduced = hp.reduced_decode and not full_size
         transform = (
-            train_transform(hp.image_size, tuple(hp.train_scale), hp.horizontal_flip)
+            train_transform(
+                hp.image_size, tuple(hp.train_scale), hp.horizontal_flip, reduced, hp.max_image_pixels
+            )
             if train
-            else eval_transform(hp.image_size)
+            else eval_transform(hp.image_size, reduced, hp.max_image_pixels)
         )
         root = self.record_parser(split).confine_root
         return SampleBuilder(transform, hp.max_image_pixels, min_side, confine_root=root)

@@ -27,6 +27,7 @@ import torch
 from mm_lightning.data.images import DEFAULT_MAX_PIXELS, ImageDecodeError, decode_image_file
 from mm_lightning.data.records import Record, RecordError, record_errors
 from mm_lightning.data.skips import SKIPPED_KEY
+from mm_lightning.data.transforms import DecodeResizedCrop
 
 ORIGIN_KEY = (
     "origin"  # sample field: where the record came from (file, line), for errors found in the collate
@@ -102,10 +103,24 @@ class SampleBuilder:
 
     def __call__(self, record: Record, caption: str, image_id: int, index: int) -> dict[str, Any]:
         """The sample of one (image, caption) pair of ``record``."""
-        image = self.apply_transform(record, self.decode(record, self.min_side))
+        if isinstance(self.transform, DecodeResizedCrop):
+            image = self.decode_cropped(record)
+        else:
+            image = self.apply_transform(record, self.decode(record, self.min_side))
         sample = {"image": image, "caption": caption, "image_id": image_id, "index": index, SKIPPED_KEY: []}
         sample[ORIGIN_KEY] = (record.file, record.line, record.sample, record.image_label)
         return sample
+
+    def decode_cropped(self, record: Record) -> torch.Tensor:
+        """Crop drawn from the header, then a DCT-scaled decode of what the crop needs (path or bytes)."""
+        if isinstance(record.image, str):
+            self.check_file(record)
+        with record_errors(record.file, record.line, "undecodable_image", image=record.image_label,
+                           sample=record.sample):  # fmt: skip
+            try:
+                return self.transform(record.image, max_aspect_ratio=MAX_ASPECT_RATIO)
+            except ImageDecodeError as err:  # already a sentence for users
+                raise record.error(str(err), "undecodable_image") from err
 
     def apply_transform(self, record: Record, image: torch.Tensor) -> torch.Tensor:
         """The transformed image, or a ``RecordError`` if the transform fails on it."""

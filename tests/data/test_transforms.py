@@ -1,14 +1,24 @@
-"""Transforms: uint8 geometry, no flip unless asked, normalization equal to torchvision's."""
+"""Transforms: uint8 geometry, no flip unless asked, normalization equal to torchvision's, decode+crop in one step
+equal in distribution and pixels to torchvision's RandomResizedCrop on a full decode."""
 
 from __future__ import annotations
 
+from importlib import resources
+from io import BytesIO
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
+from PIL import Image
+from scipy.stats import ks_2samp
 from torchvision.transforms import v2
 
+from mm_lightning.data.images import EncodedImage, ImageDecodeError, decode_image_bytes
 from mm_lightning.data.transforms import (
     IMAGENET_MEAN,
     IMAGENET_STD,
+    DecodeResizedCrop,
     Normalize,
     eval_transform,
     train_transform,
@@ -48,3 +58,146 @@ def test_eval_is_resize_shorter_side_then_center_crop() -> None:
     image[:, :, 20:60] = 255  # the central square is white, the sides black
     out = eval_transform(20)(image)
     assert out.shape == (3, 20, 20) and out.float().mean() > 250
+
+
+# --- decode + crop in one step (DecodeResizedCrop) ------------------------------------------------------------
+
+
+def _real_photo(name: str, size: tuple[int, int] = (640, 480)) -> Image.Image:
+    """A camera photo shipped inside scikit-image's wheel (no download), resized like a COCO image."""
+    path = resources.files("skimage") / "data" / name
+    return Image.open(BytesIO(path.read_bytes())).convert("RGB").resize(size, Image.LANCZOS)
+
+
+def _jpeg(image: Image.Image, **save: object) -> bytes:
+    buf = BytesIO()
+    image.save(buf, "JPEG", **save)
+    return buf.getvalue()
+
+
+def _psnr(a: torch.Tensor, b: torch.Tensor) -> float:
+    mse = (a.float() - b.float()).pow(2).mean().clamp_min(1e-10)
+    return float(10 * torch.log10(255**2 / mse))
+
+
+@pytest.mark.parametrize("size", [(640, 480), (427, 640), (1000, 50)])
+def test_crop_boxes_are_torchvisions_own_draws(size: tuple[int, int]) -> None:
+    ours = DecodeResizedCrop(224, (0.08, 1.0))
+    theirs = v2.RandomResizedCrop(224, scale=(0.08, 1.0))
+    placeholder = torch.zeros(3, size[1], size[0], dtype=torch.uint8)
+    for seed in range(50):
+        torch.manual_seed(seed)
+        box = ours.crop_box(*size)
+        torch.manual_seed(seed)
+        params = theirs.make_params([placeholder])
+        assert box == (params["top"], params["left"], params["height"], params["width"])
+        torch.manual_seed(seed)
+        planned, scale = ours.plan(*size)
+        assert (
+            max(abs(p - b) for p, b in zip(planned, box, strict=True)) <= scale
+        )  # snapped to the scale's grid only
+
+
+def test_crop_scale_distribution_equals_torchvision() -> None:
+    def areas(transform: DecodeResizedCrop | v2.RandomResizedCrop, seed: int, n: int = 1500) -> np.ndarray:
+        torch.manual_seed(seed)
+        placeholder = torch.zeros(3, 480, 640, dtype=torch.uint8)
+        out = []
+        for _ in range(n):
+            if isinstance(transform, DecodeResizedCrop):
+                _, _, h, w = transform.plan(640, 480)[0]  # the box actually decoded, after snapping
+            else:
+                params = transform.make_params([placeholder])
+                h, w = params["height"], params["width"]
+            out.append(h * w / (640 * 480))
+        return np.array(out)
+
+    reference = areas(v2.RandomResizedCrop(64, scale=(0.08, 1.0)), seed=1)
+    assert ks_2samp(areas(DecodeResizedCrop(64, (0.08, 1.0)), seed=2), reference).pvalue > 0.01
+    control = areas(DecodeResizedCrop(64, (0.3, 1.0)), seed=2)  # a different scale range is detected
+    assert ks_2samp(control, reference).pvalue < 1e-6
+
+
+@pytest.mark.parametrize(
+    ("photo", "save"),
+    [("coffee.png", {}), ("chelsea.png", {"progressive": True}), ("astronaut.png", {"subsampling": 0})],
+)
+def test_scaled_decode_psnr_vs_full_decode_on_real_photos(photo: str, save: dict) -> None:
+    data = _jpeg(_real_photo(photo), quality=90, **save)
+    full = decode_image_bytes(data)
+    ours, theirs = DecodeResizedCrop(160, (0.25, 1.0)), v2.RandomResizedCrop(160, scale=(0.25, 1.0))
+    scales, same_box, torchvision_box, unrelated = [], [], [], []
+    for seed in range(8):
+        torch.manual_seed(seed)
+        box, scale = ours.plan(640, 480)
+        scales.append(scale)
+        torch.manual_seed(seed)
+        out = ours(data)
+        # Full decode + the same crop box + antialiased resize: only the decoder's DCT scaling differs.
+        same_box.append(_psnr(out, v2.functional.resized_crop(full, *box, [160, 160], antialias=True)))
+        torch.manual_seed(seed)
+        torchvision_box.append(_psnr(out, theirs(full)))  # also off by the box snapping (<= 0.5 output px)
+        torch.manual_seed(seed + 100)
+        unrelated.append(_psnr(out, theirs(full)))  # control: another crop of the same photo
+    assert min(scales) == 1 and max(scales) > 1  # both the full and the reduced decode were exercised
+    assert min(same_box) >= 30
+    assert np.median(torchvision_box) >= 30
+    assert np.median(unrelated) < 20
+
+
+def test_eval_crop_psnr_vs_resize_center_crop() -> None:
+    data = _jpeg(_real_photo("astronaut.png", (640, 480)), quality=90)
+    reference = v2.Compose([v2.Resize(224, antialias=True), v2.CenterCrop(224)])(decode_image_bytes(data))
+    ours = eval_transform(224)
+    assert ours.plan(640, 480)[1] == 2  # 480 / 2 = 240 >= 224: decoded at half size
+    assert _psnr(ours(data), reference) >= 30
+    assert _psnr(eval_transform(224, reduced_decode=False)(data), reference) >= 30
+
+
+def test_exif_rotated_photo_crops_like_the_upright_one(tmp_path: Path) -> None:
+    upright = _real_photo("chelsea.png", (480, 640))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored rotated; displayed after a 90 degree clockwise turn
+    stored = upright.transpose(Image.Transpose.ROTATE_90)
+    rotated, plain = _jpeg(stored, quality=95, exif=exif.tobytes()), _jpeg(upright, quality=95)
+    transform = train_transform(128, scale=(0.3, 1.0))
+    for seed in range(4):
+        torch.manual_seed(seed)
+        a = transform(rotated)
+        torch.manual_seed(seed)
+        b = transform(plain)
+        assert _psnr(a, b) > 30
+    torch.manual_seed(0)
+    ignored = train_transform(128, scale=(0.3, 1.0))(_jpeg(stored, quality=95))  # control: no tag
+    assert _psnr(a, ignored) < 20
+
+
+def test_path_bytes_and_tensor_sources(tmp_path: Path) -> None:
+    data = _jpeg(_real_photo("coffee.png", (320, 240)), quality=90)
+    path = tmp_path / "c.jpg"
+    path.write_bytes(data)
+    transform = train_transform(64, scale=(0.5, 1.0), horizontal_flip=True)
+    outs = []
+    for source in (str(path), path, data, memoryview(data)):
+        torch.manual_seed(3)
+        outs.append(transform(source))
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+    torch.manual_seed(3)
+    from_tensor = DecodeResizedCrop(64, (0.5, 1.0), horizontal_flip=True, reduced_decode=False)(
+        decode_image_bytes(data)
+    )
+    assert from_tensor.shape == (3, 64, 64) and _psnr(from_tensor, outs[0]) > 30
+    with pytest.raises(ImageDecodeError, match="not found"):
+        transform(tmp_path / "missing.jpg")
+
+
+def test_reduced_decode_off_decodes_full_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[int] = []
+    original = EncodedImage.decode
+    monkeypatch.setattr(
+        EncodedImage, "decode", lambda self, scale=1: seen.append(scale) or original(self, scale)
+    )
+    data = _jpeg(_real_photo("coffee.png", (1280, 960)), quality=90)
+    eval_transform(224)(data)
+    eval_transform(224, reduced_decode=False)(data)
+    assert seen == [4, 1]  # 960 / 4 = 240 >= 224
