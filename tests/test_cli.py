@@ -92,13 +92,13 @@ def test_validate_test_predict_from_checkpoint(tiny_run: TinyRun, tmp_path: Path
 
 def test_resume_with_other_options_warns_listing_them(tiny_run: TinyRun) -> None:
     ckpt = str(tiny_run.checkpoint_dir / "last.ckpt")
-    args = [*tiny_demo_args(tiny_run.root), "--model.fusion_heads", "2", "--data.init_args.batch_size", "8"]
+    args = [*tiny_demo_args(tiny_run.root), "--model.fusion.heads", "2", "--data.init_args.batch_size", "8"]
     with pytest.warns(UserWarning, match="Resuming from") as caught:
         cli = cli_main(["validate", *args, "--ckpt_path", ckpt])
     message = next(str(w.message) for w in caught if "Resuming from" in str(w.message))
-    assert "model.fusion_heads: given 2, used 4" in message  # the checkpoint's architecture wins
+    assert "model.fusion.heads: given 2, used 4" in message  # the checkpoint's architecture wins
     assert "data.batch_size: given 8, checkpoint 16" in message  # data options are taken as given
-    assert cli.model.hparams.fusion_heads == 4 and cli.datamodule.hparams.batch_size == 8
+    assert cli.model.hparams["fusion"]["heads"] == 4 and cli.datamodule.hparams.batch_size == 8
 
 
 def test_fit_twice_in_one_run_dir_keeps_one_last_checkpoint(tiny_run: TinyRun) -> None:
