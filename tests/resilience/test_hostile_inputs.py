@@ -273,16 +273,22 @@ def test_cli_audit_reports_what_fit_skips(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the model to score unique indices on one device too (stand-ins repeat a valid row's index)",
-)
 def test_cli_validation_metrics_under_skip_equal_the_valid_records_alone(tmp_path: Path) -> None:
     root = tmp_path / "data"
     hostile = _split(root, "hostile", 6, ["zero_byte", "html_error_page", "deep_nesting", "fifo"], first=200)
     clean = _split(root, "clean", 6, [], first=200)
     metrics = {}
+    # One pair per batch: stand-ins change how valid rows are batched, and with other batch shapes an untrained
+    # model's near-tied similarities can swap ranks by float rounding alone. Without the de-duplication of
+    # stand-ins by index the hostile run scores extra gallery rows and its recalls differ.
     for name, path in (("hostile", hostile), ("clean", clean)):
-        cli = cli_main(["validate", *_cli_config(tmp_path / name, "skip", train=path, val=path)])
+        cli = cli_main(
+            [
+                "validate",
+                *_cli_config(tmp_path / name, "skip", train=path, val=path),
+                "--data.init_args.batch_size",
+                "1",
+            ]
+        )
         metrics[name] = {k: float(v) for k, v in cli.trainer.callback_metrics.items() if "/r" in k}
     assert metrics["clean"] and metrics["hostile"] == metrics["clean"]
