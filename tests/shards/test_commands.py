@@ -14,7 +14,7 @@ from tests.shards.helpers import write_shard
 
 def config(root: Path, data: dict) -> str:
     path = root / "config.yaml"
-    path.write_text(yaml.safe_dump({"model": {"text_encoder": TOKENIZER, "embed_dim": 8}, "data": data}))
+    path.write_text(yaml.safe_dump({"model": {"text": {"name": TOKENIZER}, "embed_dim": 8}, "data": data}))
     return str(path)
 
 
