@@ -4,7 +4,14 @@
 module here and are chosen with ``loss.name``.
 """
 
-from mm_lightning.models.losses.base import LOSSES, PairLogits, PairLoss, build_loss, register_loss
+from mm_lightning.models.losses.base import (
+    LOSSES,
+    PairLogits,
+    PairLoss,
+    ScaledPairLoss,
+    build_loss,
+    register_loss,
+)
 from mm_lightning.models.losses.clip import ContrastiveLoss
 from mm_lightning.models.losses.hard_negatives import sample_hard_negatives
 from mm_lightning.models.losses.weighting import DynamicWeightAveraging, complexity_weights
@@ -15,6 +22,7 @@ __all__ = [
     "DynamicWeightAveraging",
     "PairLogits",
     "PairLoss",
+    "ScaledPairLoss",
     "build_loss",
     "complexity_weights",
     "register_loss",

@@ -9,9 +9,11 @@ imported on first use of its name.
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
 
+import torch
 from torch import Tensor, nn
 
 
@@ -97,6 +99,40 @@ class PairLoss(nn.Module):
             sample_weights: (B,) optional per-pair weights (weighted mean over the local rows).
         """
         return self.loss_from_logits(self.logits(image_emb, text_emb, image_ids), sample_weights)
+
+
+class ScaledPairLoss(PairLoss):
+    """A pair loss whose logits are cosine similarities times a learnable scale ``exp(t') = 1 / temperature``.
+
+    Args:
+        temperature_init: initial temperature (logit scale = 1 / temperature).
+        learnable_temperature: train the temperature.
+        max_logit_scale: upper clamp of the logit scale (CLIP uses 100).
+        global_negatives: when distributed, score the local rows against the other ranks' rows too.
+    """
+
+    def __init__(
+        self,
+        temperature_init: float,
+        learnable_temperature: bool,
+        max_logit_scale: float,
+        global_negatives: bool,
+    ) -> None:
+        super().__init__()
+        self.logit_scale = nn.Parameter(
+            torch.tensor(math.log(1.0 / temperature_init)), requires_grad=learnable_temperature
+        )
+        self.max_log_scale = math.log(max_logit_scale)
+        self.global_negatives = global_negatives
+
+    @property
+    def temperature(self) -> Tensor:
+        """Current temperature (1 / clamped logit scale)."""
+        return 1.0 / self.scale()
+
+    def scale(self) -> Tensor:
+        """Clamped logit scale ``exp(t')``."""
+        return self.logit_scale.clamp(max=self.max_log_scale).exp()
 
 
 LossClass = TypeVar("LossClass", bound=type[PairLoss])

@@ -9,19 +9,17 @@ gradient would drop the other ranks' terms.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from mm_lightning.distributed import gather_no_grad, gather_with_grad, world
 from mm_lightning.embeddings import l2_normalize
-from mm_lightning.models.losses.base import PairLogits, PairLoss, register_loss
+from mm_lightning.models.losses.base import PairLogits, ScaledPairLoss, register_loss
 
 
 @register_loss("clip")
-class ContrastiveLoss(PairLoss):
+class ContrastiveLoss(ScaledPairLoss):
     """Symmetric InfoNCE on L2-normalized embeddings with a learnable temperature.
 
     The similarity and loss math always runs in fp32 (autocast disabled) so bf16/fp16 training does not
@@ -42,21 +40,7 @@ class ContrastiveLoss(PairLoss):
         max_logit_scale: float = 100.0,
         global_negatives: bool = True,
     ) -> None:
-        super().__init__()
-        self.logit_scale = nn.Parameter(
-            torch.tensor(math.log(1.0 / temperature_init)), requires_grad=learnable_temperature
-        )
-        self.max_log_scale = math.log(max_logit_scale)
-        self.global_negatives = global_negatives
-
-    @property
-    def temperature(self) -> Tensor:
-        """Current temperature (1 / clamped logit scale)."""
-        return 1.0 / self.scale()
-
-    def scale(self) -> Tensor:
-        """Clamped logit scale."""
-        return self.logit_scale.clamp(max=self.max_log_scale).exp()
+        super().__init__(temperature_init, learnable_temperature, max_logit_scale, global_negatives)
 
     def logits(self, image_emb: Tensor, text_emb: Tensor, image_ids: Tensor | None = None) -> PairLogits:
         """Scaled fp32 logits of local rows vs. (global) columns, with same-image non-diagonal pairs masked.

@@ -14,8 +14,6 @@ and gradients on the concatenated batch.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -23,7 +21,7 @@ from torch import Tensor, nn
 
 from mm_lightning.distributed import gather_no_grad, world
 from mm_lightning.embeddings import l2_normalize
-from mm_lightning.models.losses.base import PairLogits, PairLoss, register_loss
+from mm_lightning.models.losses.base import PairLogits, ScaledPairLoss, register_loss
 
 
 def _exchange(tensor: Tensor, step: int) -> Tensor:
@@ -62,7 +60,7 @@ class _RingShiftWithGrad(torch.autograd.Function):
 
 
 @register_loss("siglip")
-class SigLipLoss(PairLoss):
+class SigLipLoss(ScaledPairLoss):
     """Sigmoid pairwise image-text loss with a learnable temperature and bias, exact across ranks.
 
     The logit of a pair is ``exp(t') * cos(x_i, y_j) + b``; the paper initializes ``t' = log 10`` and
@@ -89,22 +87,8 @@ class SigLipLoss(PairLoss):
         max_logit_scale: float = 100.0,
         global_negatives: bool = True,
     ) -> None:
-        super().__init__()
-        self.logit_scale = nn.Parameter(
-            torch.tensor(math.log(1.0 / temperature_init)), requires_grad=learnable_temperature
-        )
+        super().__init__(temperature_init, learnable_temperature, max_logit_scale, global_negatives)
         self.logit_bias = nn.Parameter(torch.tensor(float(bias_init)), requires_grad=learnable_bias)
-        self.max_log_scale = math.log(max_logit_scale)
-        self.global_negatives = global_negatives
-
-    @property
-    def temperature(self) -> Tensor:
-        """Current temperature (1 / clamped logit scale)."""
-        return 1.0 / self.scale()
-
-    def scale(self) -> Tensor:
-        """Clamped logit scale ``exp(t')``."""
-        return self.logit_scale.clamp(max=self.max_log_scale).exp()
 
     def _block(self, img: Tensor, txt: Tensor, row_ids: Tensor, col_ids: Tensor) -> Tensor:
         """Per-row loss of ``img`` against one block of captions, summed over the block's columns."""
