@@ -7,7 +7,7 @@ corners and the centre). Each crop is captioned from what the photo shows and wh
 region), validation the exact regions: 80 image-caption pairs, one caption per image, R@1 by chance = 1/80.
 
 Both runs use the model section of ``configs/lit.yaml`` (locked EfficientNet-lite0, trained all-MiniLM-L6-v2),
-the same data, seed and steps; only ``image_weights`` differs (the ImageNet file vs none).
+the same data, seed and steps; only ``model.image.weights`` differs (the ImageNet file vs none).
 
     python benchmarks/pretrained_lit.py               # ~4-12 min on 2 CPU cores (contention-dependent)
     python benchmarks/pretrained_lit.py --holdout 5   # validate on 5 photos (25 pairs) never trained on
@@ -105,15 +105,15 @@ def run(
     """One LiT run (model section of configs/lit.yaml); returns the final validation retrieval metrics."""
     seed_everything(0, workers=True)
     model_args = yaml.safe_load((REPO / "configs" / "lit.yaml").read_text())["model"]
-    model_args.update(image_weights=image_weights, image_size=96)
-    if args.text_encoder:
-        model_args["text_encoder"] = args.text_encoder
+    model_args["image"].update(weights=image_weights, image_size=96)
+    if args.text_tower:
+        model_args["text"]["name"] = args.text_tower
     model = MultimodalModule(**model_args)
     config = model.image_encoder.data_config
     data = MultimodalDataModule(
         train_file=str(train),
         val_file=str(val),
-        tokenizer=tokenizer_for(model_args["text_encoder"]),
+        tokenizer=tokenizer_for(model_args["text"]["name"]),
         image_size=96,
         mean=config["mean"],
         std=config["std"],
@@ -149,7 +149,7 @@ def main() -> None:
         "--image_weights", default="efficientnet-lite0-57934424.pth", help="the ImageNet file"
     )
     parser.add_argument(
-        "--text_encoder", default=None, help="override configs/lit.yaml's text tower (a folder)"
+        "--text_tower", default=None, help="override configs/lit.yaml's text tower name (e.g. a folder)"
     )
     args = parser.parse_args()
     torch.set_num_threads(2)

@@ -32,8 +32,8 @@ def _source_directory(module: MultimodalModule) -> str:
             "export --format hf writes CLIPModel / SiglipModel directories: both towers must come from one "
             f"(clip:<dir>); this checkpoint has {type(image).__name__} + {type(text).__name__}"
         )
-    image_dir = split_name(module.hparams.image_encoder)[1]
-    text_dir = split_name(module.hparams.text_encoder)[1]
+    image_dir = split_name(module.hparams["image"]["name"])[1]
+    text_dir = split_name(module.hparams["text"]["name"])[1]
     if image_dir != text_dir:
         raise ValueError(f"the towers come from two directories ({image_dir}, {text_dir}); export needs one")
     return image_dir

@@ -239,8 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--max_length", type=int, default=77)
     args = parser.parse_args(argv)
+    if not Path(args.ckpt_path).is_file():
+        parser.error(f"--ckpt_path {args.ckpt_path!r} does not exist")
     module = MultimodalModule.load_from_checkpoint(args.ckpt_path, map_location="cpu")
-    tokenizer = load_tokenizer(tokenizer_for(module.hparams.text_encoder))
+    tokenizer = load_tokenizer(tokenizer_for(module.hparams["text"]["name"]))
     config = module.image_encoder.data_config
     images = load_labeled_images(args.data, args.classnames)
     num_classes = len(images.classnames)

