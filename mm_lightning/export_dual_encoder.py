@@ -258,12 +258,17 @@ def check_same_embeddings(module: nn.Module, target: PreTrainedModel) -> None:
         ExportError: naming the half that differs and by how much.
     """
     images, text, extra = _dummy_inputs(module, target)
+    device = next(module.parameters()).device  # the module may sit on a GPU; the export is built on the CPU
+    on_device = {k: v.to(device) for k, v in text.items()}
     pairs = {
-        "image": (module.encode_images(images)[1], target.get_image_features(pixel_values=images, **extra)),
-        "text": (module.encode_text(text)[1], target.get_text_features(**text)),
+        "image": (
+            module.encode_images(images.to(device))[1],
+            target.get_image_features(pixel_values=images, **extra),
+        ),
+        "text": (module.encode_text(on_device)[1], target.get_text_features(**text)),
     }
     for side, (want, got) in pairs.items():
-        got = got.pooler_output
+        want, got = want.float().cpu(), got.pooler_output.float()
         difference = float((got - want).abs().max()) if got.shape == want.shape else float("inf")
         if not difference <= TOLERANCE * max(1.0, float(want.abs().max())):
             raise ExportError(

@@ -17,6 +17,7 @@ from mm_lightning.data.transforms import Normalize
 from mm_lightning.export import ExportError, export_hf
 from mm_lightning.export_dual_encoder import build_dual_encoder, check_same_embeddings
 from mm_lightning.models import MultimodalModule
+from tests.towers.dual_encoders import save_tiny
 
 SMALL = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
 VISION = {
@@ -144,6 +145,29 @@ def test_pooled_vision_models_take_the_projection_bias_into_their_own(tmp_path: 
     with torch.no_grad():
         got = exported.get_image_features(pixel_values=images).pooler_output
         torch.testing.assert_close(got, module.encode_images(images)[1], atol=1e-5, rtol=0)
+
+
+def test_a_clip_text_half_pairs_with_an_hf_image_tower(tmp_path: Path) -> None:
+    save_tiny("clip", tmp_path / "clip")
+    module = MultimodalModule(
+        image={"name": f"hf:{_vision_dir(tmp_path)}", "image_size": 32},
+        text={"name": f"clip:{tmp_path / 'clip'}"},
+        embed_dim=16,
+        loss={"itm_weight": 0.0},
+    ).eval()
+    target = build_dual_encoder(module)
+    assert isinstance(target.text_model, hf.CLIPTextModel)
+    check_same_embeddings(module, target)
+    # SigLIP's text half has no stand-alone AutoModel, so VisionTextDualEncoderModel cannot hold it
+    save_tiny("siglip", tmp_path / "siglip")
+    module = MultimodalModule(
+        image={"name": f"hf:{_vision_dir(tmp_path)}", "image_size": 32},
+        text={"name": f"clip:{tmp_path / 'siglip'}"},
+        embed_dim=32,
+        loss={"itm_weight": 0.0},
+    )
+    with pytest.raises(ExportError, match="cannot build its halves from ViTConfig \\+ SiglipTextConfig"):
+        build_dual_encoder(module)
 
 
 def test_export_refuses_what_the_dual_encoder_cannot_express(tmp_path: Path) -> None:
