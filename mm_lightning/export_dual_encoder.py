@@ -23,6 +23,7 @@ anything is written.
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 from pathlib import Path
 from typing import Any
@@ -235,11 +236,13 @@ def _dummy_inputs(
     attention_mask = torch.ones_like(input_ids)
     attention_mask[1, 4:] = 0  # padding in one row: both sides must mask it the same way
     native = getattr(target.vision_model.config, "image_size", None)
-    extra = {"interpolate_pos_encoding": True} if isinstance(native, int) and native != side else {}
+    takes_flag = "interpolate_pos_encoding" in inspect.signature(target.vision_model.forward).parameters
+    resized = takes_flag and isinstance(native, int) and native != side  # DINOv2 always interpolates
+    extra = {"interpolate_pos_encoding": True} if resized else {}
     if extra:
         log.warning(
-            "the image tower runs at %d px, its config at %d: pass interpolate_pos_encoding=True to the exported "
-            "model's get_image_features / forward",
+            "the image tower runs at %d px, its config at %d: call the exported model's "
+            "get_image_features(pixel_values, interpolate_pos_encoding=True)",
             side,
             native,
         )
