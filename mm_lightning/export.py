@@ -1,11 +1,23 @@
 """Export a trained checkpoint as a Hugging Face model directory that ``transformers`` loads as-is.
 
-    python -m mm_lightning export --ckpt_path logs/finetune_clip/checkpoints/last.ckpt --format hf --out my-clip
+    python -m mm_lightning export --ckpt_path logs/run/checkpoints/last.ckpt --format hf --out my-model
 
-A model whose towers came from a ``CLIPModel`` / ``SiglipModel`` directory (``clip:<dir>``) is written back as
-that class, fine-tuned towers, projections and logit scale (and bias) included, with the source directory's
-tokenizer and image processor, so ``CLIPModel.from_pretrained(out).get_image_features(...)`` gives the
-checkpoint's embeddings.
+Two layouts, picked from the towers:
+
+- both towers from one ``CLIPModel`` / ``SiglipModel`` directory (``clip:<dir>``): written back as that class,
+  fine-tuned towers, projections and logit scale (and bias) included, with the source directory's tokenizer and
+  image processor;
+- otherwise a ``VisionTextDualEncoderModel``: an image tower from Hugging Face (``hf:<dir>``: ViT, DINOv2, CLIP
+  vision, SigLIP vision; or the vision half of ``clip:<dir>``) and a Hugging Face text tower (a hub name or local
+  directory such as a BERT; or the text half of ``clip:<dir>``), with the module's projections and logit scale.
+  The data pipeline's tokenizer and image normalization/size are saved next to it as a
+  ``VisionTextDualEncoderProcessor`` (``AutoProcessor.from_pretrained(out)``).
+
+Either way ``get_image_features(...).pooler_output`` / ``get_text_features(...).pooler_output`` of the exported
+model equal the checkpoint's projected (pre-normalization) embeddings: export checks this on a small input and
+refuses to write otherwise, naming the half that differs. See :mod:`mm_lightning.export_dual_encoder` for how the
+projections are expressed in ``VisionTextDualEncoderModel``'s bias-free ones, and what cannot be (text
+``pooling: mean``, a DINOv2 tower with a projection bias, timm / torchvision towers).
 """
 
 from __future__ import annotations
@@ -13,44 +25,76 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
+from mm_lightning.export_dual_encoder import (
+    ExportError,
+    build_dual_encoder,
+    check_same_embeddings,
+    effective_logit_scale,
+    save_processor,
+)
 from mm_lightning.models import MultimodalModule
 from mm_lightning.models.towers.clip import CLIPImageTower, CLIPTextTower, load_dual_encoder
 from mm_lightning.models.towers.registry import split_name
 
 log = logging.getLogger(__name__)
 FORMATS = ("hf",)
+__all__ = ["ExportError", "export_hf", "main"]
 
 
-def _source_directory(module: MultimodalModule) -> str:
+def _single_source_directory(module: MultimodalModule) -> str | None:
+    """The ``CLIPModel`` / ``SiglipModel`` directory both towers came from, or None."""
     image, text = module.image_encoder, module.text_encoder
     if not (isinstance(image, CLIPImageTower) and isinstance(text, CLIPTextTower)):
-        raise ValueError(
-            "export --format hf writes CLIPModel / SiglipModel directories: both towers must come from one "
-            f"(clip:<dir>); this checkpoint has {type(image).__name__} + {type(text).__name__}"
-        )
+        return None
     image_dir = split_name(module.hparams["image"]["name"])[1]
     text_dir = split_name(module.hparams["text"]["name"])[1]
-    if image_dir != text_dir:
-        raise ValueError(f"the towers come from two directories ({image_dir}, {text_dir}); export needs one")
-    return image_dir
+    return image_dir if image_dir == text_dir else None
 
 
 @torch.no_grad()
-def export_hf(module: MultimodalModule, out: str | Path) -> Path:
-    """Writes ``module`` as the Hugging Face dual encoder its towers came from, with tokenizer and processor.
+def export_hf(module: MultimodalModule, out: str | Path, data: dict[str, Any] | None = None) -> Path:
+    """Writes ``module`` as a Hugging Face dual encoder directory, with tokenizer and image processor.
 
     Args:
-        module: a trained module whose towers are ``clip:<dir>`` towers of one directory.
+        module: a trained module.
         out: output directory (created).
+        data: the data module's hyperparameters the checkpoint was trained with (``mean``, ``std``,
+            ``image_size``, ``tokenizer``, ``max_length``); missing keys follow the towers' own preprocessing.
 
     Returns:
         The output directory.
+
+    Raises:
+        ExportError: the towers cannot be expressed in the format, or the exported model's embeddings would
+            differ from the checkpoint's (the message says which part and why).
     """
-    source_dir = _source_directory(module)
+    was_training = module.training
+    module.eval()
+    try:
+        source_dir = _single_source_directory(module)
+        if source_dir is not None:
+            target = _clip_model(module, source_dir)
+        else:
+            target = build_dual_encoder(module)
+        check_same_embeddings(module, target)
+        out = Path(out)
+        target.save_pretrained(out)
+        if source_dir is not None:
+            _copy_preprocessing(source_dir, out)
+        else:
+            save_processor(module, out, data or {})
+    finally:
+        module.train(was_training)
+    return out
+
+
+def _clip_model(module: MultimodalModule, source_dir: str) -> nn.Module:
+    """The source ``CLIPModel`` / ``SiglipModel`` with the module's towers, projections and logit scale/bias."""
     target = load_dual_encoder(source_dir, pretrained=False).eval()
     target.vision_model.load_state_dict(module.image_encoder.model.state_dict())
     target.text_model.load_state_dict(module.text_encoder.model.state_dict())
@@ -58,15 +102,12 @@ def export_hf(module: MultimodalModule, out: str | Path) -> Path:
         if hasattr(target, name):
             getattr(target, name).load_state_dict(projection.state_dict())
         elif not isinstance(projection, nn.Identity):
-            raise ValueError(f"{type(target).__name__} has no {name} to hold the trained projection")
-    target.logit_scale.copy_(module.contrastive.logit_scale.detach())
+            raise ExportError(f"{type(target).__name__} has no {name} to hold the trained projection")
+    target.logit_scale.copy_(effective_logit_scale(module.contrastive))
     loss_bias = getattr(module.contrastive, "logit_bias", None)
     if getattr(target, "logit_bias", None) is not None and isinstance(loss_bias, torch.Tensor):
         target.logit_bias.copy_(loss_bias.detach())
-    out = Path(out)
-    target.save_pretrained(out)
-    _copy_preprocessing(source_dir, out)
-    return out
+    return target
 
 
 def _copy_preprocessing(source_dir: str, out: Path) -> None:
@@ -82,6 +123,12 @@ def _copy_preprocessing(source_dir: str, out: Path) -> None:
             log.warning("%s: no %s to copy (%s)", path, loader.__name__, err)
 
 
+def _data_hyperparameters(checkpoint_path: str) -> dict[str, Any]:
+    """The data module's hyperparameters stored in a Lightning checkpoint ({} when it has none)."""
+    checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
+    return dict(checkpoint.get("datamodule_hyper_parameters") or {})
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m mm_lightning export --ckpt_path CKPT --format hf --out DIR``."""
     parser = argparse.ArgumentParser(
@@ -94,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     if not Path(args.ckpt_path).is_file():
         parser.error(f"--ckpt_path {args.ckpt_path!r} does not exist")
     module = MultimodalModule.load_from_checkpoint(args.ckpt_path, map_location="cpu").eval()
-    out = export_hf(module, args.out)
+    try:
+        out = export_hf(module, args.out, _data_hyperparameters(args.ckpt_path))
+    except ExportError as error:
+        parser.exit(1, f"export: {args.ckpt_path}: {error}\n")
     print(f"wrote {out}")
     return 0

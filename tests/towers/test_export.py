@@ -68,19 +68,6 @@ def test_finetune_then_export_reloads_with_the_same_embeddings(
     assert capsys.readouterr().out.startswith("top1=")
 
 
-def test_export_refuses_towers_without_a_dual_encoder_source(tmp_path: Path) -> None:
-    from mm_lightning.export import export_hf
-
-    module = MultimodalModule(
-        image={"name": "resnet_custom", "kwargs": {"widths": [8]}, "image_size": 32},
-        text={"name": "mm-lightning/demo-bert", "pretrained": False},
-        embed_dim=8,
-        loss={"itm_weight": 0.0},
-    )
-    with pytest.raises(ValueError, match="CLIPModel / SiglipModel"):
-        export_hf(module, tmp_path / "out")
-
-
 @pytest.mark.parametrize("command", [["export", "--out", "x"], ["zeroshot", "--data", "x"]])
 def test_checkpoint_commands_name_a_missing_checkpoint(
     tmp_path: Path, command: list[str], capsys: pytest.CaptureFixture[str]
