@@ -177,7 +177,7 @@ class ZeroShotEvaluation(Callback):
             self.images,
             self.templates,
             data.collate.tokenizer,
-            Normalize(tuple(hp.mean), tuple(hp.std)),
+            data.normalize,  # the data's own normalization (it may follow the image tower)
             self.image_size or hp.image_size,
             hp.max_length,
             self.batch_size,

@@ -15,6 +15,7 @@ import warnings
 from typing import Any, Literal
 
 import lightning.pytorch as pl
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, RandomSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 from typing_extensions import override
@@ -74,8 +75,10 @@ class MultimodalDataModule(pl.LightningDataModule):
         length_window: global batches per length-sorting window when ``length_grouping`` is on.
         train_scale: area range of the training random resized crop.
         horizontal_flip: random horizontal flips in training (off: captions say "left"/"right").
-        mean: normalization mean (follow the image encoder; ImageNet by default).
-        std: normalization std.
+        mean: normalization mean per channel (0-1 units). Null (default): what the image tower's weights expect
+            (its ``data_config``: timm's pretrained config, the Hugging Face image processor, CLIP's), or the
+            ImageNet statistics when no model is attached.
+        std: normalization std per channel; null follows the image tower like ``mean``.
         normalize_on: where uint8 images become normalized float32. ``"device"``: after the host-to-device
             copy (``on_after_batch_transfer``; 4x fewer bytes through worker queues, pinned memory and PCIe);
             ``"worker"``: in the collate. ``"auto"``: device when training on an accelerator, workers on CPU
@@ -111,8 +114,8 @@ class MultimodalDataModule(pl.LightningDataModule):
         length_window: int = 32,
         train_scale: tuple[float, float] = (0.9, 1.0),
         horizontal_flip: bool = False,
-        mean: tuple[float, float, float] = IMAGENET_MEAN,
-        std: tuple[float, float, float] = IMAGENET_STD,
+        mean: tuple[float, float, float] | None = None,
+        std: tuple[float, float, float] | None = None,
         normalize_on: Literal["auto", "device", "worker"] = "auto",
         reduced_decode: bool = True,
         confine_to_root: bool = False,
@@ -126,7 +129,7 @@ class MultimodalDataModule(pl.LightningDataModule):
             "test": test_file,
             "predict": predict_file,
         }
-        self.normalize = Normalize(mean, std)
+        self.normalize = Normalize(mean or IMAGENET_MEAN, std or IMAGENET_STD)
         self.collate = MultimodalCollate(tokenizer, max_length, pad_to_multiple_of)
         self.datasets: dict[str, ImageTextDataset] = {}
         self._collates: dict[bool, MultimodalCollate] = {}
@@ -184,8 +187,34 @@ class MultimodalDataModule(pl.LightningDataModule):
             seed=seed,
         )
 
+    def follow_image_tower(self, data_config: dict[str, Any] | None) -> None:
+        """Takes the normalization left unset (``mean``/``std`` null) from the image tower's ``data_config``.
+
+        Args:
+            data_config: the tower's preprocessing (``mean``, ``std``), or None to keep the current one.
+        """
+        hp = self.hparams
+        if not data_config or (hp.mean is not None and hp.std is not None):
+            return
+        mean = tuple(hp.mean if hp.mean is not None else data_config["mean"])
+        std = tuple(hp.std if hp.std is not None else data_config["std"])
+        if [*mean, *std] != [*self.normalize.mean, *self.normalize.std]:
+            self.normalize = Normalize(mean, std)
+            self._collates.clear()  # built with the previous statistics
+            rank_zero_info(
+                f"Normalizing images as the image tower expects: mean {list(mean)}, std {list(std)}"
+            )
+
+    def _image_tower_data_config(self) -> dict[str, Any] | None:
+        model = self.trainer.lightning_module if self.trainer is not None else None
+        try:
+            return model.data_config["image"] if model is not None else None
+        except (AttributeError, KeyError, NotImplementedError):  # a module or tower without a data_config
+            return None
+
     @override
     def setup(self, stage: str) -> None:
+        self.follow_image_tower(self._image_tower_data_config())
         wanted: dict[str, tuple[str, ...]] = {
             "fit": ("train", "val"),
             "validate": ("val",),

@@ -1,0 +1,51 @@
+"""The data's normalization follows the image tower's weights unless the user sets it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from lightning.pytorch import Trainer
+
+from mm_lightning.data import MultimodalDataModule
+from mm_lightning.data.transforms import IMAGENET_MEAN
+from mm_lightning.models import MultimodalModule
+from tests.data.helpers import TOKENIZER
+from tests.models.helpers import tiny_config
+
+HALF = (0.5, 0.5, 0.5)
+
+
+def _normalized_grey(dm: MultimodalDataModule) -> torch.Tensor:
+    return dm.normalize(torch.full((1, 3, 2, 2), 204, dtype=torch.uint8))[0, :, 0, 0]
+
+
+def test_unset_statistics_follow_the_tower_and_explicit_ones_win() -> None:
+    follows = MultimodalDataModule(tokenizer=TOKENIZER)
+    assert follows.normalize.mean == list(IMAGENET_MEAN)  # no model yet
+    follows.follow_image_tower({"mean": HALF, "std": HALF})
+    assert torch.allclose(_normalized_grey(follows), torch.full((3,), 0.6))  # (0.8 - 0.5) / 0.5
+    explicit = MultimodalDataModule(tokenizer=TOKENIZER, mean=(0.1, 0.2, 0.3), std=(1.0, 1.0, 1.0))
+    explicit.follow_image_tower({"mean": HALF, "std": HALF})
+    assert explicit.normalize.mean == [0.1, 0.2, 0.3] and explicit.normalize.std == [1.0, 1.0, 1.0]
+    only_mean = MultimodalDataModule(tokenizer=TOKENIZER, mean=(0.1, 0.2, 0.3))
+    only_mean.follow_image_tower({"mean": HALF, "std": HALF})
+    assert only_mean.normalize.mean == [0.1, 0.2, 0.3] and only_mean.normalize.std == list(HALF)
+
+
+@pytest.mark.parametrize("tower_mean", [HALF, None])
+def test_setup_reads_the_attached_models_image_tower(tower_mean: tuple | None) -> None:
+    pytest.importorskip("timm")
+    kwargs = {"mean": tower_mean, "std": tower_mean} if tower_mean else {}
+    config = tiny_config(image={"name": "timm:test_resnet", "kwargs": kwargs, "image_size": 32})
+    module = MultimodalModule(**config)
+    trainer = Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer.strategy.connect(module)
+    dm = MultimodalDataModule(tokenizer=TOKENIZER)
+    dm.trainer = trainer
+    dm.setup("predict")  # no predict file: only the normalization decision runs
+    expected = module.data_config["image"]
+    assert dm.normalize.mean == pytest.approx(list(expected["mean"]))
+    assert dm.normalize.std == pytest.approx(list(expected["std"]))
+    assert dm.normalize.mean != list(
+        IMAGENET_MEAN
+    )  # both timm's config and the override differ from the default
