@@ -96,3 +96,37 @@ def test_callback_logs_next_to_validation(tmp_path: Path) -> None:
     metrics = trainer.validate(ColorModel(), datamodule=data, verbose=False)[0]
     assert metrics["zeroshot/colors/top1"] == pytest.approx(8 / 9)
     assert "zeroshot/colors/top5" not in metrics  # only 3 classes
+
+
+def _two_rank_worker(rank: int, port: int, folder: str, out: str) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        images = load_labeled_images(folder)
+        tokenizer, norm = load_tokenizer(DEMO_BERT), Normalize((0.0,) * 3, (1.0,) * 3)
+        metric = {1: MulticlassAccuracy(3, top_k=1, average="micro")}
+        scores = evaluate(ColorModel(), images, ["a {} square."], tokenizer, norm, 8, 16, 2, metric, rank, 2)
+        torch.save(float(scores[1]), Path(out) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_two_ranks_report_the_accuracy_of_all_images(tmp_path: Path) -> None:
+    import socket
+
+    import torch.multiprocessing as mp
+
+    folder = _image_folder(tmp_path / "colors")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_two_rank_worker, args=(port, str(folder), str(tmp_path)), nprocs=2, join=True)
+    per_rank = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    # each rank scored its own share (4/5 and 4/4 alone, see above); the synced metric is the whole set's
+    assert per_rank == pytest.approx([8 / 9, 8 / 9])
