@@ -232,6 +232,19 @@ def is_complete(root: Path, params: dict[str, Any]) -> bool:
     return True
 
 
+def demo_generator_args(
+    render_size: int, train_renders: int, num_val: int, num_test: int, demo_seed: int
+) -> dict[str, int]:
+    """The :func:`generate_demo_dataset` arguments of a demo datamodule's options (JSONL or shards)."""
+    return {
+        "image_size": render_size,
+        "train_renders": train_renders,
+        "num_val": num_val,
+        "num_test": num_test,
+        "seed": demo_seed,
+    }
+
+
 class DemoDataModule(MultimodalDataModule):
     """The synthetic demo as a datamodule: generates the data on first use, then reads it like user data.
 
@@ -264,13 +277,7 @@ class DemoDataModule(MultimodalDataModule):
             **kwargs,
         )
         self.data_dir = root
-        self.generator_args = {
-            "image_size": render_size,
-            "train_renders": train_renders,
-            "num_val": num_val,
-            "num_test": num_test,
-            "seed": demo_seed,
-        }
+        self.generator_args = demo_generator_args(render_size, train_renders, num_val, num_test, demo_seed)
 
     @override
     def prepare_data(self) -> None:

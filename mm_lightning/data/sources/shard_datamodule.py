@@ -22,7 +22,7 @@ from typing_extensions import override
 
 from mm_lightning.data.datamodule import MultimodalDataModule, Split
 from mm_lightning.data.dataset import ImageTextDataset
-from mm_lightning.data.demo import generate_demo_dataset
+from mm_lightning.data.demo import demo_generator_args, generate_demo_dataset
 from mm_lightning.data.samples import BadRecordPolicy, SampleBuilder
 from mm_lightning.data.shard_writer import DESCRIPTOR, write_shards
 from mm_lightning.data.skips import SkipLog
@@ -277,13 +277,7 @@ class DemoShardDataModule(ShardDataModule):
                 kwargs[f"{split}_shards"] = str(shards / split / DESCRIPTOR)
         super().__init__(**kwargs)
         self.data_dir, self.samples_per_shard = Path(data_dir), samples_per_shard
-        self.generator_args = {
-            "image_size": render_size,
-            "train_renders": train_renders,
-            "num_val": num_val,
-            "num_test": num_test,
-            "seed": demo_seed,
-        }
+        self.generator_args = demo_generator_args(render_size, train_renders, num_val, num_test, demo_seed)
 
     @override
     def prepare_data(self) -> None:
