@@ -13,6 +13,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from mm_lightning import lightning_compat as compat
 from mm_lightning.grad_norms import step_grad_norms
 
 
@@ -47,6 +48,11 @@ class NaNGuard(Callback):
         self.skipped_steps = 0
         self.consecutive = 0
         self._loss_nonfinite: torch.Tensor | None = None
+        self._logged: int | None = None  # the count last given to self.log (None: not yet in this epoch)
+
+    @override
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._logged = None  # Lightning starts each epoch with empty logged results
 
     @override
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
@@ -79,9 +85,14 @@ class NaNGuard(Callback):
                 raise NonFiniteTrainingError(self._message(trainer, flags))
         else:
             self.consecutive = 0
-        pl_module.log(
-            "train/skipped_steps", float(self.skipped_steps), on_step=True, on_epoch=False, batch_size=1
-        )
+        # Logged when the count changes, on the steps the loggers write and at the first step, so that
+        # trainer.callback_metrics always holds the current count and TensorBoard gets the same points as if
+        # logged every step, without Lightning's ~0.5-1 ms per self.log on every other step.
+        if self.skipped_steps != self._logged or compat.writes_logs_this_step(trainer):
+            pl_module.log(
+                "train/skipped_steps", float(self.skipped_steps), on_step=True, on_epoch=False, batch_size=1
+            )
+            self._logged = self.skipped_steps
 
     def _gather_flags(self, trainer: Trainer, local: torch.Tensor) -> torch.Tensor:
         """All ranks' ``[loss_bad, grad_bad]`` flags; every rank receives the same tensor."""
