@@ -13,13 +13,11 @@ hard negatives, so it carries sampling noise).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.strategies import FSDPStrategy
-from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 from typing_extensions import override
 
@@ -43,7 +41,7 @@ from mm_lightning.models.flops import FlopsMeter
 from mm_lightning.models.gradcache import GradientCache, check_strategy, embed_in_chunks
 from mm_lightning.models.itm import ImageTextMatching
 from mm_lightning.models.losses import DynamicWeightAveraging, build_loss, complexity_weights
-from mm_lightning.models.optim import clip_grouped, param_groups, warmup_cosine
+from mm_lightning.models.optim import clip_towers_and_heads, optimizer_and_schedule
 from mm_lightning.models.towers import EncoderOutput, build_image_tower, build_text_tower
 from mm_lightning.models.towers.pretrained import projection_for, take_over_logit_scale
 
@@ -365,32 +363,13 @@ class MultimodalModule(LightningModule):
 
     @override
     def configure_optimizers(self) -> dict[str, Any]:
-        oc = self.optim_config
-
-        def tower_lr(lr: float | None) -> float:
-            return oc.lr if lr is None else lr  # 0.0 is a valid learning rate, not "unset"
-
-        groups = param_groups(
-            {
-                "image_encoder": (self.image_encoder, tower_lr(self.image_config.lr)),
-                "text_encoder": (self.text_encoder, tower_lr(self.text_config.lr)),
-                "heads": (self, oc.lr),
-            },
-            oc.weight_decay,
+        towers = {
+            "image_encoder": (self.image_encoder, self.image_config.lr),
+            "text_encoder": (self.text_encoder, self.text_config.lr),
+        }
+        return optimizer_and_schedule(
+            self, towers, self.optim_config, self.trainer.estimated_stepping_batches
         )
-        optimizer = torch.optim.AdamW(groups, lr=oc.lr)
-        total = self.trainer.estimated_stepping_batches
-        if math.isfinite(total):
-            total_steps: int | None = int(total)
-        else:
-            total_steps = None
-            rank_zero_warn(
-                "The training length is unbounded (no trainer.max_steps or max_epochs), so the learning rate "
-                "stays at its peak after warmup instead of following the cosine decay. Set trainer.max_steps "
-                "to get the decay."
-            )
-        scheduler = warmup_cosine(optimizer, oc.warmup_steps, total_steps, oc.min_lr_ratio)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     @override
     def configure_gradient_clipping(
@@ -402,19 +381,14 @@ class MultimodalModule(LightningModule):
         if isinstance(self.trainer.strategy, FSDPStrategy):
             self._clip_sharded(optimizer, gradient_clip_val, gradient_clip_algorithm)
             return
-        encoder_params = {id(p) for p in self.image_encoder.parameters()} | {
-            id(p) for p in self.text_encoder.parameters()
-        }
         # per-tower norms are logged once, by the gradient-norm monitor (grad_norm/<submodule>), not here
-        clip_grouped(
+        clip_towers_and_heads(
+            self,
             {
-                "image_encoder": (self.image_encoder.parameters(), self.image_config.clip_norm),
-                "text_encoder": (self.text_encoder.parameters(), self.text_config.clip_norm),
-                "heads": (
-                    [p for p in self.parameters() if id(p) not in encoder_params],
-                    self.optim_config.clip_heads,
-                ),
-            }
+                "image_encoder": (self.image_encoder, self.image_config.clip_norm),
+                "text_encoder": (self.text_encoder, self.text_config.clip_norm),
+            },
+            self.optim_config.clip_heads,
         )
         # then the trainer's global clipping (Trainer(gradient_clip_val=...)), if configured
         self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)

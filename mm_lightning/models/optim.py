@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any
 
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
@@ -75,3 +77,51 @@ def clip_grouped(groups: dict[str, tuple[Iterable[nn.Parameter], float | None]])
         if max_norm is not None and params:
             norms[name] = torch.nn.utils.clip_grad_norm_(params, max_norm)
     return norms
+
+
+def optimizer_and_schedule(
+    module: nn.Module, towers: dict[str, tuple[nn.Module, float | None]], optim: Any, total_steps: float
+) -> dict[str, Any]:
+    """AdamW over the towers' and the remaining (head) parameters, with warmup + cosine per step.
+
+    Args:
+        module: the whole model; parameters outside ``towers`` form the ``heads`` group at ``optim.lr``.
+        towers: name -> (tower, its learning rate; None: ``optim.lr``, 0 is a valid rate).
+        optim: the optimization options (``lr``, ``weight_decay``, ``warmup_steps``, ``min_lr_ratio``).
+        total_steps: the trainer's estimated stepping batches (``inf`` when the run is unbounded).
+
+    Returns:
+        Lightning's ``configure_optimizers`` dict.
+    """
+    rates = {name: (tower, optim.lr if lr is None else lr) for name, (tower, lr) in towers.items()}
+    groups = param_groups({**rates, "heads": (module, optim.lr)}, optim.weight_decay)
+    optimizer = torch.optim.AdamW(groups, lr=optim.lr)
+    bounded = math.isfinite(total_steps)
+    if not bounded:
+        rank_zero_warn(
+            "The training length is unbounded (no trainer.max_steps or max_epochs), so the learning rate "
+            "stays at its peak after warmup instead of following the cosine decay. Set trainer.max_steps "
+            "to get the decay."
+        )
+    scheduler = warmup_cosine(
+        optimizer, optim.warmup_steps, int(total_steps) if bounded else None, optim.min_lr_ratio
+    )
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def clip_towers_and_heads(
+    module: nn.Module, towers: dict[str, tuple[nn.Module, float | None]], heads_norm: float | None
+) -> dict[str, torch.Tensor]:
+    """Clips each tower's gradients to its own max norm, and the remaining (head) parameters to ``heads_norm``.
+
+    Args:
+        module: the whole model.
+        towers: name -> (tower, max gradient norm; None: not clipped).
+        heads_norm: max gradient norm of the parameters outside the towers (None: not clipped).
+    """
+    in_towers = {id(p) for tower, _ in towers.values() for p in tower.parameters()}
+    heads = [p for p in module.parameters() if id(p) not in in_towers]
+    return clip_grouped(
+        {name: (tower.parameters(), norm) for name, (tower, norm) in towers.items()}
+        | {"heads": (heads, heads_norm)}
+    )
