@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 from collections import Counter, defaultdict
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +26,7 @@ from tqdm import tqdm
 
 from mm_lightning.data.collate import load_tokenizer
 from mm_lightning.data.datamodule import MultimodalDataModule
+from mm_lightning.data.pools import process_pool
 from mm_lightning.data.records import Record, RecordError
 from mm_lightning.data.samples import SampleBuilder
 
@@ -151,7 +151,7 @@ def audit(dm: MultimodalDataModule, splits: list[str], workers: int, progress: b
     scans = {s: scan_lines(dm, s) for s in splits if dm.files.get(s) and s not in shard_splits}
     # Each split checks its images with its own builder (its own image_root confinement).
     jobs = sorted({(p, s) for s, scan in scans.items() for p in scan.images})
-    with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
+    with process_pool(workers) as pool:
         checked = list(tqdm(
             pool.map(inspect_image, [p for p, _ in jobs], [scans[s].builder for _, s in jobs], chunksize=16),
             total=len(jobs), desc="audit: decoding images", disable=not progress,

@@ -21,7 +21,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -30,6 +30,7 @@ from tqdm import tqdm
 from webdataset import TarWriter
 
 from mm_lightning.data.images import DEFAULT_MAX_PIXELS, ImageDecodeError
+from mm_lightning.data.pools import process_pool
 from mm_lightning.data.records import RecordError
 from mm_lightning.data.sources.decode import decode_image_bytes
 from mm_lightning.data.sources.jsonl import RecordParser
@@ -204,7 +205,7 @@ def write_shards(
     workers = workers or os.cpu_count() or 1
     results: dict[int, dict[str, Any]] = {}
     bar = tqdm(desc=f"shard {os.path.basename(parser.file)}", unit=" shards", disable=not progress)
-    with ProcessPoolExecutor(workers) as pool:
+    with process_pool(workers) as pool:
         pending: dict[int, Future] = {}
         for number, records in enumerate(_chunks(parser, samples_per_shard, on_bad_record, skipped)):
             job = ShardJob(

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter, defaultdict
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from tqdm import tqdm
 
+from mm_lightning.data.pools import process_pool
 from mm_lightning.data.records import RecordError
 from mm_lightning.data.sources.shard_dataset import ShardDataset
 from mm_lightning.data.sources.shards import ShardError
@@ -54,7 +54,7 @@ def audit_shard_split(
     sides: list[int] = []
     captions: list[str] = []
     shards = range(len(dataset.shards))
-    with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
+    with process_pool(workers) as pool:
         results = tqdm(
             pool.map(check_shard, [dataset] * len(shards), shards),
             total=len(shards),
