@@ -11,19 +11,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from mm_lightning.callbacks import NaNGuard
 from mm_lightning.models import MultimodalModule
-from tests.models.helpers import TINY_MODEL, make_batch, tiny_config
-
-# deterministic across batch layouts: no BatchNorm (ViT), no dropout
-EXACT_MODEL = tiny_config(
-    image={
-        "name": "vit_custom",
-        "kwargs": {"patch_size": 8, "num_layers": 1, "num_heads": 2, "hidden_dim": 16, "mlp_dim": 32},
-    },
-    text={
-        "config_overrides": TINY_MODEL["text"]["config_overrides"]
-        | {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
-    },
-)
+from tests.models.helpers import make_batch
 
 
 class SGDModule(MultimodalModule):

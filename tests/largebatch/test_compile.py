@@ -11,8 +11,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from mm_lightning.models import MultimodalModule
-from tests.largebatch.lightning_helpers import EXACT_MODEL
-from tests.models.helpers import make_batch, tiny_config
+from tests.models.helpers import EXACT_MODEL, make_batch, tiny_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]
 

@@ -17,8 +17,8 @@ from torchvision.models.vision_transformer import EncoderBlock
 from transformers.models.bert.modeling_bert import BertLayer
 
 from mm_lightning.models import MultimodalModule
-from tests.largebatch.lightning_helpers import EXACT_MODEL, Rows
-from tests.models.helpers import tiny_config
+from tests.largebatch.lightning_helpers import Rows
+from tests.models.helpers import EXACT_MODEL, tiny_config
 
 pytestmark = [
     pytest.mark.slow,

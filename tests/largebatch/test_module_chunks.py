@@ -7,8 +7,8 @@ import torch
 from lightning.pytorch.plugins import MixedPrecision
 from torch.utils.data import DataLoader
 
-from tests.largebatch.lightning_helpers import EXACT_MODEL, Rows, SGDModule, fit_one_step, max_param_diff
-from tests.models.helpers import tiny_config
+from tests.largebatch.lightning_helpers import Rows, SGDModule, fit_one_step, max_param_diff
+from tests.models.helpers import EXACT_MODEL, tiny_config
 
 pytestmark = pytest.mark.slow
 BATCH, CHUNKS = 16, 4

@@ -15,9 +15,9 @@ from mm_lightning.models import gradcache
 from mm_lightning.models.losses import siglip
 from mm_lightning.models.losses.siglip import SigLipLoss
 from mm_lightning.strategies import ExplicitAllReduceDDPStrategy
-from tests.largebatch.lightning_helpers import EXACT_MODEL, Rows, SGDModule, fit_one_step
+from tests.largebatch.lightning_helpers import Rows, SGDModule, fit_one_step
 from tests.largebatch.toy import ToyModel, grads, toy_batch
-from tests.models.helpers import tiny_config
+from tests.models.helpers import EXACT_MODEL, tiny_config
 
 PER_RANK, DIM = 6, 8
 

@@ -38,6 +38,19 @@ def tiny_config(base: dict[str, Any] | None = None, **overrides: Any) -> dict[st
     return config
 
 
+# deterministic across batch and process layouts: no BatchNorm (ViT), no dropout
+EXACT_MODEL = tiny_config(
+    image={
+        "name": "vit_custom",
+        "kwargs": {"patch_size": 8, "num_layers": 1, "num_heads": 2, "hidden_dim": 16, "mlp_dim": 32},
+    },
+    text={
+        "config_overrides": TINY_MODEL["text"]["config_overrides"]
+        | {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+    },
+)
+
+
 def tiny_module(**overrides: Any) -> MultimodalModule:
     return MultimodalModule(**tiny_config(**overrides))
 

@@ -17,22 +17,13 @@ from torch.utils.data import DataLoader, Subset
 
 import mm_lightning.strategies  # noqa: F401  (registers ddp_explicit_spawn)
 from mm_lightning.models import MultimodalModule
-from tests.models.helpers import TINY_MODEL, PairDataset, tiny_config
+from tests.models.helpers import EXACT_MODEL as EXACT_MODEL_BASE
+from tests.models.helpers import PairDataset, tiny_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 PER_RANK = 4
-# deterministic across process layouts: no BatchNorm (ViT), no dropout, no random ITM negatives
-EXACT_MODEL = tiny_config(
-    image={
-        "name": "vit_custom",
-        "kwargs": {"patch_size": 8, "num_layers": 1, "num_heads": 2, "hidden_dim": 16, "mlp_dim": 32},
-    },
-    text={
-        "config_overrides": TINY_MODEL["text"]["config_overrides"]
-        | {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
-    },
-    loss={"itm_weight": 0.0},
-)
+# no random ITM negatives either
+EXACT_MODEL = tiny_config(EXACT_MODEL_BASE, loss={"itm_weight": 0.0})
 
 
 class GradProbe(MultimodalModule):
