@@ -205,7 +205,8 @@ class MultimodalDataModule(pl.LightningDataModule):
                 f"Normalizing images as the image tower expects: mean {list(mean)}, std {list(std)}"
             )
 
-    def _image_tower_data_config(self) -> dict[str, Any] | None:
+    def image_tower_data_config(self) -> dict[str, Any] | None:
+        """The attached model's image-tower preprocessing (``MultimodalModule.data_config``), or None."""
         model = self.trainer.lightning_module if self.trainer is not None else None
         try:
             return model.data_config["image"] if model is not None else None
@@ -214,7 +215,7 @@ class MultimodalDataModule(pl.LightningDataModule):
 
     @override
     def setup(self, stage: str) -> None:
-        self.follow_image_tower(self._image_tower_data_config())
+        self.follow_image_tower(self.image_tower_data_config())
         wanted: dict[str, tuple[str, ...]] = {
             "fit": ("train", "val"),
             "validate": ("val",),

@@ -7,6 +7,7 @@ import torch
 from lightning.pytorch import Trainer
 
 from mm_lightning.data import MultimodalDataModule
+from mm_lightning.data.sources.shard_datamodule import ShardDataModule
 from mm_lightning.data.transforms import IMAGENET_MEAN
 from mm_lightning.models import MultimodalModule
 from tests.data.helpers import TOKENIZER
@@ -32,15 +33,16 @@ def test_unset_statistics_follow_the_tower_and_explicit_ones_win() -> None:
     assert only_mean.normalize.mean == [0.1, 0.2, 0.3] and only_mean.normalize.std == list(HALF)
 
 
+@pytest.mark.parametrize("datamodule", [MultimodalDataModule, ShardDataModule])
 @pytest.mark.parametrize("tower_mean", [HALF, None])
-def test_setup_reads_the_attached_models_image_tower(tower_mean: tuple | None) -> None:
+def test_setup_reads_the_attached_models_image_tower(tower_mean: tuple | None, datamodule: type) -> None:
     pytest.importorskip("timm")
     kwargs = {"mean": tower_mean, "std": tower_mean} if tower_mean else {}
     config = tiny_config(image={"name": "timm:test_resnet", "kwargs": kwargs, "image_size": 32})
     module = MultimodalModule(**config)
     trainer = Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False)
     trainer.strategy.connect(module)
-    dm = MultimodalDataModule(tokenizer=TOKENIZER)
+    dm = datamodule(tokenizer=TOKENIZER)
     dm.trainer = trainer
     dm.setup("predict")  # no predict file: only the normalization decision runs
     expected = module.data_config["image"]

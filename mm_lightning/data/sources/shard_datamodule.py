@@ -193,6 +193,7 @@ class ShardDataModule(MultimodalDataModule):
 
     @override
     def setup(self, stage: str) -> None:
+        self.follow_image_tower(self.image_tower_data_config())
         wanted = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",)}
         for split in wanted.get(stage, ()):
             has_data = self.files[split] is not None or self.shard_specs[split] is not None
