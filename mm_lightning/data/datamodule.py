@@ -43,6 +43,15 @@ Split = Literal["train", "val", "test", "predict"]
 warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
 
 
+# The splits each Lightning stage reads.
+STAGE_SPLITS: dict[str, tuple[str, ...]] = {
+    "fit": ("train", "val"),
+    "validate": ("val",),
+    "test": ("test",),
+    "predict": ("predict",),
+}
+
+
 class MultimodalDataModule(pl.LightningDataModule):
     """Image-text pairs from JSONL files (one object per line).
 
@@ -213,17 +222,15 @@ class MultimodalDataModule(pl.LightningDataModule):
         except (AttributeError, KeyError, NotImplementedError):  # a module or tower without a data_config
             return None
 
+    def has_split(self, split: Split) -> bool:
+        """Whether ``split`` has data to read (here: its JSONL file is set)."""
+        return self.files[split] is not None
+
     @override
     def setup(self, stage: str) -> None:
         self.follow_image_tower(self.image_tower_data_config())
-        wanted: dict[str, tuple[str, ...]] = {
-            "fit": ("train", "val"),
-            "validate": ("val",),
-            "test": ("test",),
-            "predict": ("predict",),
-        }
-        for split in wanted.get(stage, ()):
-            if self.files[split] is not None and split not in self.datasets:
+        for split in STAGE_SPLITS.get(stage, ()):
+            if self.has_split(split) and split not in self.datasets:  # type: ignore[arg-type]
                 self.datasets[split] = self.build_dataset(split)  # type: ignore[arg-type]
 
     def normalizes_in_workers(self) -> bool:

@@ -192,14 +192,10 @@ class ShardDataModule(MultimodalDataModule):
         return super().build_dataset(split)
 
     @override
-    def setup(self, stage: str) -> None:
-        self.follow_image_tower(self.image_tower_data_config())
-        wanted = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",)}
-        for split in wanted.get(stage, ()):
-            has_data = self.files[split] is not None or self.shard_specs[split] is not None
-            has_data = has_data or (split == "train" and bool(self.sources))
-            if has_data and split not in self.datasets:
-                self.datasets[split] = self.build_dataset(split)  # type: ignore[arg-type]
+    def has_split(self, split: Split) -> bool:
+        """A split has data when its JSONL file or shards are set (training also from ``sources``)."""
+        has_data = self.files[split] is not None or self.shard_specs[split] is not None
+        return has_data or (split == "train" and bool(self.sources))
 
     @property
     @override
