@@ -7,7 +7,7 @@ Same model (``configs/demo.yaml``, same initial weights), same optimizer and LR 
 fp32, one epoch, no validation, the same ``torch.set_num_threads`` everywhere, the model in train mode. Runs:
 
   plain:   ``training_step`` -> ``zero_grad`` -> ``backward`` (the module's, which closes its one-time FLOPs
-           count exactly as under the Trainer) -> the module's per-tower clipping (``clip_grouped``, what its
+           count exactly as under the Trainer) -> the module's per-tower clipping (``clip_towers_and_heads``, what its
            ``configure_gradient_clipping`` runs) -> ``optimizer.step`` -> ``scheduler.step``, in a for loop;
   bare:    ``Trainer.fit`` with no logger, no callbacks, no progress bar (Lightning itself + the module's hooks);
   default: ``Trainer.fit`` with the trainer the CLI builds from ``configs/demo.yaml`` (TensorBoard logger, rich
@@ -54,7 +54,7 @@ from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mm_lightning.cli import cli_main  # noqa: E402
-from mm_lightning.models.optim import clip_grouped  # noqa: E402
+from mm_lightning.models.optim import clip_towers_and_heads  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 # Callback hooks that run once per training step (the rest run once per fit or epoch).
@@ -257,14 +257,15 @@ class Harness:
         meter.instrument_optim(optimizer)
 
         @meter.work
-        def clip() -> (
-            None
-        ):  # what the module's configure_gradient_clipping does (nothing with the demo config)
-            clip_grouped(
+        def clip() -> None:
+            # what the module's configure_gradient_clipping does (nothing with the demo config)
+            clip_towers_and_heads(
+                model,
                 {
-                    "image_encoder": (model.image_encoder.parameters(), model.image_config.clip_norm),
-                    "text_encoder": (model.text_encoder.parameters(), model.text_config.clip_norm),
-                }
+                    "image_encoder": (model.image_encoder, model.image_config.clip_norm),
+                    "text_encoder": (model.text_encoder, model.text_config.clip_norm),
+                },
+                model.optim_config.clip_heads,
             )
 
         model.train()
