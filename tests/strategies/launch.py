@@ -48,7 +48,9 @@ class RankResult:
     output: str
 
 
-def start_ranks(args: list[str], log_dir: Path, world_size: int = 2) -> list[subprocess.Popen]:
+def start_ranks(
+    args: list[str], log_dir: Path, world_size: int = 2, extra_env: dict[str, str] | None = None
+) -> list[subprocess.Popen]:
     """Starts ``python *args`` as ``world_size`` ranks; each writes ``log_dir/rank<r>.log``."""
     port = free_port()
     procs = []
@@ -57,7 +59,7 @@ def start_ranks(args: list[str], log_dir: Path, world_size: int = 2) -> list[sub
         with (log_dir / f"rank{rank}.log").open("w") as sink:
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, *args], env=rank_env(rank, world_size, port), cwd=REPO, stdout=sink,
+                    [sys.executable, *args], env=rank_env(rank, world_size, port, **(extra_env or {})), cwd=REPO, stdout=sink,
                     stderr=subprocess.STDOUT,
                 )
             )  # fmt: skip
