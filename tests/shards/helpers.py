@@ -6,6 +6,7 @@ import io
 import json
 from pathlib import Path
 
+import numpy as np
 from PIL import Image
 from webdataset import TarWriter
 
@@ -22,6 +23,16 @@ CAPTIONS_PER_SAMPLE = 2
 def jpeg_bytes(seed: int, size: tuple[int, int] = (40, 32)) -> bytes:
     out = io.BytesIO()
     Image.fromarray(natural_array(size[1], size[0], seed)).save(out, format="JPEG", quality=90)
+    return out.getvalue()
+
+
+def large_jpeg_bytes(megabytes: float = 6.0) -> bytes:
+    """A noise JPEG of about ``megabytes`` (larger than fsspec's 5 MB HTTP block, so a ranged reader needs
+    more than one request for a shard that holds it)."""
+    side = int(1600 * (megabytes / 2.86) ** 0.5)  # 1600 x 1600 noise at quality 95 is 2.86 MB
+    noise = np.random.default_rng(0).integers(0, 256, (side, side, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(noise).save(out, format="JPEG", quality=95)
     return out.getvalue()
 
 

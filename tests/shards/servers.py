@@ -6,7 +6,10 @@ import functools
 import http.server
 import logging
 import socket
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -72,3 +75,30 @@ def http_server(root: Path) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextmanager
+def plain_http_server(root: Path) -> Iterator[str]:
+    """``python -m http.server`` serving ``root`` in its own process, as a user starts it; yields its base URL.
+
+    Its handler ignores ``Range`` headers (it always answers 200 with the whole file), like many simple
+    servers, proxies and presigned-URL setups.
+    """
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(root)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "http.server did not start"
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.kill()
+        proc.wait()

@@ -24,7 +24,6 @@ import hashlib
 import json
 import os
 import posixpath
-import shutil
 import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -80,15 +79,18 @@ def options_for(url: str, storage_options: dict[str, Any] | None) -> dict[str, A
     return dict(storage_options)
 
 
-def _open(url: str, storage_options: dict[str, Any]) -> Any:
-    return fsspec.open(url, "rb", **options_for(url, storage_options))
+# Whole files only, never ranges: fsspec's random-access HTTP file needs ``Range`` support past its first block
+# (5 MB), which ``python -m http.server``, many proxies and presigned-URL setups lack. ``cat_file``/``get_file``
+# are one plain streamed GET over HTTP (``get_object`` on S3) and what a whole-shard fetch needs anyway.
+def _read_bytes(url: str, storage_options: dict[str, Any]) -> bytes:
+    fs, path = fsspec.core.url_to_fs(url, **options_for(url, storage_options))
+    return fs.cat_file(path)
 
 
 def _read_json(url: str, storage_options: dict[str, Any]) -> dict[str, Any] | None:
     """A small JSON file, or ``None`` if it does not exist."""
     try:
-        with _open(url, storage_options) as f:
-            return json.loads(f.read())
+        return json.loads(_read_bytes(url, storage_options))
     except FileNotFoundError:
         return None
 
@@ -170,6 +172,20 @@ def _info_from_stats(url: str, options: dict[str, Any], cache_dir: str | None) -
     return ShardInfo(url, len(cache.get(url)))
 
 
+def _received(path: str) -> str:
+    """What a file that should be a tar holds, for the error message (an HTML error page, an empty body...)."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(60)
+    except OSError:
+        return ""
+    text = head.decode("utf-8", "replace")
+    looks_like_text = head and all(c.isprintable() or c.isspace() for c in text)
+    start = f", starting {text.strip()[:60]!r}" if looks_like_text else ""
+    return f"; got {size} bytes{start}"
+
+
 def _default_cache_dir() -> str:
     return os.path.join(tempfile.gettempdir(), f"mm_lightning_shards_{os.getuid()}")
 
@@ -219,7 +235,7 @@ class ShardCache:
             raise ShardError(f"shard {url!r} not found", missing=True) from err
         except Exception as err:  # noqa: BLE001  (any parse failure of a damaged tar means the same thing)
             raise ShardError(
-                f"shard {url!r} is truncated or not a tar file ({type(err).__name__}: {err})"
+                f"shard {url!r} is truncated or not a tar file ({type(err).__name__}: {err}){_received(path)}"
             ) from err
 
     def _fetch(self, url: str) -> str:
@@ -235,17 +251,18 @@ class ShardCache:
     def _download(self, url: str, local: str) -> None:
         fd, tmp = tempfile.mkstemp(prefix=".fetch-", dir=self.cache_dir)
         try:
-            with os.fdopen(fd, "wb") as out:
-                if url.startswith("pipe:"):
+            if url.startswith("pipe:"):
+                with os.fdopen(fd, "wb") as out:
                     done = subprocess.run(url[5:], shell=True, stdout=out, stderr=subprocess.PIPE)
-                    if done.returncode:
-                        raise ShardError(  # no tar to read: as final as a missing shard
-                            f"shard {url!r}: command exited {done.returncode}: {done.stderr.decode()[-500:]}",
-                            missing=True,
-                        )
-                else:
-                    with _open(url, self.storage_options) as src:
-                        shutil.copyfileobj(src, out, 1 << 20)
+                if done.returncode:
+                    raise ShardError(  # no tar to read: as final as a missing shard
+                        f"shard {url!r}: command exited {done.returncode}: {done.stderr.decode()[-500:]}",
+                        missing=True,
+                    )
+            else:
+                os.close(fd)
+                fs, path = fsspec.core.url_to_fs(url, **options_for(url, self.storage_options))
+                fs.get_file(path, tmp)  # streamed whole (see _read_bytes): no range requests
             os.replace(tmp, local)  # atomic: workers sharing the cache never see a partial file
         except FileNotFoundError as err:
             raise ShardError(f"shard {url!r} not found", missing=True) from err
