@@ -22,6 +22,7 @@ Examples::
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -53,8 +54,12 @@ from mm_lightning.models.towers.pretrained import tokenizer_for
 from mm_lightning.resume import ResumeOverrides
 from mm_lightning.trainer import MultimodalTrainer, instantiate_datamodule
 
-# python -m mm_lightning export ... / zeroshot ...: mm_lightning.export / mm_lightning.zeroshot ``main(argv)``
-STANDALONE_COMMANDS = ("export", "zeroshot")
+# python -m mm_lightning export ... / zeroshot ...: mm_lightning.export / mm_lightning.zeroshot ``main(argv)``, with
+# their own small parsers; listed in ``python -m mm_lightning --help`` with these lines.
+STANDALONE_COMMANDS = {
+    "export": "Export a checkpoint as a Hugging Face model directory (options: export --help).",
+    "zeroshot": "Zero-shot classification of labeled images with a checkpoint (options: zeroshot --help).",
+}
 TRAINER_DEFAULTS: dict[str, Any] = {
     # The run directory: TensorBoard events (one version_N folder per fit), config.yaml, checkpoints/.
     "default_root_dir": "logs/mm_lightning",
@@ -131,16 +136,58 @@ def checkpoint_dir_of(run_dir: str) -> str:
     return os.path.join(run_dir, "checkpoints")
 
 
+def expand_strategy_name(args: list[str]) -> list[str]:
+    """``--trainer.strategy <registry name>`` followed by ``--trainer.strategy.<option>``: the name becomes its class
+    (plus the options the registry entry implies), so nested options apply to it.
+
+    jsonargparse takes nested options only under a class, and Lightning's registry names (``ddp_explicit``,
+    ``ddp_spawn``...) are plain strings to it; the README's spelling
+    ``--trainer.strategy ddp_explicit --trainer.strategy.mode per_parameter`` works this way.
+    """
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    if not any(a.startswith("--trainer.strategy.") for a in args):
+        return args
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg, name = args[i], None
+        if arg == "--trainer.strategy" and i + 1 < len(args):
+            name, i = args[i + 1], i + 2
+        elif arg.startswith("--trainer.strategy="):
+            name, i = arg.split("=", 1)[1], i + 1
+        else:
+            out.append(arg)
+            i += 1
+            continue
+        if name not in StrategyRegistry:
+            out += ["--trainer.strategy", name]
+            continue
+        entry = StrategyRegistry[name]
+        cls = entry["strategy"]
+        out += ["--trainer.strategy", f"{cls.__module__}.{cls.__qualname__}"]
+        for key, value in entry["init_params"].items():
+            out += [f"--trainer.strategy.{key}", value if isinstance(value, str) else json.dumps(value)]
+    return out
+
+
 class CheckedParser(LightningArgumentParser):
-    """The CLI's parser; adds the fix to jsonargparse's error for options nested under a strategy *name*."""
+    """The CLI's parser; adds the fix to jsonargparse's error for options nested under a strategy *name*, and lists
+    the standalone commands (``export``, ``zeroshot``) among the subcommands."""
+
+    @override
+    def add_subcommands(self, *args: Any, **kwargs: Any) -> Any:
+        self.subcommands_action = super().add_subcommands(*args, **kwargs)
+        return self.subcommands_action
 
     @override
     def error(self, message: str, ex: Exception | None = None) -> Any:
         if "trainer.strategy" in message and "NestedArg" in message:
             message += (
-                "\nA strategy registry name (e.g. ddp_explicit) takes no nested options; give the class instead:"
-                " --trainer.strategy ExplicitAllReduceDDPStrategy --trainer.strategy.mode per_parameter"
-                " (or use configs/ddp_explicit.yaml)."
+                "\nA strategy registry name in a config file (e.g. strategy: ddp_explicit) takes no nested options;"
+                " give the class instead (strategy: {class_path: ExplicitAllReduceDDPStrategy, init_args: {mode:"
+                " per_parameter}}, as configs/ddp_explicit.yaml does), or the name on the command line:"
+                " --trainer.strategy ddp_explicit --trainer.strategy.mode per_parameter."
             )
         return super().error(message, ex)
 
@@ -187,7 +234,26 @@ class MultimodalCLI(LightningCLI):
         parser.link_arguments("trainer.default_root_dir", "checkpoint.dirpath", compute_fn=checkpoint_dir_of)
 
     @override
+    def setup_parser(
+        self, add_subcommands: bool, main_kwargs: dict[str, Any], subparser_kwargs: dict[str, Any]
+    ) -> None:
+        super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+        action = getattr(self.parser, "subcommands_action", None)
+        if add_subcommands and action is not None:
+            # shown in --help and the subcommand choices; main() runs these commands before this parser is built
+            for name, summary in STANDALONE_COMMANDS.items():
+                listed = LightningArgumentParser(
+                    description=f"{summary} Run: python -m mm_lightning {name} --help"
+                )
+                action.add_subcommand(name, listed, help=summary)
+
+    @override
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        if args is None or isinstance(args, list):
+            given = sys.argv[1:] if args is None else args
+            expanded = expand_strategy_name(given)
+            if expanded != given:
+                args = expanded
         super().parse_arguments(parser, args)
         # Before LightningCLI reads the checkpoint's hyperparameters (it loads the file right after parsing).
         self.resume_overrides.before_checkpoint_hparams(self, parser)

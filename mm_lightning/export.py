@@ -129,14 +129,20 @@ def _data_hyperparameters(checkpoint_path: str) -> dict[str, Any]:
     return dict(checkpoint.get("datamodule_hyper_parameters") or {})
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m mm_lightning export --ckpt_path CKPT --format hf --out DIR``."""
+def build_parser() -> argparse.ArgumentParser:
+    """The command's options (also used by the tests that check the README's commands parse)."""
     parser = argparse.ArgumentParser(
         prog="python -m mm_lightning export", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--ckpt_path", required=True, help="Lightning checkpoint of a MultimodalModule")
     parser.add_argument("--format", default="hf", choices=FORMATS, help="output format (default: hf)")
     parser.add_argument("--out", required=True, help="output directory")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m mm_lightning export --ckpt_path CKPT --format hf --out DIR``."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     if not Path(args.ckpt_path).is_file():
         parser.error(f"--ckpt_path {args.ckpt_path!r} does not exist")

@@ -223,12 +223,8 @@ def evaluate(
     return scores
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m mm_lightning zeroshot --ckpt_path CKPT --data DIR_OR_JSONL [--templates ...]``."""
-    from mm_lightning.data.collate import load_tokenizer
-    from mm_lightning.models import MultimodalModule
-    from mm_lightning.models.towers.pretrained import tokenizer_for
-
+def build_parser() -> argparse.ArgumentParser:
+    """The command's options (also used by the tests that check the README's commands parse)."""
     parser = argparse.ArgumentParser(
         prog="python -m mm_lightning zeroshot", description=__doc__.splitlines()[0]
     )
@@ -238,6 +234,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--templates", nargs="*", default=list(DEFAULT_TEMPLATES))
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--max_length", type=int, default=77)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m mm_lightning zeroshot --ckpt_path CKPT --data DIR_OR_JSONL [--templates ...]``."""
+    from mm_lightning.data.collate import load_tokenizer
+    from mm_lightning.models import MultimodalModule
+    from mm_lightning.models.towers.pretrained import tokenizer_for
+
+    parser = build_parser()
     args = parser.parse_args(argv)
     if not Path(args.ckpt_path).is_file():
         parser.error(f"--ckpt_path {args.ckpt_path!r} does not exist")

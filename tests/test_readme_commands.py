@@ -1,0 +1,127 @@
+"""Every ``python -m mm_lightning ...`` command in the README parses, and the CLI lists every command it has.
+
+Training commands are parsed with ``--print_config`` (the whole config is built and checked, nothing runs);
+``export`` and ``zeroshot`` with their own parsers.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from mm_lightning import export, zeroshot
+from mm_lightning.cli import STANDALONE_COMMANDS, cli_main, main
+from tests.conftest import REPO
+
+STANDALONE_PARSERS = {"export": export.build_parser, "zeroshot": zeroshot.build_parser}
+
+
+def readme_commands(text: str) -> list[tuple[int, list[str]]]:
+    """``(line, argv after "mm_lightning")`` of every command in the README's code blocks, fenced or indented
+    (continuations joined, comments dropped)."""
+    commands, in_block, pending, start = [], False, "", 0
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if line.startswith("```"):
+            in_block, pending = not in_block, ""
+            continue
+        if not (in_block or raw.startswith("    ") or pending):  # fenced or indented code blocks
+            continue
+        if not pending:
+            start = number
+        pending += " " + line.removesuffix("\\")
+        if line.endswith("\\"):
+            continue
+        found = re.search(r"(?:^|\s)-m mm_lightning\s+(.*)", pending)
+        if found:
+            commands.append((start, shlex.split(found.group(1), comments=True)))
+        pending = ""
+    return commands
+
+
+COMMANDS = readme_commands((REPO / "README.md").read_text())
+
+
+def test_the_readme_has_commands_of_every_kind() -> None:
+    kinds = {argv[0] for _, argv in COMMANDS}
+    assert {"fit", "audit", "shard", "predict", "export", "zeroshot"} <= kinds, kinds
+    assert len(COMMANDS) >= 20
+
+
+def parses(argv: list[str], capsys: pytest.CaptureFixture) -> None:
+    """Raises if ``argv`` (after ``python -m mm_lightning``) does not parse."""
+    if argv[0] in STANDALONE_PARSERS:
+        STANDALONE_PARSERS[argv[0]]().parse_args(argv[1:])
+        return
+    with pytest.raises(SystemExit) as done:
+        cli_main([*argv, "--print_config"])  # exits after parsing, before anything is built
+    output = capsys.readouterr()
+    assert done.value.code in (0, None), output.err[-3000:]
+    assert "trainer:" in output.out
+
+
+@pytest.mark.parametrize(("line", "argv"), COMMANDS, ids=[f"line{line}" for line, _ in COMMANDS])
+def test_readme_command_parses(
+    line: int, argv: list[str], capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)  # the README's paths are relative to the repository
+    parses(argv, capsys)
+
+
+def test_a_broken_command_is_caught(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Control: the same check fails for an option that does not exist and a config file that does not."""
+    monkeypatch.chdir(REPO)
+    with pytest.raises(AssertionError):
+        parses(["fit", "--config", "configs/demo.yaml", "--trainer.no_such_option", "1"], capsys)
+    with pytest.raises(AssertionError):
+        parses(["fit", "--config", "configs/no_such_recipe.yaml"], capsys)
+    with pytest.raises(SystemExit):
+        parses(["export", "--ckpt_path", "last.ckpt", "--format", "onnx", "--out", "x"], capsys)
+
+
+def test_strategy_name_takes_nested_options(
+    capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--trainer.strategy <registry name>`` with ``--trainer.strategy.<option>``: the name's class, the options
+    of its registry entry, then the user's."""
+    monkeypatch.chdir(REPO)
+    argv = ["--config", "configs/demo.yaml", "--trainer.strategy", "ddp_explicit"]  # run=False: no subcommand
+    nested = ["--trainer.strategy.mode", "per_parameter", "--trainer.strategy.timeout_s", "300"]
+    cli = cli_main([*argv, *nested], run=False)
+    strategy = cli.trainer.strategy
+    assert type(strategy).__name__ == "ExplicitAllReduceDDPStrategy"
+    assert (strategy.mode, strategy.timeout_s) == ("per_parameter", 300.0)
+    spawn = cli_main(
+        [*argv[:-1], "ddp_spawn", "--trainer.strategy.find_unused_parameters", "true"], run=False
+    )
+    assert spawn.trainer.strategy._start_method == "spawn"  # from the registry entry "ddp_spawn"
+    assert spawn.trainer.strategy._ddp_kwargs["find_unused_parameters"] is True
+    plain = cli_main(argv, run=False)  # without nested options the name is passed through as it is
+    assert type(plain.trainer.strategy).__name__ == "ExplicitAllReduceDDPStrategy"
+    assert plain.trainer.strategy.mode == "bucketed"
+
+
+def test_help_lists_every_command(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0
+    for name in ("fit", "validate", "test", "predict", "audit", "shard", *STANDALONE_COMMANDS):
+        assert re.search(rf"^\s+{name}\s+\S", out, re.MULTILINE), (name, out)
+    with pytest.raises(SystemExit) as done:
+        main(["export", "--help"])  # what the listing tells a user to run
+    assert done.value.code == 0 and "--ckpt_path" in capsys.readouterr().out
+
+
+def test_commands_are_found_in_continued_and_indented_blocks(tmp_path: Path) -> None:
+    text = "```bash\n    python -m mm_lightning fit --config a.yaml \\\n        --trainer.devices 2  # two\n```\n"
+    text += "prose: `python -m mm_lightning fit --not-code`\n```\ntorchrun -m mm_lightning audit --x 1\n```\n"
+    text += "\n    python -m mm_lightning zeroshot --data d\n"
+    assert readme_commands(text) == [
+        (2, ["fit", "--config", "a.yaml", "--trainer.devices", "2"]),
+        (7, ["audit", "--x", "1"]),
+        (10, ["zeroshot", "--data", "d"]),
+    ]
