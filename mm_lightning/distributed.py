@@ -6,18 +6,39 @@ where it returns its input, so callers never branch on the world size themselves
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics.utilities.distributed import gather_all_tensors
 
+_LOCAL = threading.local()
+
 
 def world() -> tuple[int, int]:
-    """(rank, world_size) of the default process group, (0, 1) when not distributed."""
-    if dist.is_available() and dist.is_initialized():
+    """(rank, world_size) of the default process group, (0, 1) when not distributed or in :func:`single_process`."""
+    if dist.is_available() and dist.is_initialized() and not getattr(_LOCAL, "single", False):
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+@contextmanager
+def single_process() -> Iterator[None]:
+    """Within the block the project's collectives and losses act as in one process (no communication).
+
+    For computations every rank repeats on data it already gathered (the evaluation loss over a whole global
+    batch).
+    """
+    before = getattr(_LOCAL, "single", False)
+    _LOCAL.single = True
+    try:
+        yield
+    finally:
+        _LOCAL.single = before
 
 
 def gather_with_grad(tensor: Tensor) -> Tensor:

@@ -169,3 +169,15 @@ def test_metric_refuses_captions_of_images_never_added() -> None:
     )
     with pytest.raises(ValueError, match="never added"):
         metric.compute()
+
+
+def test_eval_rows_count_each_valid_record_once_per_epoch() -> None:
+    """Stand-ins never count; a record counts at its first genuine row, even after a stand-in copy of it."""
+    from mm_lightning.models.evaluation import EvalRows
+
+    rows = EvalRows()
+    keep = rows.keep(torch.tensor([5, 3, 5, 7]), torch.tensor([False, False, False, True]))
+    assert keep.tolist() == [True, True, False, False]  # 5 again: a sampler's padding; 7: a stand-in copy
+    assert rows.keep(torch.tensor([7, 3]), torch.tensor([False, False])).tolist() == [True, False]
+    rows.reset()  # a new evaluation epoch
+    assert rows.keep(torch.tensor([3]), torch.tensor([False])).tolist() == [True]

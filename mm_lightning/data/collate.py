@@ -11,7 +11,7 @@ import torch
 from mm_lightning.assets import resolve_pretrained
 from mm_lightning.data.records import FATAL, RecordError, describe
 from mm_lightning.data.samples import ORIGIN_KEY
-from mm_lightning.data.skips import SKIPPED_KEY
+from mm_lightning.data.skips import SKIPPED_KEY, STAND_IN_KEY
 
 
 def load_tokenizer(name_or_path: str) -> Any:
@@ -37,7 +37,8 @@ class MultimodalCollate:
             normalization); ``None`` leaves them uint8 for the device.
 
     The batch also carries ``skipped``: the :class:`~mm_lightning.data.records.RecordError` of every bad
-    record a sample of this batch stands in for (counted by the bad-record logger).
+    record a sample of this batch stands in for (counted by the bad-record logger), and ``stand_in``: (B,) bool,
+    True for rows that are copies of another record standing in for a bad one (left out of evaluation).
     """
 
     def __init__(
@@ -106,6 +107,7 @@ class MultimodalCollate:
             "image_id": torch.tensor([s["image_id"] for s in samples], dtype=torch.long),
             "index": torch.tensor([s["index"] for s in samples], dtype=torch.long),
             SKIPPED_KEY: [err for s in samples for err in s.get(SKIPPED_KEY, ())],
+            STAND_IN_KEY: torch.tensor([bool(s.get(STAND_IN_KEY, False)) for s in samples]),
         }
         if "token_type_ids" in tokens:
             batch["token_type_ids"] = tokens["token_type_ids"].long()

@@ -26,7 +26,7 @@ import torch
 
 from mm_lightning.data.images import DEFAULT_MAX_PIXELS, ImageDecodeError, decode_image_file
 from mm_lightning.data.records import Record, RecordError, record_errors
-from mm_lightning.data.skips import SKIPPED_KEY
+from mm_lightning.data.skips import SKIPPED_KEY, STAND_IN_KEY
 from mm_lightning.data.transforms import DecodeResizedCrop
 
 ORIGIN_KEY = (
@@ -199,6 +199,7 @@ class BadRecordPolicy:
                 tried.append(bad)
                 continue
             sample[SKIPPED_KEY] = [err]
+            sample[STAND_IN_KEY] = True
             return sample
         last = f"; last candidate: {tried[-1]}" if tried else ""
         raise TooManyBadRecords(

@@ -17,6 +17,9 @@ import torch
 from mm_lightning.data.records import ERROR_KINDS, RecordError
 
 SKIPPED_KEY = "skipped"  # sample/batch field: list of RecordError for the bad records a sample stands in for
+# sample field True / batch field (B,) bool: the row is a copy of another valid record standing in for a bad one
+# (map-style sources); evaluation leaves such rows out of every metric
+STAND_IN_KEY = "stand_in"
 SPLITS = ("train", "val", "test", "predict")
 
 

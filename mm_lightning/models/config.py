@@ -25,6 +25,9 @@ class ImageTowerConfig:
         kwargs: extra constructor arguments of the tower (e.g. ``widths``/``layers`` of ``resnet_custom``).
         image_size: input resolution (linked from ``data.image_size`` by the CLI).
         freeze: keep the tower's weights fixed (and the tower in eval mode, LiT-style).
+        freeze_batchnorm: keep the tower's BatchNorm layers in eval mode (their running statistics normalize,
+            and are not updated; their affine weights still train). Makes gradient caching exact for a
+            BatchNorm tower, and suits small per-device batches.
         lr: learning rate of the tower (null: ``optim.lr``; 0 is a valid choice).
         clip_norm: max gradient norm of the tower (null: no per-tower clipping).
         strict: with a weights file, fail on missing or unexpected keys.
@@ -35,6 +38,7 @@ class ImageTowerConfig:
     kwargs: dict[str, Any] = field(default_factory=dict)
     image_size: int = 224
     freeze: bool = False
+    freeze_batchnorm: bool = False
     lr: float | None = None
     clip_norm: float | None = None
     strict: bool = True
@@ -52,6 +56,7 @@ class TextTowerConfig:
         pooling: ``cls`` (first token) or masked ``mean`` pooling of the tokens.
         trust_remote_code: allow model code shipped with the weights.
         freeze: keep the tower's weights fixed (and the tower in eval mode).
+        freeze_batchnorm: keep the tower's BatchNorm layers (if any) in eval mode, as for the image tower.
         lr: learning rate of the tower (null: ``optim.lr``).
         clip_norm: max gradient norm of the tower (null: no per-tower clipping).
     """
@@ -62,6 +67,7 @@ class TextTowerConfig:
     pooling: Literal["cls", "mean"] = "cls"
     trust_remote_code: bool = False
     freeze: bool = False
+    freeze_batchnorm: bool = False
     lr: float | None = None
     clip_norm: float | None = None
 

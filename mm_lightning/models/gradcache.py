@@ -89,6 +89,59 @@ class _Pending:
     sizes: list[int]
 
 
+def batchnorm_layers(module: nn.Module) -> dict[str, nn.Module]:
+    """The BatchNorm layers of ``module`` by name (any ``_BatchNorm``: 1d/2d/3d, SyncBatchNorm, timm's)."""
+    return {n: m for n, m in module.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)}
+
+
+def dropout_layers(module: nn.Module) -> list[str]:
+    """Names of the layers of ``module`` that drop at random in training (dropout, drop-path with p > 0)."""
+    return [
+        n
+        for n, m in module.named_modules()
+        if (isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0) or getattr(m, "drop_prob", 0) > 0
+    ]
+
+
+def _listed(names: list[str], shown: int = 4) -> str:
+    return ", ".join(names[:shown]) + (", ..." if len(names) > shown else "")
+
+
+def warn_if_inexact(chunks: int, towers: Mapping[str, tuple[nn.Module, Any]]) -> None:
+    """Says at fit start what keeps a chunked step from equalling the whole batch's, by layer name.
+
+    BatchNorm in training mode normalizes each chunk by its own statistics (a warning, with the fixes); dropout
+    draws each chunk's masks apart from the whole batch's (a note: equal in distribution, not exactly).
+
+    Args:
+        chunks: ``loss.chunks``.
+        towers: ``{name: (tower, config)}``; a config's ``freeze`` / ``freeze_batchnorm`` are honoured.
+    """
+    from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+    batchnorm, dropout = [], []
+    for prefix, (tower, config) in towers.items():
+        if config.freeze:  # frozen towers run in eval mode: exact
+            continue
+        if not config.freeze_batchnorm:
+            batchnorm += [f"{prefix}.{name}" for name in batchnorm_layers(tower)]
+        dropout += [f"{prefix}.{name}" for name in dropout_layers(tower)]
+    if batchnorm:
+        rank_zero_warn(
+            f"Gradient caching (loss.chunks={chunks}) with {len(batchnorm)} BatchNorm layer(s) in training mode"
+            f" ({_listed(batchnorm)}): each chunk is normalized by its own statistics, so the step only"
+            " approximates the whole batch's, and running statistics are updated once per chunk. For an exact"
+            " step: --model.image.freeze_batchnorm true (BatchNorm normalizes with its running statistics; the"
+            " text tower has the same option), freeze the tower, or use a GroupNorm/LayerNorm tower."
+        )
+    if dropout:
+        rank_zero_info(
+            f"Gradient caching (loss.chunks={chunks}) with dropout in {len(dropout)} layer(s) ({_listed(dropout)}):"
+            " each chunk draws its own masks (the same in both of its passes, not the whole batch's), so the step"
+            " equals the whole batch's in distribution, not exactly; with dropout 0 it is exact."
+        )
+
+
 def check_strategy(strategy: object) -> None:
     """Raises a clear error for the distributed strategies gradient caching cannot run under.
 

@@ -7,8 +7,9 @@ concern (:mod:`mm_lightning.models.config`): ``--model.image.name``, ``--model.t
 Logged: ``train/loss`` (weighted total), ``train/loss_itc``, ``train/loss_itm``, ``train/temperature``,
 ``train/weight_*``; per evaluation epoch ``{val,test}/r{1,5,10}_{t2i,i2t}`` and ``alignment_gap`` (on unique
 records, see :class:`~mm_lightning.metrics.RetrievalMetrics`) and ``{val,test}/loss``: the training objective
-with the fixed loss weights, averaged over the evaluation rows (one row per caption; ITM scores freshly sampled
-hard negatives, so it carries sampling noise).
+with the fixed loss weights on each (global) evaluation batch, averaged over the unique valid records (one row
+per caption; stand-ins for skipped records and a sampler's padding are left out, as rows and as negatives, see
+:mod:`mm_lightning.models.evaluation`; ITM scores freshly sampled hard negatives, so it carries sampling noise).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from lightning.pytorch.strategies import FSDPStrategy
 from torch import Tensor, nn
 from typing_extensions import override
 
+from mm_lightning.distributed import single_process
 from mm_lightning.embeddings import l2_normalize
 from mm_lightning.metrics import RetrievalMetrics, first_occurrence
 from mm_lightning.models.config import (
@@ -37,8 +39,15 @@ from mm_lightning.models.config import (
     as_config,
     as_dict,
 )
+from mm_lightning.models.evaluation import EvalRows
 from mm_lightning.models.flops import FlopsMeter
-from mm_lightning.models.gradcache import GradientCache, check_strategy, embed_in_chunks
+from mm_lightning.models.gradcache import (
+    GradientCache,
+    batchnorm_layers,
+    check_strategy,
+    embed_in_chunks,
+    warn_if_inexact,
+)
 from mm_lightning.models.itm import ImageTextMatching
 from mm_lightning.models.losses import DynamicWeightAveraging, build_loss, complexity_weights
 from mm_lightning.models.optim import clip_towers_and_heads, optimizer_and_schedule
@@ -141,6 +150,7 @@ class MultimodalModule(LightningModule):
         )
         self._towers_compiled = False
         self.retrieval = RetrievalMetrics()
+        self.eval_rows = EvalRows()  # which evaluation rows the loss counts (unique valid records)
         self.flops = FlopsMeter()
         # Lightning keeps each submodule's mode as found, so frozen towers must start in eval mode
         self.train()
@@ -171,11 +181,12 @@ class MultimodalModule(LightningModule):
     @override
     def train(self, mode: bool = True) -> MultimodalModule:
         super().train(mode)
-        # frozen towers keep BatchNorm statistics and dropout off (LiT)
-        if self.image_config.freeze:
-            self.image_encoder.eval()
-        if self.text_config.freeze:
-            self.text_encoder.eval()
+        for tower, config in ((self.image_encoder, self.image_config), (self.text_encoder, self.text_config)):
+            if config.freeze:  # frozen towers keep BatchNorm statistics and dropout off (LiT)
+                tower.eval()
+            elif config.freeze_batchnorm:
+                for module in batchnorm_layers(tower).values():
+                    module.eval()
         return self
 
     def encode_text(self, batch: dict[str, Tensor]) -> tuple[EncoderOutput, Tensor]:
@@ -220,12 +231,23 @@ class MultimodalModule(LightningModule):
         text_out: EncoderOutput,
         text_emb: Tensor,
     ) -> dict[str, Tensor]:
-        ids = batch["image_id"]
-        weights = (
-            complexity_weights(batch["image"], batch["attention_mask"])
-            if self.loss_config.sample_weighting == "complexity"
-            else None
-        )
+        weights = self._sample_weights(batch)
+        return self._pair_losses(batch["image_id"], weights, image_out, image_emb, text_out, text_emb)
+
+    def _sample_weights(self, batch: dict[str, Tensor]) -> Tensor | None:
+        if self.loss_config.sample_weighting != "complexity":
+            return None
+        return complexity_weights(batch["image"], batch["attention_mask"])
+
+    def _pair_losses(
+        self,
+        ids: Tensor,
+        weights: Tensor | None,
+        image_out: EncoderOutput,
+        image_emb: Tensor,
+        text_out: EncoderOutput,
+        text_emb: Tensor,
+    ) -> dict[str, Tensor]:
         if self.itm is None:
             return {"loss_itc": self.contrastive(image_emb, text_emb, ids, weights)}
         loss_itc, logits = self.contrastive.loss_and_logits(image_emb, text_emb, ids, weights)
@@ -284,6 +306,13 @@ class MultimodalModule(LightningModule):
     def setup(self, stage: str) -> None:
         if stage == "fit" and self.grad_cache is not None:
             check_strategy(self.trainer.strategy)
+            warn_if_inexact(
+                self.loss_config.chunks,
+                {
+                    "image_encoder": (self.image_encoder, self.image_config),
+                    "text_encoder": (self.text_encoder, self.text_config),
+                },
+            )
 
     @override
     def configure_model(self) -> None:
@@ -316,20 +345,47 @@ class MultimodalModule(LightningModule):
             image_ids, first, column = first_occurrence(batch["image_id"])
             unique_out, unique_emb = self.encode_images(batch["image"][first])
             text_out, text_emb = self.encode_text(batch)
-            # the loss sees one row per pair, as in training
+            # the loss sees one row per pair (caption), as in training
             image_out = EncoderOutput(
                 unique_out.pooled[column], unique_out.tokens[column], unique_out.mask[column]
             )
-            losses = self._losses(batch, image_out, unique_emb[column], text_out, text_emb)
+            loss, rows = self._eval_loss(batch, image_out, unique_emb[column], text_out, text_emb)
         self.flops.finish("eval")
-        bs = batch["image"].shape[0]
-        self.log(f"{stage}/loss", self._total(losses, self.fixed_weights), batch_size=bs, sync_dist=True)
+        # weighted by the rows that count, so the epoch value is the mean over unique valid records
+        self.log(f"{stage}/loss", loss, batch_size=rows, sync_dist=True)
         self.retrieval.update(unique_emb, image_ids, text_emb, batch["image_id"], batch["index"])
         # the batch's embeddings, one row per pair, for callbacks (e.g. the retrieval grid) without a second forward
         return {
             "image_embeddings": l2_normalize(unique_emb[column].float()),
             "text_embeddings": l2_normalize(text_emb.float()),
         }
+
+    def _eval_loss(
+        self,
+        batch: dict[str, Tensor],
+        image_out: EncoderOutput,
+        image_emb: Tensor,
+        text_out: EncoderOutput,
+        text_emb: Tensor,
+    ) -> tuple[Tensor, int]:
+        """The training objective (fixed weights) over the batch's unique valid rows, and their number.
+
+        Stand-ins for bad records and rows whose record was already scored this epoch (a distributed sampler's
+        padding) leave the batch, as rows and as negatives. Distributed, every rank gathers the global batch and
+        computes the same value (the one a single process gets on that batch).
+        """
+        weights = self._sample_weights(batch)
+        # the ITM head needs the token sequences of the global batch too (each rank then scores all its rows)
+        rows = self.eval_rows.gather_unique(
+            batch, image_out, image_emb, text_out, text_emb, weights, tokens=self.itm is not None
+        )
+        if rows is None:  # nothing new in this global batch
+            return torch.zeros((), device=image_emb.device), 0
+        with single_process():
+            losses = self._pair_losses(
+                rows.ids, rows.weights, rows.image_out, rows.image_emb, rows.text_out, rows.text_emb
+            )
+        return self._total(losses, self.fixed_weights), rows.count
 
     def _log_retrieval(self, stage: str) -> None:
         if self.retrieval.update_count == 0:
@@ -343,12 +399,20 @@ class MultimodalModule(LightningModule):
         return self._eval_step(batch, "val")
 
     @override
+    def on_validation_epoch_start(self) -> None:
+        self.eval_rows.reset()
+
+    @override
     def on_validation_epoch_end(self) -> None:
         self._log_retrieval("val")
 
     @override
     def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
         return self._eval_step(batch, "test")
+
+    @override
+    def on_test_epoch_start(self) -> None:
+        self.eval_rows.reset()
 
     @override
     def on_test_epoch_end(self) -> None:

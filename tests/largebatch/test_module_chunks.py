@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+import warnings
+
 import pytest
 import torch
 from lightning.pytorch.plugins import MixedPrecision
 from torch.utils.data import DataLoader
 
 from tests.largebatch.lightning_helpers import Rows, SGDModule, fit_one_step, max_param_diff
-from tests.models.helpers import EXACT_MODEL, tiny_config
+from tests.models.helpers import EXACT_MODEL, TINY_MODEL, tiny_config
 
 pytestmark = pytest.mark.slow
 BATCH, CHUNKS = 16, 4
@@ -66,3 +69,50 @@ def test_chunks_under_a_gradient_scaler_and_with_siglip() -> None:
 def test_bad_chunks_are_refused() -> None:
     with pytest.raises(ValueError, match="loss.chunks must be >= 1"):
         _module(0)
+
+
+def test_batchnorm_tower_is_named_at_fit_start_and_freeze_batchnorm_makes_it_exact(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A BatchNorm image tower (the demo's ResNet) normalizes per chunk: the run warns, naming the layers, and
+    ``freeze_batchnorm`` (BatchNorm on its running statistics) makes the chunked step the whole batch's."""
+    no_dropout = {
+        "text": EXACT_MODEL["text"]
+    }  # the text tower without dropout: BatchNorm is the only difference
+
+    def step(chunks: int, **image: object) -> dict[str, torch.Tensor]:
+        torch.manual_seed(0)
+        module = SGDModule(**tiny_config(TINY_MODEL, loss={"chunks": chunks}, image=image, **no_dropout))
+        torch.manual_seed(1)
+        return fit_one_step(module, DataLoader(Rows(BATCH), batch_size=BATCH))
+
+    full = step(1)
+    with pytest.warns(
+        UserWarning, match=r"6 BatchNorm layer\(s\) in training mode \(image_encoder\."
+    ) as caught:
+        chunked = step(CHUNKS)
+    message = next(str(w.message) for w in caught if "BatchNorm" in str(w.message))
+    assert "freeze_batchnorm" in message and "GroupNorm" in message
+    print(
+        f"BatchNorm tower, 4 chunks vs whole batch: max parameter difference {max_param_diff(chunked, full):.2e}"
+    )
+    assert max_param_diff(chunked, full) > 1e-3  # control: per-chunk statistics give another step
+
+    full = step(1, freeze_batchnorm=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*BatchNorm")
+        chunked = step(CHUNKS, freeze_batchnorm=True)
+    assert max_param_diff(chunked, full) <= 1e-5
+    torch.manual_seed(0)
+    initial = SGDModule(**tiny_config(TINY_MODEL, image={"freeze_batchnorm": True}, **no_dropout))
+    image = {n: p.detach() for n, p in initial.named_parameters() if n.startswith("image_encoder")}
+    assert max_param_diff(image, full) > 1e-3  # the BatchNorm tower (affine weights included) still trained
+
+
+def test_dropout_under_chunks_is_noted(caplog: pytest.LogCaptureFixture) -> None:
+    torch.manual_seed(0)
+    module = SGDModule(**tiny_config(EXACT_MODEL, loss={"chunks": 2}, text=TINY_MODEL["text"]))  # dropout 0.1
+    with caplog.at_level(logging.INFO):
+        fit_one_step(module, DataLoader(Rows(BATCH), batch_size=BATCH))
+    notes = [r.getMessage() for r in caplog.records if "dropout in" in r.getMessage()]
+    assert len(notes) == 1 and "text_encoder." in notes[0] and "in distribution" in notes[0], notes

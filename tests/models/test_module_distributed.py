@@ -44,7 +44,9 @@ class GradProbe(MultimodalModule):
 
 def _loaders() -> tuple[DataLoader, DataLoader]:
     train = PairDataset(size=2 * PER_RANK, classes=2 * PER_RANK)
-    val = Subset(PairDataset(size=13, classes=5, seed=1), range(13))  # odd: the sampler pads one duplicate
+    # odd: the sampler pads one duplicate; one image per id (ids shared by different images would make "the"
+    # image of an id depend on which of its rows comes first, hence on the batch layout)
+    val = Subset(PairDataset(size=13, classes=13, seed=1), range(13))
     return DataLoader(train, batch_size=PER_RANK), DataLoader(val, batch_size=4)
 
 
@@ -75,7 +77,7 @@ def test_ddp_explicit_gradients_and_global_val_metrics_match_single_process(tmp_
         default_root_dir=tmp_path,
     )
     trainer.fit(model, train, val)
-    distributed_metrics = {k: v.item() for k, v in trainer.callback_metrics.items() if k.startswith("val/r")}
+    distributed_metrics = {k: v.item() for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
 
     want = _single_process_grads(initial)
     for rank in range(2):
@@ -102,5 +104,12 @@ def test_ddp_explicit_gradients_and_global_val_metrics_match_single_process(tmp_
     )
     reference = single.validate(model, val, verbose=False)[0]
     assert distributed_metrics, "no retrieval metrics came back from the distributed run"
+    loss = distributed_metrics.pop("val/loss")
     for key, value in distributed_metrics.items():
         assert value == pytest.approx(reference[key], abs=1e-6), key
+    # val/loss is per global batch (2 ranks x 4 rows): one process with batches of 8 sees the same rows, the
+    # padding duplicate of the last global batch left out
+    global_batches = single.validate(model, DataLoader(val.dataset, batch_size=2 * 4), verbose=False)[0]
+    print(f"val/loss: 2 ranks {loss:.6f}, 1 process {global_batches['val/loss']:.6f}")
+    assert loss == pytest.approx(global_batches["val/loss"], abs=1e-5)
+    assert abs(reference["val/loss"] - loss) > 1e-4  # control: other batches (of 4) give another value

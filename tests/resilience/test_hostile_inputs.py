@@ -292,3 +292,32 @@ def test_cli_validation_metrics_under_skip_equal_the_valid_records_alone(tmp_pat
         )
         metrics[name] = {k: float(v) for k, v in cli.trainer.callback_metrics.items() if "/r" in k}
     assert metrics["clean"] and metrics["hostile"] == metrics["clean"]
+
+
+@pytest.mark.timeout(300)
+def test_cli_validation_loss_under_skip_equals_the_valid_records_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``val/loss`` leaves out the rows that stand in for broken images (as rows and as negatives)."""
+    root = tmp_path / "data"
+    broken = ["zero_byte", "html_error_page", "fifo", "zero_byte"]
+    hostile = _split(root, "hostile", 8, broken, first=300)
+    clean = _split(root, "clean", 8, [], first=300)
+
+    def validate(name: str, path: Path) -> dict[str, float]:
+        args = _cli_config(tmp_path / name, "skip", train=path, val=path)
+        cli = cli_main(["validate", *args, "--data.init_args.batch_size", "16"])  # one batch holds every row
+        return {k: float(v) for k, v in cli.trainer.callback_metrics.items() if k.startswith("val/")}
+
+    clean_metrics = validate("clean", clean)
+    hostile_metrics = validate("hostile", hostile)
+    assert "val/loss" in clean_metrics and hostile_metrics == pytest.approx(clean_metrics, abs=1e-6)
+
+    # control: counting every row (as the loss did before) gives another val/loss
+    from mm_lightning.models.evaluation import EvalRows
+
+    monkeypatch.setattr(
+        EvalRows, "keep", lambda self, index, stand_in: torch.ones_like(index, dtype=torch.bool)
+    )
+    counted = validate("counted", hostile)
+    assert abs(counted["val/loss"] - clean_metrics["val/loss"]) > 1e-3, (counted, clean_metrics)

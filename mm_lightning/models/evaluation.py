@@ -1,0 +1,115 @@
+"""Which rows an evaluation loss counts: each valid record once per epoch, whatever the world size.
+
+An evaluation batch can hold rows that are not records of their own: under ``on_bad_record: skip`` a copy of
+another record stands in for each bad one (``batch["stand_in"]``), and a distributed sampler pads the last
+batches with records already scored. The retrieval metrics deduplicate by dataset index over the whole epoch
+(:class:`~mm_lightning.metrics.RetrievalMetrics`); the loss, computed batch by batch, drops those rows here,
+as rows and as negatives, so ``val/loss`` on data with skipped records equals the loss on the valid records
+alone. The loss is per caption row (as in training): an image with five captions is five rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from mm_lightning.data.skips import STAND_IN_KEY
+from mm_lightning.distributed import gather_rows, pad_to_global_length, world
+from mm_lightning.models.towers.base import EncoderOutput
+
+
+@dataclass
+class EvalBatch:
+    """The unique valid rows of a (global) evaluation batch."""
+
+    ids: Tensor
+    weights: Tensor | None
+    image_out: EncoderOutput
+    image_emb: Tensor
+    text_out: EncoderOutput
+    text_emb: Tensor
+
+    @property
+    def count(self) -> int:
+        return int(self.ids.shape[0])
+
+
+def _gather(tensor: Tensor) -> Tensor:
+    if tensor.dtype == torch.bool:  # sent as bytes: not every backend all-gathers bool
+        return gather_rows(tensor.to(torch.uint8)).bool()
+    return gather_rows(tensor)
+
+
+class EvalRows:
+    """Remembers the records scored this epoch (on all ranks) and selects each batch's new valid rows."""
+
+    def __init__(self) -> None:
+        self.seen: set[int] = set()
+
+    def reset(self) -> None:
+        """Start of an evaluation epoch."""
+        self.seen.clear()
+
+    def keep(self, index: Tensor, stand_in: Tensor) -> Tensor:
+        """(N,) bool: not a stand-in and the first row of its record this epoch (in rank-major order)."""
+        out = []
+        for i, copy in zip(index.tolist(), stand_in.tolist(), strict=True):
+            new = not copy and i not in self.seen
+            if new:
+                self.seen.add(i)
+            out.append(new)
+        return torch.tensor(out, dtype=torch.bool, device=index.device)
+
+    def gather_unique(
+        self,
+        batch: dict[str, Tensor],
+        image_out: EncoderOutput,
+        image_emb: Tensor,
+        text_out: EncoderOutput,
+        text_emb: Tensor,
+        weights: Tensor | None,
+        tokens: bool,
+    ) -> EvalBatch | None:
+        """The global batch (gathered over ranks, identical on each) restricted to its unique valid rows; ``None``
+        when none is left. ``tokens``: also gather the token sequences (for the ITM head)."""
+        index = batch["index"]
+        stand_in = batch.get(STAND_IN_KEY)
+        if stand_in is None:
+            stand_in = torch.zeros_like(index, dtype=torch.bool)
+        text_tokens, text_mask = text_out.tokens, text_out.mask
+        if tokens:
+            text_tokens, text_mask = pad_to_global_length(text_tokens, text_mask)
+        fields: dict[str, Tensor | None] = {
+            "index": index,
+            "stand_in": stand_in.to(index.device),
+            "ids": batch["image_id"],
+            "weights": weights,
+            "image_emb": image_emb,
+            "text_emb": text_emb,
+            "image_pooled": image_out.pooled,
+            "text_pooled": text_out.pooled,
+        }
+        if tokens:
+            fields |= {
+                "image_tokens": image_out.tokens,
+                "image_mask": image_out.mask,
+                "text_tokens": text_tokens,
+                "text_mask": text_mask,
+            }
+        if world()[1] > 1:  # evaluation: no gradient; ranks may hold different row counts
+            fields = {k: None if v is None else _gather(v) for k, v in fields.items()}
+        keep = self.keep(fields.pop("index"), fields.pop("stand_in"))  # type: ignore[arg-type]
+        if not bool(keep.any()):
+            return None
+        rows = {k: None if v is None else v[keep] for k, v in fields.items()}
+        if tokens:
+            image_out = EncoderOutput(rows["image_pooled"], rows["image_tokens"], rows["image_mask"])
+            text_out = EncoderOutput(rows["text_pooled"], rows["text_tokens"], rows["text_mask"])
+        else:  # the loss reads only the pooled outputs; the token fields are left as they are
+            image_out = EncoderOutput(rows["image_pooled"], image_out.tokens, image_out.mask)
+            text_out = EncoderOutput(rows["text_pooled"], text_out.tokens, text_out.mask)
+        return EvalBatch(
+            rows["ids"], rows["weights"], image_out, rows["image_emb"], text_out, rows["text_emb"]
+        )  # type: ignore[arg-type]
