@@ -7,8 +7,8 @@ agree linked, so a user changes one line:
 
 * ``model.text.name`` -> ``data.tokenizer`` (the tokenizer always matches the text tower);
 * ``data.image_size`` -> ``model.image.image_size`` (size-dependent image towers such as ViT are built to match);
-* ``trainer.default_root_dir`` (the run directory) -> the logger's ``save_dir`` and ``checkpoint.dirpath``
-  (``<run dir>/checkpoints``): one option moves a run's logs, config and checkpoints together.
+* ``trainer.default_root_dir`` (the run directory) -> the logger's ``save_dir`` and, unless set,
+  ``checkpoint.dirpath`` (``<run dir>/checkpoints``): one option moves a run's logs, config and checkpoints.
 
 Examples::
 
@@ -49,6 +49,7 @@ from mm_lightning.callbacks import (
     StepTimeMonitor,
 )
 from mm_lightning.data import BadRecordLogger, MultimodalDataModule
+from mm_lightning.errors import cli_message, show_traceback
 from mm_lightning.models import MultimodalModule
 from mm_lightning.models.towers.pretrained import tokenizer_for
 from mm_lightning.resume import ResumeOverrides
@@ -231,7 +232,8 @@ class MultimodalCLI(LightningCLI):
         parser.link_arguments("model.text.name", "data.init_args.tokenizer", compute_fn=tokenizer_for)
         parser.link_arguments("data.init_args.image_size", "model.image.image_size")
         parser.link_arguments("trainer.default_root_dir", "trainer.logger.init_args.save_dir")
-        parser.link_arguments("trainer.default_root_dir", "checkpoint.dirpath", compute_fn=checkpoint_dir_of)
+        # checkpoint.dirpath defaults to <run dir>/checkpoints in parse_arguments: not a link, which would silently
+        # replace a dirpath the user set
 
     @override
     def setup_parser(
@@ -255,8 +257,18 @@ class MultimodalCLI(LightningCLI):
             if expanded != given:
                 args = expanded
         super().parse_arguments(parser, args)
+        self.default_checkpoint_dir()
         # Before LightningCLI reads the checkpoint's hyperparameters (it loads the file right after parsing).
         self.resume_overrides.before_checkpoint_hparams(self, parser)
+
+    def default_checkpoint_dir(self) -> None:
+        """``checkpoint.dirpath``: the user's (config file or command line), else ``<run dir>/checkpoints``."""
+        subcommand = self.config.get("subcommand")
+        config = self.config[subcommand] if subcommand else self.config
+        checkpoint = config.get("checkpoint")
+        run_dir = config.get("trainer", {}).get("default_root_dir")
+        if checkpoint is not None and checkpoint.get("dirpath") is None and run_dir:
+            checkpoint.dirpath = checkpoint_dir_of(run_dir)
 
     @override
     def before_instantiate_classes(self) -> None:
@@ -303,6 +315,14 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> MultimodalCLI:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m mm_lightning`` and the ``mm-lightning`` script; returns the exit code."""
     args = sys.argv[1:] if argv is None else argv
-    if args and args[0] in STANDALONE_COMMANDS:  # checkpoint tools with their own small argument parsers
-        return import_module(f"mm_lightning.{args[0]}").main(list(args[1:]))
-    return cli_main(argv).exit_code
+    try:
+        if args and args[0] in STANDALONE_COMMANDS:  # checkpoint tools with their own small argument parsers
+            return import_module(f"mm_lightning.{args[0]}").main(list(args[1:]))
+        return cli_main(argv).exit_code
+    except Exception as err:
+        # bad data, shards, checkpoints, a failed peer: the reason and the fix, not a traceback (errors.py)
+        message = None if show_traceback() else cli_message(err)
+        if message is None:
+            raise
+        print(message, file=sys.stderr, flush=True)
+        return 1

@@ -88,6 +88,11 @@ def test_validate_test_predict_from_checkpoint(tiny_run: TinyRun, tmp_path: Path
         cli_main(predict)
     cli_main([*predict, "--prediction.overwrite", "true"])
     assert sorted(p.name for p in out.iterdir()) == ["embeddings_rank0.pt"]
+    # an output path that is a file is named, with what to give instead
+    a_file = tmp_path / "embeddings.pt"
+    a_file.write_bytes(b"")
+    with pytest.raises(FileExistsError, match=rf"--prediction.output_dir {a_file} is a file, not a folder"):
+        cli_main([*predict[:-1], str(a_file)])
 
 
 def test_resume_with_other_options_warns_listing_them(tiny_run: TinyRun) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -96,7 +97,25 @@ def test_run_dir_moves_logs_and_checkpoints(capsys: pytest.CaptureFixture[str]) 
         capsys, "--config", str(CONFIGS / "demo.yaml"), "--trainer.default_root_dir", "runs/a"
     )
     assert config["trainer"]["default_root_dir"] == "runs/a"
-    # linked: derived from the run directory, so not printed
-    assert "dirpath" not in config["checkpoint"]
+    # derived from the run directory after parsing, unless set (tests below), so printed as unset
+    assert config["checkpoint"]["dirpath"] is None
     assert "save_dir" not in config["trainer"]["logger"]["init_args"]
     assert config["trainer"]["plugins"][0]["class_path"] == "mm_lightning.plugins.AtomicCheckpointIO"
+
+
+def _checkpoint_dir(*args: str) -> str:
+    from mm_lightning.callbacks import ResilientCheckpoint
+
+    cli = cli_main(
+        ["--config", str(CONFIGS / "demo.yaml"), "--trainer.default_root_dir", "runs/a", *args], run=False
+    )
+    [checkpoint] = [c for c in cli.trainer.callbacks if isinstance(c, ResilientCheckpoint)]
+    return os.path.relpath(checkpoint.dirpath)
+
+
+def test_checkpoint_dirpath_is_honoured_from_a_config_file_and_the_command_line(tmp_path: Path) -> None:
+    assert _checkpoint_dir() == os.path.join("runs", "a", "checkpoints")  # the default: under the run dir
+    overlay = tmp_path / "ckpt.yaml"
+    overlay.write_text("checkpoint:\n  dirpath: elsewhere/yaml\n")
+    assert _checkpoint_dir("--config", str(overlay)) == os.path.join("elsewhere", "yaml")
+    assert _checkpoint_dir("--checkpoint.dirpath", "elsewhere/cli") == os.path.join("elsewhere", "cli")

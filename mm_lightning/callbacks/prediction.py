@@ -7,8 +7,9 @@ File format (``embeddings_rank{R}.pt`` or ``.npz``), one row per (image, caption
 - ``image_id``: (N,) int64, same id = same image;
 - ``index``: (N,) int64, line index of the record in the predict JSONL file.
 
-Load with ``torch.load(path)`` (a dict of tensors) or ``numpy.load(path)`` for ``.npz``. Under multi-device
-predict, ranks may repeat a few rows (the distributed sampler pads); deduplicate by ``index``.
+Load with ``torch.load(path)`` (a dict of tensors) or ``numpy.load(path)`` for ``.npz``. Each valid record is
+written once over all rank files: rows that stand in for bad records under ``on_bad_record: skip`` (copies of
+other records) are left out, and Lightning's predict sampler gives each rank distinct rows (no padding).
 
 A folder that already holds files is refused (an earlier run's ``embeddings_rank3.pt`` next to a new 2-rank run's
 files would be read as one result); ``overwrite=True`` first deletes the earlier ``embeddings_rank*`` files.
@@ -27,6 +28,10 @@ from torch import Tensor
 from typing_extensions import override
 
 FIELDS = ("image_embeddings", "text_embeddings", "image_id", "index")
+
+
+class OutputFolderError(FileExistsError):
+    """The prediction folder cannot be written as asked (a file, or a folder holding earlier results)."""
 
 
 class EmbeddingWriter(BasePredictionWriter):
@@ -66,10 +71,15 @@ class EmbeddingWriter(BasePredictionWriter):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "predict":
             return
+        if self.output_dir.exists() and not self.output_dir.is_dir():
+            raise OutputFolderError(
+                f"--prediction.output_dir {self.output_dir} is a file, not a folder: give a folder path (it is"
+                " created if missing; each rank writes embeddings_rank<R>.pt into it)."
+            )
         existing = sorted(self.output_dir.iterdir()) if self.output_dir.is_dir() else []
         if existing and not self.overwrite:
             names = ", ".join(p.name for p in existing[:5]) + (" ..." if len(existing) > 5 else "")
-            raise FileExistsError(
+            raise OutputFolderError(
                 f"Prediction folder {self.output_dir} is not empty ({len(existing)} entries: {names}). Choose"
                 " another --prediction.output_dir, or pass --prediction.overwrite true to replace the earlier"
                 " embeddings_rank* files."
@@ -97,8 +107,10 @@ class EmbeddingWriter(BasePredictionWriter):
         missing = [k for k in FIELDS if k not in prediction]
         if missing:
             raise KeyError(f"predict_step must return {FIELDS}; missing {missing}")
+        keep = ~prediction["stand_in"].cpu().bool() if "stand_in" in prediction else None
         for key in FIELDS:
-            self._rows[key].append(prediction[key].detach().cpu())
+            rows = prediction[key].detach().cpu()
+            self._rows[key].append(rows if keep is None else rows[keep])
 
     @override
     def on_predict_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:

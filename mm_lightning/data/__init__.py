@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from mm_lightning.data.collate import MultimodalCollate
-from mm_lightning.data.datamodule import EmptySplitError, MultimodalDataModule
+from mm_lightning.data.datamodule import EmptySplitError, MultimodalDataModule, NoTrainingBatch
 from mm_lightning.data.demo import DemoDataModule
 from mm_lightning.data.records import Record, RecordError
 from mm_lightning.data.samplers import LengthGroupedSampler
@@ -22,6 +22,7 @@ __all__ = [
     "LengthGroupedSampler",
     "MultimodalCollate",
     "MultimodalDataModule",
+    "NoTrainingBatch",
     "Record",
     "RecordError",
     "SampleBuilder",

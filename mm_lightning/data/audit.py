@@ -29,6 +29,7 @@ from mm_lightning.data.datamodule import MultimodalDataModule
 from mm_lightning.data.pools import process_pool
 from mm_lightning.data.records import Record, RecordError
 from mm_lightning.data.samples import SampleBuilder
+from mm_lightning.data.sources.jsonl import check_utf8
 
 SIZE_BUCKETS = (0, 32, 64, 128, 224, 384, 512, 1024, 2048)
 TOKEN_BUCKETS = (0, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512)
@@ -84,6 +85,8 @@ def scan_lines(dm: MultimodalDataModule, split: str) -> SplitScan:
     parser = dm.record_parser(split)  # type: ignore[arg-type]
     scan = SplitScan(parser.file, dm.sample_builder(split, full_size=True))  # type: ignore[arg-type]
     with open(parser.file, "rb") as f:
+        check_utf8(parser.file, f.read(4))  # a UTF-16/32 file is refused as a whole, as training does
+        f.seek(0)
         for line_no, raw in enumerate(f, start=1):
             if not raw.strip():
                 continue

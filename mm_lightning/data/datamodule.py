@@ -272,13 +272,38 @@ class MultimodalDataModule(pl.LightningDataModule):
         trainer = self.trainer
         return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
 
+    def check_a_batch(self, per_rank: int, where: str) -> None:
+        """Refuses a training split that gives no full batch (``drop_last``): the run would end "successfully"
+        without a step, and records never loaded would never be checked.
+
+        Args:
+            per_rank: training samples each rank's loader draws per epoch.
+            where: the split's source and what was found there, for the message.
+        """
+        world, batch = self._rank_info()[0], self.hparams.batch_size
+        if per_rank >= batch:
+            return
+        devices = f" x {world} devices" if world > 1 else ""
+        raise NoTrainingBatch(
+            f"train: {where}: fewer than one batch per device ({per_rank} per device; batch_size {batch}{devices}),"
+            " so not one training step would run (the last incomplete batch is dropped). Their images were never"
+            " loaded, so bad ones among them are not counted either. Lower --data.init_args.batch_size or add"
+            " training records."
+        )
+
     @override
     def train_dataloader(self) -> StatefulDataLoader:
         """Shuffled, ``drop_last``; a StatefulDataLoader so Lightning checkpoints its position mid-epoch."""
         dataset, hp = self._dataset("train"), self.hparams
         kwargs = self._loader_kwargs()
+        world, rank = self._rank_info()
+        index = dataset.index
+        rows = "images" if dataset.caption_sampling == "random" else "caption rows"
+        where = (
+            f"{index.file}: {index.lines} non-blank lines, {index.skips.count} dropped while reading, "
+            f"{len(dataset)} {rows} left"
+        )
         if hp.length_grouping:
-            world, rank = self._rank_info()
             sampler = LengthGroupedSampler(
                 dataset.lengths(),
                 hp.batch_size,
@@ -287,8 +312,12 @@ class MultimodalDataModule(pl.LightningDataModule):
                 seed=global_seed(),
                 window_batches=hp.length_window,
             )
+            self.check_a_batch(len(sampler), where)
             return StatefulDataLoader(dataset, sampler=sampler, drop_last=True, **kwargs)
-        if self._rank_info()[0] > 1:
+        self.check_a_batch(
+            -(-len(dataset) // world), where
+        )  # Lightning's DistributedSampler: ceil(N / world)
+        if world > 1:
             # A plain torch RandomSampler is what Lightning replaces by its DistributedSampler (seeded by
             # PL_GLOBAL_SEED, reshuffled by set_epoch: same order on every rank, replayable on resume). With
             # shuffle=True the loader would make torchdata's RandomSampler, which Lightning only wraps, and
@@ -321,6 +350,10 @@ class MultimodalDataModule(pl.LightningDataModule):
     def normalize_batch(self, batch: dict[str, Any]) -> dict[str, Any]:
         """For use outside a Trainer: the same conversion Lightning applies after transfer."""
         return self.on_after_batch_transfer(batch, 0)
+
+
+class NoTrainingBatch(ValueError):
+    """The training split holds fewer samples than one batch per device: no training step would run."""
 
 
 class EmptySplitError(ValueError):

@@ -91,7 +91,9 @@ class Record:
 
     @property
     def image_label(self) -> str | None:
-        return self.image if isinstance(self.image, str) else self.image_name
+        if isinstance(self.image, str):
+            return self.image or None  # not known yet (a record rejected before its image field is read)
+        return self.image_name
 
     def error(self, reason: str, kind: ErrorKind, key: str | None = None) -> RecordError:
         """A :class:`RecordError` about this record."""

@@ -22,6 +22,7 @@ from lightning.pytorch.strategies import FSDPStrategy
 from torch import Tensor, nn
 from typing_extensions import override
 
+from mm_lightning.data.skips import STAND_IN_KEY
 from mm_lightning.distributed import single_process
 from mm_lightning.embeddings import l2_normalize
 from mm_lightning.metrics import RetrievalMetrics, first_occurrence
@@ -423,7 +424,10 @@ class MultimodalModule(LightningModule):
         self, batch: dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0
     ) -> dict[str, Tensor]:
         out = self(batch)
-        return {**out, "image_id": batch["image_id"], "index": batch["index"]}
+        stand_in = batch.get(STAND_IN_KEY)
+        if stand_in is None:
+            stand_in = torch.zeros_like(batch["index"], dtype=torch.bool)
+        return {**out, "image_id": batch["image_id"], "index": batch["index"], "stand_in": stand_in}
 
     @override
     def configure_optimizers(self) -> dict[str, Any]:

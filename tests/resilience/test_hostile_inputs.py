@@ -10,6 +10,10 @@ links leaving the image root, FIFOs, JSON nested 100,000 deep, 5000-digit number
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,9 +22,9 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from mm_lightning.cli import cli_main
-from mm_lightning.data import EmptySplitError, MultimodalDataModule, RecordError, SkipLog
+from mm_lightning.data import EmptySplitError, MultimodalDataModule, NoTrainingBatch, RecordError, SkipLog
 from mm_lightning.data.audit import audit
-from tests.conftest import DEMO_CONFIG
+from tests.conftest import DEMO_CONFIG, REPO
 from tests.data.helpers import TOKENIZER
 from tests.data.hostile import CASES, Case, good_line, write_case_file
 
@@ -228,8 +232,8 @@ def test_cli_skip_counts_and_summarizes_in_every_stage(tmp_path: Path) -> None:
     with pytest.warns(UserWarning, match=r"2 bad records skipped \(predict 2"):
         cli_main(["predict", *args, "--ckpt_path", ckpt, "--prediction.output_dir", str(tmp_path / "pred")])
     rows = torch.load(tmp_path / "pred" / "embeddings_rank0.pt", weights_only=True)["index"]
-    # items 0-4 are valid, item 5 (the empty image) is replaced by a valid item that keeps its own index
-    assert set(rows.tolist()) == {0, 1, 2, 3, 4} and len(rows) == 6
+    # items 0-4 are valid; item 5 (the empty image) was replaced by a copy of a valid item, left out of the file
+    assert sorted(rows.tolist()) == [0, 1, 2, 3, 4]
 
 
 @pytest.mark.timeout(300)
@@ -321,3 +325,120 @@ def test_cli_validation_loss_under_skip_equals_the_valid_records_alone(
     )
     counted = validate("counted", hostile)
     assert abs(counted["val/loss"] - clean_metrics["val/loss"]) > 1e-3, (counted, clean_metrics)
+
+
+def _run_cli(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "mm_lightning", *args],
+        cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, **env},
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("workers", [0, 1])
+def test_cli_error_is_the_last_lines_without_a_traceback(tmp_path: Path, workers: int) -> None:
+    """A raise-mode bad record, in the main process or a DataLoader worker: reason + fix, exit code 1; the
+    traceback only on request."""
+    root = tmp_path / "data"
+    train = _split(root, "train", 4, ["html_error_page"])
+    args = [
+        "fit", *_cli_config(tmp_path, "raise", train=train), "--trainer.max_steps", "1",
+        "--data.init_args.num_workers", str(workers),
+    ]  # fmt: skip
+    result = _run_cli(*args)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-3:]
+    assert re.match(
+        rf"error: RecordError: {re.escape(str(train))}:5 \(image '.*html\.jpg'\): not a decodable", last[0]
+    )
+    assert "--data.init_args.on_bad_record skip" in last[1] and "MM_LIGHTNING_TRACEBACK=1" in last[2]
+    shown = _run_cli(*args, MM_LIGHTNING_TRACEBACK="1")  # control: the traceback when asked for
+    assert shown.returncode == 1 and "Traceback (most recent call last)" in shown.stderr
+    assert "html.jpg" in shown.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.timeout(300)
+def test_cli_fit_refuses_a_training_split_without_one_full_batch(tmp_path: Path) -> None:
+    """3 lines fail while reading, 2 broken images are left for a batch of 4: no step could run, so fit stops
+    (it used to end "successfully" with no training batch), saying what was read and what was never loaded."""
+    root = tmp_path / "data"
+    bad = ["deep_nesting", "nul_in_path", "json_null", "html_error_page", "zero_byte"]
+    train = _split(root, "train", 0, bad)
+    with pytest.raises(NoTrainingBatch) as info:
+        cli_main(["fit", *_cli_config(tmp_path / "a", "skip", train=train), "--trainer.max_steps", "1"])
+    message = str(info.value)
+    assert f"{train}: 5 non-blank lines, 3 dropped while reading, 2 caption rows left" in message, message
+    assert "batch_size 4" in message and "never loaded" in message
+    # control: with four more valid records there is one batch and fit trains
+    enough = _split(root, "enough", 4, bad)
+    cli = cli_main(["fit", *_cli_config(tmp_path / "b", "skip", train=enough), "--trainer.max_steps", "1"])
+    assert cli.trainer.global_step == 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_cli_predict_on_two_processes_writes_each_valid_record_once(tmp_path: Path) -> None:
+    """4 broken images among 11 records, predict on 2 processes under skip: 7 rows over both files, no stand-in."""
+    root = tmp_path / "data"
+    broken = ["zero_byte", "html_error_page", "fifo", "zero_byte"]
+    records = _split(root, "predict", 7, broken, first=500)
+    out = tmp_path / "pred"
+    args = [
+        "predict", *_cli_config(tmp_path, "skip", predict=records), "--data.init_args.batch_size", "3",
+        "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp",
+        "--prediction.output_dir", str(out),
+    ]  # fmt: skip
+    result = _run_cli(*args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    files = sorted(out.glob("embeddings_rank*.pt"))
+    assert [f.name for f in files] == ["embeddings_rank0.pt", "embeddings_rank1.pt"]
+    parts = [torch.load(f, weights_only=True) for f in files]
+    index = torch.cat([p["index"] for p in parts])
+    assert sorted(index.tolist()) == list(range(7)), index.tolist()  # the 7 valid items, once each
+    assert sum(len(p["image_embeddings"]) for p in parts) == 7
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", ["raise", "skip"])
+def test_cli_utf16_file_is_refused_once_in_every_mode(tmp_path: Path, mode: str) -> None:
+    root = tmp_path / "data"
+    utf8 = _split(root, "train", 4, [])
+    utf16 = root / "train16.jsonl"
+    utf16.write_bytes(
+        utf8.read_text().encode("utf-16")
+    )  # with its byte-order mark, as Windows tools write it
+    with pytest.raises(RecordError) as info:
+        cli_main(["fit", *_cli_config(tmp_path / "a", mode, train=utf16), "--trainer.max_steps", "1"])
+    message = str(info.value)
+    assert message.startswith(f"{utf16}: the file is UTF-16") and "iconv -f UTF-16 -t UTF-8" in message
+    # control: the same records in UTF-8 train
+    cli = cli_main(["fit", *_cli_config(tmp_path / "b", mode, train=utf8), "--trainer.max_steps", "1"])
+    assert cli.trainer.global_step == 1
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        (
+            b'{"image": "images/good0.jpg", "text": "cut short"',
+            "malformed JSON: Expecting ',' delimiter at the end of the line",
+        ),
+        (
+            b'{"image": "images/good0.jpg" "text": "x"}',
+            "malformed JSON: Expecting ',' delimiter at column 30",
+        ),
+        (b'{"text": "no image"}', "missing key 'image'"),
+    ],
+    ids=["truncated", "missing-comma", "no-image-key"],
+)
+def test_cli_json_errors_say_where_on_the_files_line(tmp_path: Path, line: bytes, expected: str) -> None:
+    root = tmp_path / "data"
+    train = write_case_file(root, [good_line(root, 0), line, good_line(root, 1)], "train.jsonl")
+    with pytest.raises(RecordError) as info:
+        cli_main(["fit", *_cli_config(tmp_path, "raise", train=train), "--trainer.max_steps", "1"])
+    message = str(info.value)
+    assert message == f"{train}:2: {expected}" or message.startswith(f"{train}:2: {expected} "), message
+    assert "line 2 column" not in message and "(image ''" not in message

@@ -50,8 +50,18 @@ class RecordParser:
             RecordError: malformed JSON (also too deep or with too long a number), missing key, bad image
                 field, bad caption, or a path that no file system accepts or that escapes the root.
         """
-        with record_errors(self.file, line, "malformed_json", what="malformed JSON"):
-            obj = json.loads(raw)
+        text = raw.rstrip(b"\r\n")  # the decoder would place an error after the newline on "line 2"
+        try:
+            with record_errors(self.file, line, "malformed_json", what="malformed JSON"):
+                obj = json.loads(text)
+        except RecordError as err:
+            decode = err.__cause__
+            if not isinstance(decode, json.JSONDecodeError):
+                raise
+            where = "at the end of the line" if decode.pos >= len(decode.doc) else f"at column {decode.colno}"
+            raise RecordError(
+                self.file, line, f"malformed JSON: {decode.msg} {where}", kind="malformed_json"
+            ) from decode
         stub = Record("", [], self.file, line)
         if not isinstance(obj, dict):
             raise stub.error(
@@ -123,6 +133,29 @@ class Pair:
     image_id: int
 
 
+# UTF-32 first: its little-endian mark starts with UTF-16's
+_WIDE_BOMS = (
+    (b"\xff\xfe\x00\x00", "UTF-32"),
+    (b"\x00\x00\xfe\xff", "UTF-32"),
+    (b"\xff\xfe", "UTF-16"),
+    (b"\xfe\xff", "UTF-16"),
+)
+
+
+def check_utf8(file: str, head: bytes) -> None:
+    """Refuses a UTF-16/32 file once, whatever ``on_bad_record``: lines are cut on the byte 0x0A, which in those
+    encodings is half a character, so every line would be reported bad (or a phantom one invented)."""
+    for bom, name in _WIDE_BOMS:
+        if head.startswith(bom):
+            raise RecordError(
+                file,
+                None,
+                f"the file is {name} (it starts with a {name} byte-order mark); JSONL must be UTF-8: re-encode it,"
+                f" e.g. iconv -f {name} -t UTF-8 {os.path.basename(file)} > utf8.jsonl",
+                kind="malformed_json",
+            )
+
+
 class JsonlIndex:
     """Byte offsets of the valid lines of a JSONL file plus per-caption ("pair") arrays.
 
@@ -149,6 +182,8 @@ class JsonlIndex:
         offsets, lines, cap_line, cap_pos = array("q"), array("i"), array("i"), array("i")
         hashes, words = array("q"), array("h")
         with open(self.file, "rb") as f:
+            check_utf8(self.file, f.read(4))
+            f.seek(0)
             offset, line_no = 0, 0
             for raw in f:
                 line_no += 1

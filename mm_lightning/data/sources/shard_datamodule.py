@@ -233,6 +233,7 @@ class ShardDataModule(MultimodalDataModule):
             shuffle_shards=self.hparams.shuffle_shards,
             epoch_samples=self.hparams.epoch_samples,
         )
+        self.check_a_batch(len(sampler), f"{len(dataset)} samples")
         # Every rank's sampler has the same length, so drop_last gives every rank the same number of batches.
         return StatefulDataLoader(dataset, sampler=sampler, drop_last=True, **self._loader_kwargs())
 
