@@ -219,7 +219,7 @@ class PreemptionCheckpoint(Callback):
     current batch (or in the middle of validation) *without* saving; SIGUSR1 is handled only under SLURM with
     auto-requeue, and that handler saves an ``hpc_ckpt`` from inside the signal handler, i.e. at an arbitrary
     point of a step. This callback replaces the SIGTERM / SIGUSR1 handlers while fitting with one that only sets
-    a flag; after each training batch and after each validation the ranks agree (one all-reduce of an integer
+    a flag; after each training batch and after each validation batch the ranks agree (one all-reduce of an integer
     on CPU, none on a single process) whether any
     received a signal, and if so all save ``last.ckpt`` through the first ``ModelCheckpoint`` (so
     ``--ckpt_path last`` finds it) at that consistent point and raise ``SIGTERMException`` (exit status 0), which
@@ -288,6 +288,23 @@ class PreemptionCheckpoint(Callback):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._save_and_exit_if_signalled(trainer)
+
+    @override
+    def on_validation_batch_end(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        # A long validation (a big split, a slow CPU) must not hold a signal until it ends, when the scheduler's
+        # SIGKILL may already be on its way: stop after this batch. The checkpoint then records the validation as
+        # unfinished, and a resume runs it again from its start before training goes on (ExactResume reseeds
+        # every training batch, so the validation's random draws do not change training).
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self._save_and_exit_if_signalled(trainer)
 
     @override
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:

@@ -6,6 +6,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,33 @@ def test_sigkill_mid_epoch_then_resume_matches_uninterrupted_run(tmp_path: Path)
     # sees it.
     finish(start(control, "--max-steps", "20", "--ckpt-path", "last", "--no-exact-resume"))
     assert (torch.load(control / "final.pt")["params"] - expected).abs().max() > 1e-6
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sigterm_during_a_long_validation_stops_it_and_the_resume_is_exact(tmp_path: Path) -> None:
+    """A validation of 20 batches x 0.5 s: SIGTERM is honoured after the current batch, not after the
+    validation; the resumed run validates again and ends where an uninterrupted run ends."""
+    full, stopped = tmp_path / "full", tmp_path / "stopped"
+    validation = ["--max-steps", "12", "--every", "1000", "--val-every", "5", "--val-batches", "20"]
+    finish(start(full, *validation))
+    expected = torch.load(full / "final.pt")["params"]
+
+    process = start(stopped, *validation, "--val-sleep", "0.5")
+    wait_for(stopped / "validating5", process)  # the first validation batch at step 5 is done
+    signalled = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    output = finish(process, timeout=60)
+    waited = time.monotonic() - signalled
+    print(f"SIGTERM during validation: exited {waited:.1f} s later (the validation takes 10 s)")
+    assert waited < 5, output  # not held until the validation ends
+    assert "Received SIGTERM: saved" in output
+    assert torch.load(stopped / "ckpts" / "last.ckpt", weights_only=True)["global_step"] == 5
+
+    finish(start(stopped, *validation, "--ckpt-path", "last"))
+    resumed = torch.load(stopped / "final.pt")
+    assert resumed["global_step"] == 12
+    torch.testing.assert_close(resumed["params"], expected, rtol=0, atol=1e-6)
 
 
 def test_signal_handlers_are_restored_after_fit() -> None:

@@ -27,14 +27,21 @@ from tests.resilience.helpers import TinyModule, flat_params
 class StepMarkers(Callback):
     """Slows each step down and leaves a ``step<N>`` file after it, so a test can time its signal."""
 
-    def __init__(self, root: Path, sleep: float) -> None:
+    def __init__(self, root: Path, sleep: float, val_sleep: float = 0.0) -> None:
         self.root = root
-        self.sleep = sleep
+        self.sleep, self.val_sleep = sleep, val_sleep
 
     @override
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         time.sleep(self.sleep)
         (self.root / f"step{trainer.global_step}").touch()
+
+    @override
+    def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+        if trainer.sanity_checking:
+            return
+        (self.root / f"validating{trainer.global_step}").touch()
+        time.sleep(self.val_sleep)
 
     @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -51,6 +58,9 @@ def main() -> None:
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds per step")
     parser.add_argument("--ckpt-path", default=None)
     parser.add_argument("--no-exact-resume", action="store_true", help="leave out ExactResume (a control)")
+    parser.add_argument("--val-every", type=int, default=0, help="validate every N steps (0: no validation)")
+    parser.add_argument("--val-batches", type=int, default=20, help="validation batches")
+    parser.add_argument("--val-sleep", type=float, default=0.0, help="seconds per validation batch")
     args = parser.parse_args()
     args.root.mkdir(parents=True, exist_ok=True)
 
@@ -58,9 +68,17 @@ def main() -> None:
     data = torch.randn(56, 8, generator=torch.Generator().manual_seed(0))
     # 7 batches per epoch: checkpoints every 2 steps fall in the middle of epochs.
     loader = StatefulDataLoader(TensorDataset(data, data.sum(1)), batch_size=8, shuffle=True)
+    val_data = torch.randn(8 * args.val_batches, 8, generator=torch.Generator().manual_seed(1))
+    val_loader = StatefulDataLoader(TensorDataset(val_data, val_data.sum(1)), batch_size=8)
+    validation: dict[str, Any] = (
+        {"val_check_interval": args.val_every, "num_sanity_val_steps": 0}
+        if args.val_every
+        else {"limit_val_batches": 0, "num_sanity_val_steps": 0}
+    )
     trainer = Trainer(
         accelerator="cpu",
         max_steps=args.max_steps,
+        **validation,
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -69,11 +87,11 @@ def main() -> None:
             ResilientCheckpoint(dirpath=args.root / "ckpts", every_n_train_steps=args.every, save_top_k=0),
             PreemptionCheckpoint(),
             NaNGuard(),
-            StepMarkers(args.root, args.sleep),
+            StepMarkers(args.root, args.sleep, args.val_sleep),
             *([] if args.no_exact_resume else [ExactResume()]),
         ],
     )
-    trainer.fit(TinyModule(dropout=0.3), loader, ckpt_path=args.ckpt_path)
+    trainer.fit(TinyModule(dropout=0.3), loader, val_loader, ckpt_path=args.ckpt_path)
 
 
 if __name__ == "__main__":
