@@ -73,8 +73,9 @@ TRAINER_DEFAULTS: dict[str, Any] = {
     "log_every_n_steps": 10,
 }
 
-# Callback groups: always present and configurable from the command line (--checkpoint.every_n_train_steps 500,
-# --nan_guard.max_consecutive 5), unlike trainer.callbacks, which a config's list replaces.
+# Callback groups: present unless a config drops one (nan_guard: null), tuned from the command line
+# (--checkpoint.every_n_train_steps 500, --nan_guard.max_consecutive 5) or replaced by a user's class
+# (nan_guard: {class_path: my_callbacks.MyGuard}); a user's own callbacks go in trainer.callbacks.
 CALLBACK_GROUPS: dict[str, type] = {
     # last.ckpt every N steps and at epoch end, "best" by the monitored metric after each validation
     "checkpoint": ResilientCheckpoint,
@@ -98,6 +99,21 @@ CALLBACK_GROUPS: dict[str, type] = {
     "peak_memory": PeakMemoryMonitor,
     "grad_norm": GradNormMonitor,
     "retrieval_grid": RetrievalGridLogger,
+}
+
+
+# The groups' settings that differ from the callback classes' own defaults.
+CALLBACK_DEFAULTS: dict[str, dict[str, Any]] = {
+    "checkpoint": {
+        "filename": "best-{epoch}-{step}",
+        "monitor": "val/r1_t2i",
+        "mode": "max",
+        "save_last": True,
+        "auto_insert_metric_name": False,
+    },
+    "lr_monitor": {"logging_interval": "step"},
+    # Lightning's default window is 100 steps
+    "throughput": {"batch_size_fn": "mm_lightning.cli.batch_size_of", "window_size": 20},
 }
 
 
@@ -214,19 +230,17 @@ class MultimodalCLI(LightningCLI):
 
     @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        # Each group is a callback a config or the command line can tune (--nan_guard.max_consecutive 5), replace
+        # (nan_guard: {class_path: my_callbacks.MyGuard}) or drop (nan_guard: null, --nan_guard null).
         for group, callback_class in CALLBACK_GROUPS.items():
-            parser.add_lightning_class_args(callback_class, group)
+            parser.add_lightning_class_args(callback_class, group, subclass_mode=True, required=False)
         parser.set_defaults(
             {
-                "checkpoint.filename": "best-{epoch}-{step}",
-                "checkpoint.monitor": "val/r1_t2i",
-                "checkpoint.mode": "max",
-                "checkpoint.save_last": True,
-                "checkpoint.auto_insert_metric_name": False,
-                "lr_monitor.logging_interval": "step",
-                # Lightning's default window is 100 steps
-                "throughput.batch_size_fn": batch_size_of,
-                "throughput.window_size": 20,
+                group: {
+                    "class_path": f"{cls.__module__}.{cls.__qualname__}",
+                    "init_args": CALLBACK_DEFAULTS.get(group, {}),
+                }
+                for group, cls in CALLBACK_GROUPS.items()
             }
         )
         parser.link_arguments("model.text.name", "data.init_args.tokenizer", compute_fn=tokenizer_for)
@@ -265,10 +279,18 @@ class MultimodalCLI(LightningCLI):
         """``checkpoint.dirpath``: the user's (config file or command line), else ``<run dir>/checkpoints``."""
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
-        checkpoint = config.get("checkpoint")
+        checkpoint = config.get("checkpoint")  # None when the config drops it
+        init_args = checkpoint.get("init_args") if checkpoint is not None else None
         run_dir = config.get("trainer", {}).get("default_root_dir")
-        if checkpoint is not None and checkpoint.get("dirpath") is None and run_dir:
-            checkpoint.dirpath = checkpoint_dir_of(run_dir)
+        if init_args is not None and "dirpath" in init_args and init_args.get("dirpath") is None and run_dir:
+            init_args.dirpath = checkpoint_dir_of(run_dir)
+
+    @override
+    def instantiate_trainer(self, **kwargs: Any) -> Any:
+        # a callback group set to null was dropped by the user: leave it out
+        extra = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]
+        trainer_config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
+        return self._instantiate_trainer(trainer_config, [c for c in extra if c is not None])
 
     @override
     def before_instantiate_classes(self) -> None:

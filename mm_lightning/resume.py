@@ -59,7 +59,8 @@ class ResumeOverrides:
         if not ckpt_path or ckpt_path in SPECIAL_CKPT_PATHS:
             return
         if ckpt_path == "last":
-            dirpath = config.get("checkpoint", {}).get("dirpath")
+            checkpoint = config.get("checkpoint") or {}
+            dirpath = (checkpoint.get("init_args") or {}).get("dirpath")
             last = os.path.join(dirpath, "last.ckpt") if dirpath else None
             if last is None or not os.path.exists(last):
                 return  # Lightning looks for it and says so when there is none

@@ -124,4 +124,13 @@ def test_module_entry_point_runs() -> None:
         timeout=120,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "--model.fusion.heads" in result.stdout and "--checkpoint.every_n_train_steps" in result.stdout
+    assert (
+        "--model.fusion.heads" in result.stdout
+        and "--checkpoint CONFIG | CLASS_PATH_OR_NAME" in result.stdout
+    )
+    # a callback group's own options, as the help says to ask for them
+    group = subprocess.run(
+        [sys.executable, "-m", "mm_lightning", "fit", "--checkpoint.help", "ResilientCheckpoint"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert group.returncode == 0 and "--checkpoint.every_n_train_steps" in group.stdout, group.stderr[-2000:]

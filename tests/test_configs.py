@@ -98,7 +98,7 @@ def test_run_dir_moves_logs_and_checkpoints(capsys: pytest.CaptureFixture[str]) 
     )
     assert config["trainer"]["default_root_dir"] == "runs/a"
     # derived from the run directory after parsing, unless set (tests below), so printed as unset
-    assert config["checkpoint"]["dirpath"] is None
+    assert config["checkpoint"]["init_args"]["dirpath"] is None
     assert "save_dir" not in config["trainer"]["logger"]["init_args"]
     assert config["trainer"]["plugins"][0]["class_path"] == "mm_lightning.plugins.AtomicCheckpointIO"
 

@@ -7,7 +7,7 @@ import sys
 
 from tests.conftest import REPO
 
-PATHS = ["mm_lightning", "tests", "benchmarks"]
+PATHS = ["mm_lightning", "tests", "benchmarks", "examples"]
 
 
 def test_ruff_check_and_format() -> None:
