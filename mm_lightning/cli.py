@@ -36,6 +36,7 @@ from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from typing_extensions import override
 
 import mm_lightning.strategies  # noqa: F401  (registers the "ddp_explicit" strategy name)
+from mm_lightning import lightning_compat as compat
 from mm_lightning.callbacks import (
     EmbeddingWriter,
     ExactResume,
@@ -288,9 +289,7 @@ class MultimodalCLI(LightningCLI):
     @override
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         # a callback group set to null was dropped by the user: leave it out
-        extra = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]
-        trainer_config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
-        return self._instantiate_trainer(trainer_config, [c for c in extra if c is not None])
+        return compat.instantiate_trainer_without_dropped_callbacks(self, **kwargs)
 
     @override
     def before_instantiate_classes(self) -> None:

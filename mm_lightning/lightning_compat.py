@@ -15,6 +15,7 @@ import torch
 from lightning.fabric.utilities import cloud_io
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.overrides import distributed
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
 
@@ -43,6 +44,9 @@ def private_api() -> list[tuple[str, Any, str]]:
         ("ModelCheckpoint", checkpoint, "_last_checkpoint_saved"),
         ("lightning.fabric.utilities.cloud_io", cloud_io, "_is_local_file_protocol"),
         ("lightning.pytorch.overrides.distributed", distributed, "_sync_module_states"),
+        ("LightningCLI", LightningCLI, "_get"),
+        ("LightningCLI", LightningCLI, "_parser"),
+        ("LightningCLI", LightningCLI, "_instantiate_trainer"),
     ]
 
 
@@ -156,3 +160,18 @@ def sync_module_states(module: torch.nn.Module) -> None:
     helper is the one its own strategies use.
     """
     distributed._sync_module_states(module)
+
+
+# --- LightningCLI: callback groups a config dropped ----------------------------------------------------------
+
+
+def instantiate_trainer_without_dropped_callbacks(cli: LightningCLI, **kwargs: Any) -> Trainer:
+    """``LightningCLI.instantiate_trainer`` leaving out the callback groups a config set to ``null``.
+
+    Why: a group added with ``required=False`` may be ``None``; Lightning's own ``instantiate_trainer`` passes it
+    on to ``Trainer(callbacks=[..., None])``, which fails. There is no public hook between reading the groups and
+    building the trainer.
+    """
+    extra = [cli._get(cli.config_init, key) for key in cli._parser(cli.subcommand).callback_keys]
+    trainer_config = {**cli._get(cli.config_init, "trainer", default={}), **kwargs}
+    return cli._instantiate_trainer(trainer_config, [c for c in extra if c is not None])
