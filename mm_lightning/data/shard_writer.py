@@ -18,6 +18,7 @@ import io
 import json
 import math
 import os
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -79,6 +80,27 @@ def _encoded_image(path: str, job: ShardJob) -> tuple[str, bytes]:
     return "jpg", out.getvalue()
 
 
+def write_json_atomically(path: str, value: Any) -> None:
+    """Writes ``value`` as JSON to ``path`` through a temporary file of its own in the same folder, then renames it.
+
+    A temporary name per writer: two processes preparing the same data (two runs sharing a data folder) each
+    rename a complete file of their own; with one shared ``.tmp`` name the second rename found it gone.
+    """
+    fd, tmp = tempfile.mkstemp(
+        prefix=os.path.basename(path) + ".", suffix=".tmp", dir=os.path.dirname(path) or "."
+    )
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(value, f, indent=1)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide the file from others sharing the data
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 def write_one_shard(job: ShardJob) -> dict[str, Any]:
     """Write one shard (+ its stats) unless an identical one exists; returns its stats."""
     stats_path = job.stem + "_stats.json"
@@ -124,9 +146,7 @@ def write_one_shard(job: ShardJob) -> dict[str, Any]:
         "source": job.source,
         "fingerprint": fingerprint,
     }
-    with open(stats_path + ".tmp", "w") as f:
-        json.dump(stats, f, indent=1)
-    os.replace(stats_path + ".tmp", stats_path)  # written last: its presence marks the shard complete
+    write_json_atomically(stats_path, stats)  # written last: its presence marks the shard complete
     return {**stats, "reused": False}
 
 
@@ -224,11 +244,9 @@ def write_shards(
         size = os.path.getsize(os.path.join(out_dir, name))
         shardlist.append({"url": name, "nsamples": results[number]["successes"], "filesize": size})
     descriptor = os.path.join(out_dir, DESCRIPTOR)
-    with open(descriptor + ".tmp", "w") as f:
-        json.dump(
-            {"__kind__": "wids-shard-index-v1", "name": parser.file, "shardlist": shardlist}, f, indent=1
-        )
-    os.replace(descriptor + ".tmp", descriptor)
+    write_json_atomically(
+        descriptor, {"__kind__": "wids-shard-index-v1", "name": parser.file, "shardlist": shardlist}
+    )
     return ShardSummary(
         out_dir=out_dir,
         shards=len(shardlist),

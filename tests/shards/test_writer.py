@@ -95,3 +95,29 @@ def test_reencode_as_jpeg(tmp_path: Path) -> None:
     record = ds.record(0)
     assert record.image_name.endswith(".jpg") and record.image[:2] == b"\xff\xd8"  # a JPEG now
     assert ds[0]["image"].shape == (3, 32, 32)
+
+
+def test_concurrent_writers_of_one_json_file_never_collide(tmp_path: Path) -> None:
+    """Two runs preparing one shared data folder rewrite shards.json at the same time: each renames its own
+    complete temporary file (a shared .tmp name made one rename fail with FileNotFoundError)."""
+    import threading
+
+    from mm_lightning.data.shard_writer import write_json_atomically
+
+    path, errors = tmp_path / "shards.json", []
+
+    def write(i: int) -> None:
+        try:
+            for _ in range(200):
+                write_json_atomically(str(path), {"writer": i})
+        except Exception as err:  # noqa: BLE001  (any failure is the finding)
+            errors.append(err)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and [p.name for p in tmp_path.iterdir()] == ["shards.json"]
+    assert json.loads(path.read_text())["writer"] in range(4)
+    assert path.stat().st_mode & 0o044  # readable by others sharing the data (umask permitting)
