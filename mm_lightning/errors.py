@@ -17,6 +17,8 @@ from mm_lightning.data.datamodule import EmptySplitError, NoTrainingBatch
 from mm_lightning.data.records import RecordError
 from mm_lightning.data.samples import TooManyBadRecords
 from mm_lightning.data.sources.shards import ShardError
+from mm_lightning.models.losses.base import LossContractError
+from mm_lightning.models.towers.contract import TowerContractError
 from mm_lightning.plugins.io import CheckpointFileError
 from mm_lightning.strategies.explicit_ddp import CollectiveError
 
@@ -31,6 +33,8 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     CollectiveError,
     NonFiniteTrainingError,
     OutputFolderError,
+    TowerContractError,
+    LossContractError,
 )
 # what to do, for errors whose message says what is wrong but not how to go on
 FIXES = {

@@ -229,7 +229,7 @@ def _dummy_inputs(
     module: nn.Module, target: PreTrainedModel
 ) -> tuple[Tensor, dict[str, Tensor], dict[str, Any]]:
     generator = torch.Generator().manual_seed(0)
-    side = int(module.image_encoder.data_config["input_size"][-1])
+    side = int(module.data_config["image"]["input_size"][-1])
     images = torch.randn(2, 3, side, side, generator=generator)
     vocab = int(target.text_model.config.vocab_size)
     input_ids = torch.randint(0, vocab, (2, 7), generator=generator)

@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--ckpt_path {args.ckpt_path!r} does not exist")
     module = MultimodalModule.load_from_checkpoint(args.ckpt_path, map_location="cpu")
     tokenizer = load_tokenizer(tokenizer_for(module.hparams["text"]["name"]))
-    config = module.image_encoder.data_config
+    config = module.data_config["image"]
     images = load_labeled_images(args.data, args.classnames)
     num_classes = len(images.classnames)
     metrics = {

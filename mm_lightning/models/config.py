@@ -3,12 +3,18 @@
 They are the types of ``MultimodalModule``'s arguments, so the command line reads them as nested groups
 (``--model.image.name resnet_custom``, ``--model.optim.lr 3e-3``) and a YAML config as nested sections.
 From Python, pass the dataclasses or plain dicts with the same keys.
+
+A user's own tower or loss is an object named by ``class_path`` + ``init_args`` (``model.image.tower``,
+``model.text.tower``, ``model.loss.itc``): the CLI builds it, and checkpoints store the ``class_path`` +
+``init_args`` dict it was built from (plain data, loadable with ``weights_only=True``).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal, TypeVar
+
+from torch import nn
 
 Config = TypeVar("Config")
 
@@ -20,6 +26,9 @@ class ImageTowerConfig:
     Args:
         name: tower name: a torchvision model (``resnet50``, ``vit_b_16``, ``convnext_tiny``, ...), a small CPU
             build (``resnet_custom``, ``vit_custom``), or ``"<family>:<name>"`` of a registered family.
+        tower: a user's own tower instead of ``name``: any ``nn.Module`` by ``class_path`` + ``init_args``
+            (contract: :mod:`mm_lightning.models.towers.contract`); ``name``, ``weights``, ``kwargs`` and
+            ``strict`` are then unused.
         weights: the family's weights name (torchvision: ``IMAGENET1K_V2``, needs the hub cache offline), a local
             ``.pth``/``.safetensors`` file, or null (random init).
         kwargs: extra constructor arguments of the tower (e.g. ``widths``/``layers`` of ``resnet_custom``).
@@ -34,6 +43,7 @@ class ImageTowerConfig:
     """
 
     name: str = "resnet50"
+    tower: nn.Module | None = None
     weights: str | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
     image_size: int = 224
@@ -50,7 +60,11 @@ class TextTowerConfig:
 
     Args:
         name: Hugging Face hub name or local directory (``mm-lightning/demo-bert`` is built in), or
-            ``"<family>:<name>"`` of a registered family.
+            ``"<family>:<name>"`` of a registered family; it also names the tokenizer.
+        tower: a user's own tower instead of the one ``name`` builds: any ``nn.Module`` by ``class_path`` +
+            ``init_args`` (contract: :mod:`mm_lightning.models.towers.contract`); ``name`` then names only the
+            tokenizer its input ids come from, and ``pretrained``, ``config_overrides``, ``pooling`` and
+            ``trust_remote_code`` are unused.
         pretrained: load the pretrained weights; false builds the model from its config, randomly initialised.
         config_overrides: model config fields to override (e.g. ``num_hidden_layers``).
         pooling: ``cls`` (first token) or masked ``mean`` pooling of the tokens.
@@ -62,6 +76,7 @@ class TextTowerConfig:
     """
 
     name: str = "bert-base-uncased"
+    tower: nn.Module | None = None
     pretrained: bool = True
     config_overrides: dict[str, Any] = field(default_factory=dict)
     pooling: Literal["cls", "mean"] = "cls"
@@ -89,12 +104,17 @@ class FusionConfig:
 
 @dataclass(frozen=True)
 class LossConfig:
-    """The training objective: an image-text pair loss (ITC) plus ITM, and how they are weighted.
+    """The training objective: an image-text pair loss (ITC) plus ITM, and how their terms are weighted.
 
     Args:
-        name: the pair loss (``clip``; other registered losses, e.g. ``siglip``, by name).
-        itc_weight: weight of the pair loss.
+        name: the pair loss (``clip``; other built-in losses, e.g. ``siglip``, by name).
+        itc: a user's own pair loss instead of ``name``: any ``nn.Module`` by ``class_path`` + ``init_args``
+            (contract: :mod:`mm_lightning.models.losses.base`); ``temperature_init``,
+            ``learnable_temperature``, ``global_negatives`` and ``kwargs`` are then unused (its own
+            ``init_args`` hold its options).
+        itc_weight: weight of the pair loss's ``itc`` term.
         itm_weight: weight of the ITM loss; 0 switches ITM (and the fusion module) off.
+        term_weights: weights of a loss's other named terms (default 1 each), e.g. ``{uniformity: 0.1}``.
         temperature_init: initial temperature of the pair loss.
         learnable_temperature: train the temperature.
         global_negatives: under data parallelism, use the global batch as negatives (ITC and ITM).
@@ -109,8 +129,10 @@ class LossConfig:
     """
 
     name: str = "clip"
+    itc: nn.Module | None = None
     itc_weight: float = 1.0
     itm_weight: float = 1.0
+    term_weights: dict[str, float] = field(default_factory=dict)
     temperature_init: float = 0.07
     learnable_temperature: bool = True
     global_negatives: bool = True
@@ -149,30 +171,104 @@ DEFAULT_LOSS = LossConfig()
 DEFAULT_OPTIM = OptimConfig()
 
 
-def as_config(cls: type[Config], value: Config | dict[str, Any] | None) -> Config:
+# fields that hold a user's object (built from class_path + init_args)
+OBJECT_FIELDS = ("tower", "itc")
+
+
+def is_spec(value: Any) -> bool:
+    """Whether ``value`` is a ``{"class_path": ..., "init_args": ...}`` dict."""
+    return isinstance(value, dict) and isinstance(value.get("class_path"), str)
+
+
+def instantiate(spec: dict[str, Any], where: str) -> nn.Module:
+    """Builds the ``nn.Module`` a ``class_path`` + ``init_args`` dict names, the way LightningCLI builds its
+    classes (jsonargparse: the class is imported, ``init_args`` checked against its signature).
+
+    Args:
+        spec: ``{"class_path": "pkg.mod.Class", "init_args": {...}}``.
+        where: the option it came from, for messages (e.g. ``model.image.tower``).
+    """
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_subclass_arguments(nn.Module, "object", fail_untyped=False)
+    try:
+        config = parser.parse_object({"object": spec})
+    except Exception as error:  # noqa: BLE001  (jsonargparse's reason, with the option it came from)
+        raise ValueError(f"{where}: cannot build {spec.get('class_path')!r}: {error}") from error
+    return parser.instantiate_classes(config).object
+
+
+def as_config(cls: type[Config], value: Config | dict[str, Any] | None, group: str = "") -> Config:
     """Accepts the dataclass, a plain dict of its fields (from Python or a checkpoint), or None (defaults).
+
+    A user's object given as a ``class_path`` + ``init_args`` dict (a checkpoint's record of it) is built here.
 
     Args:
         cls: the config dataclass.
         value: what the caller passed.
+        group: the option group, for messages (e.g. ``model.image``).
     """
     if value is None:
         return cls()
-    if isinstance(value, cls):
-        return value
     if isinstance(value, dict):
         known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
         unknown = sorted(set(value) - known)
         if unknown:
             raise ValueError(f"{cls.__name__}: unknown option(s) {unknown}; known: {sorted(known)}")
-        return cls(**value)
-    raise TypeError(f"expected {cls.__name__} or a dict, got {type(value).__name__}")
+        value = cls(**value)
+    if not isinstance(value, cls):
+        raise TypeError(f"expected {cls.__name__} or a dict, got {type(value).__name__}")
+    built = {
+        name: instantiate(getattr(value, name), f"{group}.{name}" if group else name)
+        for name in OBJECT_FIELDS
+        if is_spec(getattr(value, name, None))
+    }
+    return replace(value, **built) if built else value  # type: ignore[type-var]
 
 
-def as_dict(config: Any) -> dict[str, Any]:
+def as_dict(config: Any, specs: dict[str, Any] | None = None) -> dict[str, Any]:
     """A config dataclass as a plain dict (what checkpoints store: loadable with ``weights_only=True``).
 
     Args:
         config: a config dataclass instance.
+        specs: the ``class_path`` + ``init_args`` record of each user object the config holds.
     """
-    return asdict(config)
+    objects = {name: None for name in OBJECT_FIELDS if hasattr(config, name)}
+    plain = asdict(replace(config, **objects))  # asdict would deep-copy a module
+    for name in objects:
+        plain[name] = (specs or {}).get(name)
+    return plain
+
+
+def object_specs(value: Any, config: Any, given: Any = None) -> dict[str, dict[str, Any]]:
+    """The ``class_path`` + ``init_args`` record of each user object in ``config``, for its checkpoint.
+
+    Args:
+        value: what the caller passed for the group (a dict or dataclass that may hold the record itself).
+        config: the group's config, with the objects built.
+        given: the group as LightningCLI parsed it (``class_path`` + ``init_args`` of what the CLI built), or None.
+    """
+    import warnings
+
+    from mm_lightning.models.towers.contract import class_path_of
+
+    specs = {}
+    for name in OBJECT_FIELDS:
+        built = getattr(config, name, None)
+        if built is None:
+            continue
+        passed = value.get(name) if isinstance(value, dict) else getattr(value, name, None)
+        parsed = given.get(name) if isinstance(given, dict) else None
+        if is_spec(passed):
+            specs[name] = passed
+        elif is_spec(parsed) and parsed["class_path"] == class_path_of(built):
+            specs[name] = parsed
+        else:
+            specs[name] = {"class_path": class_path_of(built)}
+            warnings.warn(
+                f"{class_path_of(built)} was passed as an object, so checkpoints record its class but not its "
+                "arguments; pass {'class_path': ..., 'init_args': {...}} instead to make them self-contained",
+                stacklevel=3,
+            )
+    return specs

@@ -22,6 +22,7 @@ from lightning.pytorch.strategies import FSDPStrategy
 from torch import Tensor, nn
 from typing_extensions import override
 
+from mm_lightning import lightning_compat as compat
 from mm_lightning.data.skips import STAND_IN_KEY
 from mm_lightning.distributed import single_process
 from mm_lightning.embeddings import l2_normalize
@@ -39,6 +40,7 @@ from mm_lightning.models.config import (
     TextTowerConfig,
     as_config,
     as_dict,
+    object_specs,
 )
 from mm_lightning.models.evaluation import EvalRows
 from mm_lightning.models.flops import FlopsMeter
@@ -50,9 +52,23 @@ from mm_lightning.models.gradcache import (
     warn_if_inexact,
 )
 from mm_lightning.models.itm import ImageTextMatching
-from mm_lightning.models.losses import DynamicWeightAveraging, build_loss, complexity_weights
+from mm_lightning.models.losses import (
+    DynamicWeightAveraging,
+    build_loss,
+    check_loss,
+    complexity_weights,
+    loss_terms,
+)
 from mm_lightning.models.optim import clip_towers_and_heads, optimizer_and_schedule
 from mm_lightning.models.towers import EncoderOutput, build_image_tower, build_text_tower
+from mm_lightning.models.towers.contract import (
+    adopt_tower,
+    call_text_tower,
+    data_config_of,
+    encoder_output,
+    set_gradient_checkpointing,
+    takes_token_type_ids,
+)
 from mm_lightning.models.towers.pretrained import projection_for, take_over_logit_scale
 
 
@@ -85,19 +101,29 @@ class MultimodalModule(LightningModule):
         compile: bool | dict[str, Any] = False,
     ) -> None:
         super().__init__()
-        self.image_config = as_config(ImageTowerConfig, image)
-        self.text_config = as_config(TextTowerConfig, text)
-        self.fusion_config = as_config(FusionConfig, fusion)
-        self.loss_config = as_config(LossConfig, loss)
-        self.optim_config = as_config(OptimConfig, optim)
-        # plain dicts, so checkpoints load with torch.load(weights_only=True)
+        self.image_config = as_config(ImageTowerConfig, image, "model.image")
+        self.text_config = as_config(TextTowerConfig, text, "model.text")
+        self.fusion_config = as_config(FusionConfig, fusion, "model.fusion")
+        self.loss_config = as_config(LossConfig, loss, "model.loss")
+        self.optim_config = as_config(OptimConfig, optim, "model.optim")
+        # plain dicts, so checkpoints load with torch.load(weights_only=True); a user's tower or loss is
+        # recorded as the class_path + init_args it was built from
+        parsed = compat.cli_model_config() or {}
+        specs = {
+            group: object_specs(value, config, parsed.get(group))
+            for group, value, config in (
+                ("image", image, self.image_config),
+                ("text", text, self.text_config),
+                ("loss", loss, self.loss_config),
+            )
+        }
         self.save_hyperparameters(
             {
-                "image": as_dict(self.image_config),
-                "text": as_dict(self.text_config),
+                "image": as_dict(self.image_config, specs["image"]),
+                "text": as_dict(self.text_config, specs["text"]),
                 "embed_dim": embed_dim,
                 "fusion": as_dict(self.fusion_config),
-                "loss": as_dict(self.loss_config),
+                "loss": as_dict(self.loss_config, specs["loss"]),
                 "optim": as_dict(self.optim_config),
                 "gradient_checkpointing": gradient_checkpointing,
                 "compile": compile,
@@ -108,13 +134,17 @@ class MultimodalModule(LightningModule):
         self.image_proj = projection_for(self.image_encoder, self.image_encoder.pooled_dim, embed_dim)
         self.text_proj = projection_for(self.text_encoder, self.text_encoder.pooled_dim, embed_dim)
         lc = self.loss_config
-        self.contrastive = build_loss(
-            lc.name,
-            temperature_init=lc.temperature_init,
-            learnable_temperature=lc.learnable_temperature,
-            global_negatives=lc.global_negatives,
-            **lc.kwargs,
-        )
+        if lc.itc is not None:  # a user's loss, checked against the pair-loss contract (losses/base.py)
+            check_loss(lc.itc, embed_dim, needs_logits=lc.itm_weight > 0)
+            self.contrastive = lc.itc
+        else:
+            self.contrastive = build_loss(
+                lc.name,
+                temperature_init=lc.temperature_init,
+                learnable_temperature=lc.learnable_temperature,
+                global_negatives=lc.global_negatives,
+                **lc.kwargs,
+            )
         take_over_logit_scale(self.contrastive, self.image_encoder, self.text_encoder)
         # built only when used: parameters without gradient would break DDP's reducer
         fc = self.fusion_config
@@ -130,18 +160,21 @@ class MultimodalModule(LightningModule):
             if lc.itm_weight > 0
             else None
         )
-        base_weights = [lc.itc_weight, lc.itm_weight]
+        taken = sorted({"itc", "itm"} & set(lc.term_weights))
+        if taken:
+            raise ValueError(f"loss.term_weights {taken}: set loss.itc_weight / loss.itm_weight instead")
+        # loss terms are combined by name: itc, itm (the matching head's), and a loss's own terms
+        self.term_weights = {**lc.term_weights, "itc": lc.itc_weight, "itm": lc.itm_weight}
         self.dwa = (
-            DynamicWeightAveraging(base_weights, lc.dwa_window, lc.dwa_temperature)
+            DynamicWeightAveraging([lc.itc_weight, lc.itm_weight], lc.dwa_window, lc.dwa_temperature)
             if lc.weighting == "dwa"
             else None
         )
-        self.register_buffer("fixed_weights", torch.tensor(base_weights), persistent=False)
         self.image_encoder.requires_grad_(not self.image_config.freeze)
         self.text_encoder.requires_grad_(not self.text_config.freeze)
         if gradient_checkpointing:
-            self.image_encoder.set_gradient_checkpointing(True)
-            self.text_encoder.set_gradient_checkpointing(True)
+            set_gradient_checkpointing("image", self.image_encoder, True)
+            set_gradient_checkpointing("text", self.text_encoder, True)
         if lc.chunks < 1:
             raise ValueError(f"loss.chunks must be >= 1, got {lc.chunks}")
         self.grad_cache = (
@@ -157,10 +190,20 @@ class MultimodalModule(LightningModule):
         self.train()
 
     def _build_towers(self) -> tuple[nn.Module, nn.Module]:
-        """The image and text towers from their configs (the one place towers are created)."""
+        """The image and text towers from their configs: a user's module (checked against the tower contract,
+        :mod:`~mm_lightning.models.towers.contract`) or the built-in tower a name gives."""
         ic, tc = self.image_config, self.text_config
-        image = build_image_tower(ic.name, ic.weights, ic.image_size, ic.kwargs, ic.strict)
-        text = build_text_tower(tc.name, tc.pretrained, tc.config_overrides, tc.pooling, tc.trust_remote_code)
+        if ic.tower is not None:
+            image = adopt_tower("image", ic.tower, image_size=ic.image_size)
+        else:
+            image = build_image_tower(ic.name, ic.weights, ic.image_size, ic.kwargs, ic.strict)
+        if tc.tower is not None:
+            text = adopt_tower("text", tc.tower, tokenizer=tc.name)
+        else:
+            text = build_text_tower(
+                tc.name, tc.pretrained, tc.config_overrides, tc.pooling, tc.trust_remote_code
+            )
+        self._text_takes_types = takes_token_type_ids(text)
         return image, text
 
     @property
@@ -169,7 +212,7 @@ class MultimodalModule(LightningModule):
 
         ``image``: ``mean``, ``std``, ``input_size``, ``interpolation``; ``text``: ``tokenizer``.
         """
-        return {"image": self.image_encoder.data_config, "text": self.text_encoder.data_config}
+        return {"image": data_config_of(self.image_encoder), "text": data_config_of(self.text_encoder)}
 
     @property
     def flops_per_batch(self) -> int | None:
@@ -192,12 +235,20 @@ class MultimodalModule(LightningModule):
 
     def encode_text(self, batch: dict[str, Tensor]) -> tuple[EncoderOutput, Tensor]:
         """The text tower's output and the projected (unnormalized) caption embeddings of a batch."""
-        out = self.text_encoder(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
+        ids = batch["input_ids"]
+        raw = call_text_tower(
+            self.text_encoder,
+            ids,
+            batch["attention_mask"],
+            batch.get("token_type_ids"),
+            self._text_takes_types,
+        )
+        out = encoder_output("text", self.text_encoder, raw, ids.shape[0])
         return out, self.text_proj(out.pooled)
 
     def encode_images(self, images: Tensor) -> tuple[EncoderOutput, Tensor]:
         """The image tower's output and the projected (unnormalized) embeddings of (B, 3, H, W) images."""
-        out = self.image_encoder(images)
+        out = encoder_output("image", self.image_encoder, self.image_encoder(images), images.shape[0])
         return out, self.image_proj(out.pooled)
 
     @torch.no_grad()
@@ -231,7 +282,7 @@ class MultimodalModule(LightningModule):
         image_emb: Tensor,
         text_out: EncoderOutput,
         text_emb: Tensor,
-    ) -> dict[str, Tensor]:
+    ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         weights = self._sample_weights(batch)
         return self._pair_losses(batch["image_id"], weights, image_out, image_emb, text_out, text_emb)
 
@@ -248,19 +299,24 @@ class MultimodalModule(LightningModule):
         image_emb: Tensor,
         text_out: EncoderOutput,
         text_emb: Tensor,
-    ) -> dict[str, Tensor]:
+    ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """The loss terms by name (``itc``, ``itm``, a loss's own) and the other metrics (``itm_accuracy``)."""
         if self.itm is None:
-            return {"loss_itc": self.contrastive(image_emb, text_emb, ids, weights)}
-        loss_itc, logits = self.contrastive.loss_and_logits(image_emb, text_emb, ids, weights)
-        loss_itm, itm_accuracy = self.itm(
+            return loss_terms(self.contrastive, self.contrastive(image_emb, text_emb, ids, weights)), {}
+        value, logits = self.contrastive.loss_and_logits(image_emb, text_emb, ids, weights)
+        terms = loss_terms(self.contrastive, value, reserved=("itm",))
+        terms["itm"], itm_accuracy = self.itm(
             image_out.tokens, text_out.tokens, text_out.mask, logits, ids, weights
         )
-        return {"loss_itc": loss_itc, "loss_itm": loss_itm, "itm_accuracy": itm_accuracy}
+        return terms, {"itm_accuracy": itm_accuracy}
 
-    def _total(self, losses: dict[str, Tensor], weights: Tensor) -> Tensor:
-        total = weights[0] * losses["loss_itc"]
-        if self.itm is not None:
-            total = total + weights[1] * losses["loss_itm"]
+    def _total(self, terms: dict[str, Tensor], weights: dict[str, Any]) -> Tensor:
+        """The weighted sum of the terms, in their order (each term's weight by its name)."""
+        items = iter(terms.items())
+        name, term = next(items)
+        total = weights.get(name, 1.0) * term
+        for name, term in items:
+            total = total + weights.get(name, 1.0) * term
         return total
 
     @override
@@ -273,23 +329,25 @@ class MultimodalModule(LightningModule):
                 image_out, image_emb, text_out, text_emb = embed_in_chunks(
                     self.grad_cache, self.encode_images, self.encode_text, batch, tokens=self.itm is not None
                 )
-            losses = self._losses(batch, image_out, image_emb, text_out, text_emb)
-            if self.dwa is not None:
-                values = torch.stack(
-                    [losses["loss_itc"], losses.get("loss_itm", torch.zeros_like(losses["loss_itc"]))]
-                )
-                weights = self.dwa.update(values)
-            else:
-                weights = self.fixed_weights
-            loss = self._total(losses, weights)
+            terms, metrics = self._losses(batch, image_out, image_emb, text_out, text_emb)
+            weights: dict[str, Any] = self.term_weights
+            if self.dwa is not None:  # DWA weighs the itc and itm terms; a loss's other terms keep theirs
+                zero = torch.zeros_like(next(iter(terms.values())))
+                dwa = self.dwa.update(torch.stack([terms.get("itc", zero), terms.get("itm", zero)]))
+                weights = {**weights, "itc": dwa[0], "itm": dwa[1]}
+            loss = self._total(terms, weights)
         bs = batch["image"].shape[0]
         self.log("train/loss", loss, batch_size=bs, prog_bar=True)
-        for name, value in losses.items():
+        for name, value in terms.items():
+            self.log(f"train/loss_{name}", value, batch_size=bs)
+        for name, value in metrics.items():
             self.log(f"train/{name}", value, batch_size=bs)
-        self.log("train/temperature", self.contrastive.temperature, batch_size=bs)
-        self.log("train/weight_itc", weights[0], batch_size=bs)
+        temperature = getattr(self.contrastive, "temperature", None)
+        if isinstance(temperature, (Tensor, float)):
+            self.log("train/temperature", temperature, batch_size=bs)
+        self.log("train/weight_itc", weights["itc"], batch_size=bs)
         if self.itm is not None:
-            self.log("train/weight_itm", weights[1], batch_size=bs)
+            self.log("train/weight_itm", weights["itm"], batch_size=bs)
         return loss
 
     @override
@@ -383,10 +441,10 @@ class MultimodalModule(LightningModule):
         if rows is None:  # nothing new in this global batch
             return torch.zeros((), device=image_emb.device), 0
         with single_process():
-            losses = self._pair_losses(
+            terms, _ = self._pair_losses(
                 rows.ids, rows.weights, rows.image_out, rows.image_emb, rows.text_out, rows.text_emb
             )
-        return self._total(losses, self.fixed_weights), rows.count
+        return self._total(terms, self.term_weights), rows.count
 
     def _log_retrieval(self, stage: str) -> None:
         if self.retrieval.update_count == 0:

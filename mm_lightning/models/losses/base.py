@@ -1,9 +1,33 @@
-"""What every image-text pair loss provides, and the registry that turns ``loss.name`` into a loss.
+"""The pair-loss contract, the base classes that fulfil it, and the names of the built-in losses.
 
-A pair loss is called as ``loss(image_emb, text_emb, image_ids, sample_weights) -> scalar`` and exposes
-``logits(...)`` -> :class:`PairLogits`, which the ITM head mines hard negatives from. New losses register
-with ``@register_loss("name")`` in their own module under ``mm_lightning.models.losses``; that module is
-imported on first use of its name.
+A built-in loss is chosen by name (``model.loss.name: clip`` or ``siglip``); a user's own loss by ``class_path`` +
+``init_args`` in ``model.loss.itc``, from their own file::
+
+    model:
+      loss:
+        itc: {class_path: my_losses.MarginLoss, init_args: {margin: 0.2}}
+
+The contract, all of it:
+
+* **Call.** ``forward(image_emb, text_emb, image_ids=None, sample_weights=None)``: (B, D) projected, not yet
+  normalized embeddings of the local rows (row i of each is a pair), (B,) image ids (rows sharing an id are
+  captions of one image, not negatives of each other) and optional (B,) per-pair weights.
+* **Result.** A scalar tensor (the ``itc`` term), or a dict of named scalar terms (``{"itc": ..., "uniformity":
+  ...}``). Terms are combined by name: ``itc`` with ``loss.itc_weight``, ``itm`` (the matching head's) with
+  ``loss.itm_weight``, any other with ``loss.term_weights[name]`` (default 1); each is logged as
+  ``train/loss_<name>`` and ``val/loss`` is their weighted sum.
+* **Scale.** The loss owns its temperature (a parameter of its own, trained with the heads; the module never
+  passes one); a ``temperature`` attribute, if any, is logged as ``train/temperature``.
+  :class:`ScaledPairLoss` gives CLIP's learnable, clamped logit scale.
+* **With the matching head** (``loss.itm_weight > 0``): also ``loss_and_logits(...) -> (result, PairLogits)``,
+  the logits the ITM head mines hard negatives from; subclass :class:`PairLoss` and write ``logits`` and
+  ``loss_from_logits`` to get it.
+* **Data parallelism** is the loss's own: the built-in ones score local rows against the global batch
+  (``mm_lightning.distributed.gather_with_grad``, exact); a loss that does nothing sees the local batch.
+
+A loss that breaks the contract is refused when the model is built (one call on a dry batch), with an error that
+names its class and what is wrong. Built-in losses register with ``@register_loss("name")`` in their own module
+under ``mm_lightning.models.losses``, imported on first use of the name.
 """
 
 from __future__ import annotations
@@ -79,9 +103,9 @@ class PairLoss(nn.Module):
         return self.loss_from_logits(logits, sample_weights), logits
 
     @property
-    def temperature(self) -> Tensor:
-        """The current temperature (logged as ``train/temperature``)."""
-        raise NotImplementedError
+    def temperature(self) -> Tensor | None:
+        """The current temperature (logged as ``train/temperature``), or None for a loss without one."""
+        return None
 
     def forward(
         self,
@@ -172,3 +196,88 @@ def build_loss(name: str, **kwargs: Any) -> PairLoss:
     if name not in LOSSES:
         raise ValueError(f"unknown loss {name!r}; registered losses: {', '.join(sorted(LOSSES))}")
     return LOSSES[name](**kwargs)
+
+
+class LossContractError(ValueError):
+    """A user's loss does not do what the pair-loss contract (:mod:`mm_lightning.models.losses.base`) asks."""
+
+
+def _loss_problem(loss: nn.Module, what: str) -> LossContractError:
+    from mm_lightning.models.towers.contract import class_path_of
+
+    return LossContractError(
+        f"loss {class_path_of(loss)}: {what} (the pair-loss contract: mm_lightning/models/losses/base.py)"
+    )
+
+
+def loss_terms(loss: nn.Module, value: Any, reserved: tuple[str, ...] = ()) -> dict[str, Tensor]:
+    """A loss's result as named terms: a scalar is the ``itc`` term, a dict names its own.
+
+    Args:
+        loss: the loss that returned ``value`` (for messages).
+        value: what it returned.
+        reserved: names the loss may not use (``itm`` while the matching head is on).
+    """
+    terms = value if isinstance(value, dict) else {"itc": value}
+    if not terms:
+        raise _loss_problem(
+            loss, "it returned an empty dict; a loss returns a scalar or a dict of named scalars"
+        )
+    for name, term in terms.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise _loss_problem(
+                loss, f"term name {name!r} is not a plain name (it becomes train/loss_<name>)"
+            )
+        if name in reserved:
+            raise _loss_problem(loss, f"term {name!r} is the matching head's; name it differently")
+        if not isinstance(term, Tensor) or term.numel() != 1 or term.dim() > 1:
+            shape = tuple(term.shape) if isinstance(term, Tensor) else type(term).__name__
+            raise _loss_problem(
+                loss,
+                f"term {name!r} is {shape}, not a scalar tensor; a loss returns a scalar or a dict of scalars",
+            )
+    return {name: term.reshape(()) for name, term in terms.items()}
+
+
+def check_loss(loss: Any, embed_dim: int, needs_logits: bool) -> dict[str, Tensor]:
+    """Calls a user's loss once on a dry batch and checks what it does against the contract.
+
+    Returns its terms on the dry batch (their names are what training logs).
+
+    Args:
+        loss: the user's loss.
+        embed_dim: the model's embedding width.
+        needs_logits: the matching head is on (the loss must give ``loss_and_logits``).
+    """
+    if not isinstance(loss, nn.Module):
+        from mm_lightning.models.towers.contract import class_path_of
+
+        raise LossContractError(
+            f"loss {class_path_of(loss)} is not a torch.nn.Module (the pair-loss contract: "
+            "mm_lightning/models/losses/base.py)"
+        )
+    if needs_logits and not callable(getattr(loss, "loss_and_logits", None)):
+        raise _loss_problem(
+            loss,
+            "the matching head (loss.itm_weight > 0) mines hard negatives from loss_and_logits(...), which it "
+            "lacks; subclass mm_lightning.models.losses.PairLoss, or set model.loss.itm_weight 0",
+        )
+    g = torch.Generator().manual_seed(0)
+    image_emb, text_emb = torch.randn(2, embed_dim, generator=g), torch.randn(2, embed_dim, generator=g)
+    ids = torch.arange(2)
+    try:
+        with torch.no_grad():
+            value = loss(image_emb, text_emb, ids, None)
+            if needs_logits:
+                pair = loss.loss_and_logits(image_emb, text_emb, ids, None)
+                if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[1], PairLogits)):
+                    raise _loss_problem(loss, "loss_and_logits(...) must return (result, PairLogits)")
+    except LossContractError:
+        raise
+    except Exception as error:  # noqa: BLE001  (any failure of the user's loss is reported with its class)
+        raise _loss_problem(
+            loss,
+            f"forward(image_emb, text_emb, image_ids, sample_weights) failed on a dry batch of 2 pairs of width "
+            f"{embed_dim}: {type(error).__name__}: {error}",
+        ) from error
+    return loss_terms(loss, value, ("itm",) if needs_logits else ())

@@ -1,0 +1,224 @@
+"""The tower contract: what any ``nn.Module`` must do to serve as the image or text tower.
+
+A tower is chosen by a short name (``resnet50``, ``timm:...``, ``hf:...``, ``clip:...``, ``open_clip:...``, a
+Hugging Face text model) or, for a user's own module, by ``class_path`` + ``init_args`` in ``model.image.tower`` /
+``model.text.tower``::
+
+    model:
+      image:
+        tower: {class_path: my_towers.PatchMLP, init_args: {width: 128}}
+
+The contract, all of it:
+
+* **Input.** Image tower: ``forward(images)`` with ``images`` a (B, 3, H, W) float batch, normalized by the data
+  side. Text tower: ``forward(input_ids, attention_mask)`` with (B, L) integer ids from the tokenizer named by
+  ``model.text.name`` and a (B, L) mask, 1 for real tokens (``token_type_ids`` too, if ``forward`` has a
+  parameter of that name).
+* **Output.** A (B, D) tensor of pooled features, or an :class:`~mm_lightning.models.towers.base.EncoderOutput`
+  ``(pooled (B, D), tokens (B, N, D_tokens), mask (B, N) bool)`` when the tower also gives token sequences to
+  the cross-attention fusion (ITM). A tower that returns pooled features only gives the fusion one token each.
+* **Widths.** ``pooled_dim`` (and ``token_dim``) attributes when the tower has them; otherwise they are read
+  from one forward of a dry batch of two samples when the model is built (no gradient, in eval mode).
+* **Optional.** ``data_config``: a dict with any of ``mean``, ``std`` (per channel, of 0-1 images),
+  ``input_size`` ``(3, H, W)`` and ``interpolation``, which the data side follows when its normalization is
+  ``tower``; defaults: ImageNet statistics at ``model.image.image_size``, bilinear. A text tower's tokenizer
+  is ``model.text.name``. ``set_gradient_checkpointing(enabled)`` for ``model.gradient_checkpointing``.
+
+A tower that breaks the contract is refused when the model is built, with an error that names its class and
+what is wrong, instead of a shape error deep inside a training step.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from mm_lightning.models.towers.base import EncoderOutput, Tower, image_data_config
+
+Kind = Literal["image", "text"]
+DRY_BATCH = 2  # BatchNorm in a tower's forward needs more than one sample
+DRY_CAPTION_LENGTH = 8
+
+
+class TowerContractError(ValueError):
+    """A user's tower does not do what the tower contract (:mod:`mm_lightning.models.towers.contract`) asks."""
+
+
+def class_path_of(obj: Any) -> str:
+    """``module.QualName`` of an object's class (how configs name it)."""
+    cls = obj if isinstance(obj, type) else type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _problem(kind: Kind, tower: nn.Module, what: str) -> TowerContractError:
+    signature = "forward(images)" if kind == "image" else "forward(input_ids, attention_mask)"
+    return TowerContractError(
+        f"{kind} tower {class_path_of(tower)}: {what}. A tower's {signature} returns a (B, D) tensor of pooled "
+        "features or an EncoderOutput(pooled, tokens, mask) (the tower contract: "
+        "mm_lightning/models/towers/contract.py)"
+    )
+
+
+def encoder_output(kind: Kind, tower: nn.Module, out: Any, batch_size: int) -> EncoderOutput:
+    """A tower's return value as an :class:`EncoderOutput`, checked against the contract.
+
+    Args:
+        kind: ``image`` or ``text`` (for messages).
+        tower: the tower that returned ``out``.
+        out: what its ``forward`` returned.
+        batch_size: rows of the input batch.
+    """
+    if isinstance(out, EncoderOutput):
+        pooled, tokens, mask = out.pooled, out.tokens, out.mask
+        if not all(isinstance(t, Tensor) for t in (pooled, tokens, mask)):
+            raise _problem(kind, tower, "its EncoderOutput holds something other than tensors")
+        if pooled.dim() != 2 or tokens.dim() != 3 or mask.shape != tokens.shape[:2]:
+            raise _problem(
+                kind,
+                tower,
+                f"its EncoderOutput has pooled {tuple(pooled.shape)}, tokens {tuple(tokens.shape)} and mask "
+                f"{tuple(mask.shape)}; expected (B, D), (B, N, D_tokens) and (B, N)",
+            )
+        if pooled.shape[0] != batch_size or tokens.shape[0] != batch_size:
+            raise _problem(kind, tower, f"it returned {pooled.shape[0]} rows for a batch of {batch_size}")
+        return out
+    if not isinstance(out, Tensor):
+        raise _problem(kind, tower, f"it returned a {type(out).__name__}")
+    if out.dim() != 2 or out.shape[0] != batch_size:
+        hint = " (pool the spatial or sequence dimensions first)" if out.dim() > 2 else ""
+        raise _problem(
+            kind, tower, f"it returned a tensor of shape {tuple(out.shape)} for a batch of {batch_size}{hint}"
+        )
+    return EncoderOutput(
+        out, out[:, None, :], torch.ones(out.shape[0], 1, dtype=torch.bool, device=out.device)
+    )
+
+
+def takes_token_type_ids(tower: nn.Module) -> bool:
+    """Whether a text tower's ``forward`` accepts ``token_type_ids`` (by name, or through ``**kwargs``)."""
+    if isinstance(tower, Tower):
+        return True
+    try:
+        parameters = inspect.signature(tower.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return "token_type_ids" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+
+
+def call_text_tower(
+    tower: nn.Module, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None, types: bool
+) -> Any:
+    """Runs a text tower with the arguments its ``forward`` takes."""
+    if types and token_type_ids is not None:
+        return tower(input_ids, attention_mask, token_type_ids=token_type_ids)
+    return tower(input_ids, attention_mask)
+
+
+def _dry_forward(kind: Kind, tower: nn.Module, image_size: int) -> EncoderOutput:
+    """One forward of a dry batch, without gradient and in eval mode (running statistics untouched)."""
+    device = next((p.device for p in tower.parameters()), torch.device("cpu"))
+    was_training = tower.training
+    tower.eval()
+    try:
+        with torch.no_grad():
+            if kind == "image":
+                side = int(_declared_data_config(tower).get("input_size", (3, image_size, image_size))[-1])
+                described = f"a dry batch of {DRY_BATCH} images of 3x{side}x{side}"
+                out = tower(torch.zeros(DRY_BATCH, 3, side, side, device=device))
+            else:
+                ids = torch.ones(DRY_BATCH, DRY_CAPTION_LENGTH, dtype=torch.long, device=device)
+                described = f"a dry batch of {DRY_BATCH} captions of {DRY_CAPTION_LENGTH} tokens"
+                out = call_text_tower(tower, ids, torch.ones_like(ids), torch.zeros_like(ids), False)
+    except TowerContractError:
+        raise
+    except Exception as error:  # noqa: BLE001  (any failure of the user's forward is reported with its class)
+        raise _problem(
+            kind, tower, f"its forward failed on {described}: {type(error).__name__}: {error}"
+        ) from error
+    finally:
+        tower.train(was_training)
+    return encoder_output(kind, tower, out, DRY_BATCH)
+
+
+def _declared_data_config(tower: nn.Module) -> dict[str, Any]:
+    try:
+        config = getattr(tower, "data_config", None)
+    except NotImplementedError:
+        return {}
+    if config is None:
+        return {}
+    if not isinstance(config, dict):
+        raise TowerContractError(
+            f"tower {class_path_of(tower)}: data_config is a {type(config).__name__}, expected a dict"
+        )
+    return config
+
+
+def adopt_tower(kind: Kind, tower: Any, image_size: int = 224, tokenizer: str | None = None) -> nn.Module:
+    """Checks a user's tower against the contract and records its widths and data config on it.
+
+    After this, the tower has ``pooled_dim``, ``token_dim`` and ``data_config`` like the built-in towers.
+
+    Args:
+        kind: ``image`` or ``text``.
+        tower: the user's module.
+        image_size: ``model.image.image_size`` (the dry batch's size, and the default ``input_size``).
+        tokenizer: ``model.text.name`` (a text tower's default ``data_config``).
+    """
+    if not isinstance(tower, nn.Module):
+        raise TowerContractError(
+            f"{kind} tower {class_path_of(tower)} is not a torch.nn.Module (the tower contract: "
+            "mm_lightning/models/towers/contract.py)"
+        )
+    if isinstance(tower, Tower):
+        return tower
+    declared = _declared_data_config(tower)
+    pooled_dim = getattr(tower, "pooled_dim", None)
+    if pooled_dim is None:
+        out = _dry_forward(kind, tower, image_size)
+        pooled_dim, token_dim = out.pooled.shape[1], out.tokens.shape[2]
+    else:
+        token_dim = getattr(tower, "token_dim", pooled_dim)
+    for name, value in (("pooled_dim", pooled_dim), ("token_dim", token_dim)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise TowerContractError(
+                f"{kind} tower {class_path_of(tower)}: {name} is {value!r}, expected an int >= 1"
+            )
+    if kind == "image":
+        defaults = image_data_config(image_size)
+        unknown = sorted(set(declared) - set(defaults))
+        if unknown:
+            raise TowerContractError(
+                f"image tower {class_path_of(tower)}: data_config has unknown key(s) {unknown}; "
+                f"known: {sorted(defaults)}"
+            )
+        data_config = {**defaults, **declared}
+    else:
+        data_config = {"tokenizer": tokenizer, **declared}
+    # plain attributes on the user's module (not parameters or buffers: checkpoints are unchanged)
+    if getattr(tower, "pooled_dim", None) is None:
+        tower.pooled_dim = int(pooled_dim)
+    if getattr(tower, "token_dim", None) is None:
+        tower.token_dim = int(token_dim)
+    tower._mm_data_config = data_config
+    return tower
+
+
+def data_config_of(tower: nn.Module) -> dict[str, Any]:
+    """The tower's data config (a built-in tower's own, or the one :func:`adopt_tower` completed)."""
+    adopted = getattr(tower, "_mm_data_config", None)
+    return adopted if adopted is not None else tower.data_config
+
+
+def set_gradient_checkpointing(kind: Kind, tower: nn.Module, enabled: bool) -> None:
+    """Switches a tower's gradient checkpointing, or says which tower cannot."""
+    method = getattr(tower, "set_gradient_checkpointing", None)
+    if method is None:
+        raise TowerContractError(
+            f"{kind} tower {class_path_of(tower)} has no set_gradient_checkpointing(enabled); add it (e.g. with "
+            "torch.utils.checkpoint) or set model.gradient_checkpointing false"
+        )
+    method(enabled)
