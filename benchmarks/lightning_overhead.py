@@ -262,8 +262,8 @@ class Harness:
             clip_towers_and_heads(
                 model,
                 {
-                    "image_encoder": (model.image_encoder, model.image_config.clip_norm),
-                    "text_encoder": (model.text_encoder, model.text_config.clip_norm),
+                    "image_encoder": (model.model.image_encoder, model.image_config.clip_norm),
+                    "text_encoder": (model.model.text_encoder, model.text_config.clip_norm),
                 },
                 model.optim_config.clip_heads,
             )

@@ -109,7 +109,7 @@ def run(
     if args.text_tower:
         model_args["text"]["name"] = args.text_tower
     model = MultimodalModule(**model_args)
-    config = model.image_encoder.data_config
+    config = model.data_config["image"]
     data = MultimodalDataModule(
         train_file=str(train),
         val_file=str(val),

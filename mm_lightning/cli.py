@@ -113,6 +113,8 @@ CALLBACK_DEFAULTS: dict[str, dict[str, Any]] = {
         "auto_insert_metric_name": False,
     },
     "lr_monitor": {"logging_interval": "step"},
+    # the network's parts (towers, projections, loss, ITM) under the module's DualEncoder
+    "model_summary": {"max_depth": 2},
     # Lightning's default window is 100 steps
     "throughput": {"batch_size_fn": "mm_lightning.cli.batch_size_of", "window_size": 20},
 }

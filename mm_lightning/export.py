@@ -37,7 +37,7 @@ from mm_lightning.export_dual_encoder import (
     effective_logit_scale,
     save_processor,
 )
-from mm_lightning.models import MultimodalModule
+from mm_lightning.models import DualEncoder
 from mm_lightning.models.towers.clip import CLIPImageTower, CLIPTextTower, load_dual_encoder
 from mm_lightning.models.towers.registry import split_name
 
@@ -46,18 +46,18 @@ FORMATS = ("hf",)
 __all__ = ["ExportError", "export_hf", "main"]
 
 
-def _single_source_directory(module: MultimodalModule) -> str | None:
+def _single_source_directory(module: DualEncoder) -> str | None:
     """The ``CLIPModel`` / ``SiglipModel`` directory both towers came from, or None."""
     image, text = module.image_encoder, module.text_encoder
     if not (isinstance(image, CLIPImageTower) and isinstance(text, CLIPTextTower)):
         return None
-    image_dir = split_name(module.hparams["image"]["name"])[1]
-    text_dir = split_name(module.hparams["text"]["name"])[1]
+    image_dir = split_name(module.image_config.name)[1]
+    text_dir = split_name(module.text_config.name)[1]
     return image_dir if image_dir == text_dir else None
 
 
 @torch.no_grad()
-def export_hf(module: MultimodalModule, out: str | Path, data: dict[str, Any] | None = None) -> Path:
+def export_hf(module: DualEncoder, out: str | Path, data: dict[str, Any] | None = None) -> Path:
     """Writes ``module`` as a Hugging Face dual encoder directory, with tokenizer and image processor.
 
     Args:
@@ -93,7 +93,7 @@ def export_hf(module: MultimodalModule, out: str | Path, data: dict[str, Any] | 
     return out
 
 
-def _clip_model(module: MultimodalModule, source_dir: str) -> nn.Module:
+def _clip_model(module: DualEncoder, source_dir: str) -> nn.Module:
     """The source ``CLIPModel`` / ``SiglipModel`` with the module's towers, projections and logit scale/bias."""
     target = load_dual_encoder(source_dir, pretrained=False).eval()
     target.vision_model.load_state_dict(module.image_encoder.model.state_dict())
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not Path(args.ckpt_path).is_file():
         parser.error(f"--ckpt_path {args.ckpt_path!r} does not exist")
-    module = MultimodalModule.load_from_checkpoint(args.ckpt_path, map_location="cpu").eval()
+    module = DualEncoder.from_checkpoint(args.ckpt_path, map_location="cpu").eval()
     try:
         out = export_hf(module, args.out, _data_hyperparameters(args.ckpt_path))
     except ExportError as error:

@@ -68,7 +68,7 @@ def effective_logit_scale(loss: nn.Module) -> Tensor:
 
 def _backbones(module: nn.Module) -> tuple[PreTrainedModel, PreTrainedModel]:
     image, text = module.image_encoder, module.text_encoder
-    names = (module.hparams["image"]["name"], module.hparams["text"]["name"])
+    names = (module.image_config.name, module.text_config.name)
     if not isinstance(image, (HFVisionTower, CLIPImageTower)) or not isinstance(
         text, (HFTextTower, CLIPTextTower)
     ):
@@ -184,7 +184,7 @@ def build_dual_encoder(module: nn.Module) -> VisionTextDualEncoderModel:
     vision_config, text_config = copy.deepcopy(image.config), copy.deepcopy(text.config)
     if hasattr(vision_config, "pooler_act"):  # ViT: a linear pooler can carry the projection as is
         vision_config.pooler_act, vision_config.pooler_output_size = "linear", vision_config.hidden_size
-    embed_dim = int(module.hparams["embed_dim"])  # both projections end there (the module checks it)
+    embed_dim = int(module.embed_dim)  # both projections end there (the module checks it)
     config = VisionTextDualEncoderConfig.from_vision_text_configs(
         vision_config,
         text_config,
@@ -277,7 +277,7 @@ def check_same_embeddings(module: nn.Module, target: PreTrainedModel) -> None:
             raise ExportError(
                 f"{side}: the exported {type(target).__name__}'s features differ from the checkpoint's "
                 f"embeddings (max difference {difference:.3g}); its {side} model pools or projects differently "
-                f"from the {side} tower {module.hparams[side]['name']!r}"
+                f"from the {side} tower {getattr(module, side + '_config').name!r}"
             )
 
 
@@ -307,7 +307,7 @@ def save_processor(module: nn.Module, out: Path, data: dict[str, Any]) -> None:
         image_mean=[float(m) for m in data.get("mean") or towers["mean"]],
         image_std=[float(s) for s in data.get("std") or towers["std"]],
     )
-    tokenizer_name = data.get("tokenizer") or tokenizer_for(module.hparams["text"]["name"])
+    tokenizer_name = data.get("tokenizer") or tokenizer_for(module.text_config.name)
     tokenizer = AutoTokenizer.from_pretrained(resolve_pretrained(tokenizer_name))
     if data.get("max_length"):  # the captions were truncated there in training
         tokenizer.model_max_length = int(data["max_length"])

@@ -50,7 +50,10 @@ class GradNorms:
         """Norm per top-level submodule (``image_encoder``, ``text_encoder``, ...) that has gradients."""
         if self._children is None:
             self._children = {}
-            for name, child in self.module.named_children():
+            # the network's parts (a LightningModule that holds its network as ``model``: that network's parts)
+            network = getattr(self.module, "model", None)
+            parent = network if isinstance(network, torch.nn.Module) else self.module
+            for name, child in parent.named_children():
                 grads = _grads(child)
                 if grads:
                     self._children[name] = torch.nn.utils.get_total_norm(grads)

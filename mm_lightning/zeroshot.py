@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import Callback, LightningModule, Trainer
-from torch import Tensor
+from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
@@ -100,13 +100,17 @@ def load_labeled_images(data: str, classnames: Sequence[str] | None = None) -> L
 
 @torch.no_grad()
 def class_embeddings(
-    module: LightningModule,
+    module: nn.Module,
     tokenizer: object,
     classnames: Sequence[str],
     templates: Sequence[str],
     max_length: int,
 ) -> Tensor:
-    """(C, D) classifier: per class, the normalized mean of its normalized prompt embeddings (CLIP's recipe)."""
+    """(C, D) classifier: per class, the normalized mean of its normalized prompt embeddings (CLIP's recipe).
+
+    ``module``: a :class:`~mm_lightning.models.DualEncoder`.
+    """
+    device = next(module.parameters()).device
     rows = []
     for name in classnames:
         batch = tokenizer(
@@ -116,7 +120,7 @@ def class_embeddings(
             max_length=max_length,
             return_tensors="pt",
         )
-        batch = {k: v.to(module.device) for k, v in batch.items()}
+        batch = {k: v.to(device) for k, v in batch.items()}
         rows.append(F.normalize(module.embed_text(**batch).mean(0), dim=-1))
     return torch.stack(rows)
 
@@ -173,7 +177,7 @@ class ZeroShotEvaluation(Callback):
         data = trainer.datamodule
         hp = data.hparams
         scores = evaluate(
-            pl_module,
+            pl_module.model,
             self.images,
             self.templates,
             data.collate.tokenizer,
@@ -191,7 +195,7 @@ class ZeroShotEvaluation(Callback):
 
 @torch.no_grad()
 def evaluate(
-    module: LightningModule,
+    module: nn.Module,
     images: LabeledImages,
     templates: Sequence[str],
     tokenizer: object,
@@ -203,19 +207,21 @@ def evaluate(
     rank: int = 0,
     world_size: int = 1,
 ) -> dict[int, Tensor]:
-    """Top-k accuracy of zero-shot classification; rank ``r`` scores images ``r, r + world_size, ...``."""
+    """Top-k accuracy of zero-shot classification of a :class:`~mm_lightning.models.DualEncoder`; rank ``r``
+    scores images ``r, r + world_size, ...``."""
+    device = next(module.parameters()).device
     was_training = module.training
     module.eval()
     classifier = class_embeddings(module, tokenizer, images.classnames, templates, max_length)
-    resize, normalize = eval_transform(image_size), normalize.to(module.device)
+    resize, normalize = eval_transform(image_size), normalize.to(device)
     mine = list(range(rank, len(images.paths), world_size))
     for metric in metrics.values():
-        metric.to(module.device).reset()
+        metric.to(device).reset()
     for start in range(0, len(mine), batch_size):
         chunk = mine[start : start + batch_size]
-        batch = torch.stack([resize(decode_image_file(images.paths[i])) for i in chunk]).to(module.device)
+        batch = torch.stack([resize(decode_image_file(images.paths[i])) for i in chunk]).to(device)
         logits = module.embed_images(normalize(batch)) @ classifier.T
-        target = torch.tensor([images.labels[i] for i in chunk], device=module.device)
+        target = torch.tensor([images.labels[i] for i in chunk], device=device)
         for metric in metrics.values():
             metric.update(logits, target)
     scores = {k: metric.compute() for k, metric in metrics.items()}  # sums the counts over ranks
@@ -240,15 +246,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """``python -m mm_lightning zeroshot --ckpt_path CKPT --data DIR_OR_JSONL [--templates ...]``."""
     from mm_lightning.data.collate import load_tokenizer
-    from mm_lightning.models import MultimodalModule
+    from mm_lightning.models import DualEncoder
     from mm_lightning.models.towers.pretrained import tokenizer_for
 
     parser = build_parser()
     args = parser.parse_args(argv)
     if not Path(args.ckpt_path).is_file():
         parser.error(f"--ckpt_path {args.ckpt_path!r} does not exist")
-    module = MultimodalModule.load_from_checkpoint(args.ckpt_path, map_location="cpu")
-    tokenizer = load_tokenizer(tokenizer_for(module.hparams["text"]["name"]))
+    module = DualEncoder.from_checkpoint(args.ckpt_path, map_location="cpu")
+    tokenizer = load_tokenizer(tokenizer_for(module.text_config.name))
     config = module.data_config["image"]
     images = load_labeled_images(args.data, args.classnames)
     num_classes = len(images.classnames)

@@ -1,4 +1,4 @@
-"""Model parts: towers, fusion, losses and the ``MultimodalModule`` LightningModule."""
+"""Model parts: towers, fusion, losses, the ``DualEncoder`` network and the ``MultimodalModule`` that trains it."""
 
 from mm_lightning.models.config import (
     FusionConfig,
@@ -7,6 +7,7 @@ from mm_lightning.models.config import (
     OptimConfig,
     TextTowerConfig,
 )
+from mm_lightning.models.dual_encoder import DualEncoder
 from mm_lightning.models.fusion import CrossAttentionFusion
 from mm_lightning.models.itm import ImageTextMatching
 from mm_lightning.models.losses import ContrastiveLoss, DynamicWeightAveraging
@@ -16,6 +17,7 @@ from mm_lightning.models.towers import EncoderOutput, ImageEncoder, TextEncoder
 __all__ = [
     "ContrastiveLoss",
     "CrossAttentionFusion",
+    "DualEncoder",
     "DynamicWeightAveraging",
     "EncoderOutput",
     "FusionConfig",

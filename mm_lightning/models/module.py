@@ -1,4 +1,5 @@
-"""``MultimodalModule``: two towers + projections, a pair loss (ITC) and image-text matching (ITM).
+"""``MultimodalModule``: trains a :class:`~mm_lightning.models.DualEncoder` (``module.model``): the steps,
+optimizer and schedule, loss weighting, logging and evaluation; the network itself is a plain ``nn.Module``.
 
 Run it through the CLI: ``python -m mm_lightning fit --config configs/demo.yaml``. Its options are grouped by
 concern (:mod:`mm_lightning.models.config`): ``--model.image.name``, ``--model.text.name``, ``--model.loss.name``,
@@ -42,38 +43,17 @@ from mm_lightning.models.config import (
     as_dict,
     object_specs,
 )
+from mm_lightning.models.dual_encoder import DualEncoder
 from mm_lightning.models.evaluation import EvalRows
 from mm_lightning.models.flops import FlopsMeter
-from mm_lightning.models.gradcache import (
-    GradientCache,
-    batchnorm_layers,
-    check_strategy,
-    embed_in_chunks,
-    warn_if_inexact,
-)
-from mm_lightning.models.itm import ImageTextMatching
-from mm_lightning.models.losses import (
-    DynamicWeightAveraging,
-    build_loss,
-    check_loss,
-    complexity_weights,
-    loss_terms,
-)
+from mm_lightning.models.gradcache import GradientCache, check_strategy, embed_in_chunks, warn_if_inexact
+from mm_lightning.models.losses import DynamicWeightAveraging, complexity_weights, weighted_sum
 from mm_lightning.models.optim import clip_towers_and_heads, optimizer_and_schedule
-from mm_lightning.models.towers import EncoderOutput, build_image_tower, build_text_tower
-from mm_lightning.models.towers.contract import (
-    adopt_tower,
-    call_text_tower,
-    data_config_of,
-    encoder_output,
-    set_gradient_checkpointing,
-    takes_token_type_ids,
-)
-from mm_lightning.models.towers.pretrained import projection_for, take_over_logit_scale
+from mm_lightning.models.towers import EncoderOutput
 
 
 class MultimodalModule(LightningModule):
-    """Image-text model: towers, projections to a shared space, ITC + ITM losses, retrieval metrics.
+    """Trains a :class:`~mm_lightning.models.DualEncoder`: ITC (+ ITM) losses, retrieval metrics, AdamW + schedule.
 
     Each group accepts its dataclass or a plain dict with the same keys (missing keys keep their defaults).
 
@@ -103,9 +83,9 @@ class MultimodalModule(LightningModule):
         super().__init__()
         self.image_config = as_config(ImageTowerConfig, image, "model.image")
         self.text_config = as_config(TextTowerConfig, text, "model.text")
-        self.fusion_config = as_config(FusionConfig, fusion, "model.fusion")
-        self.loss_config = as_config(LossConfig, loss, "model.loss")
+        self.loss_config = lc = as_config(LossConfig, loss, "model.loss")
         self.optim_config = as_config(OptimConfig, optim, "model.optim")
+        fusion_config = as_config(FusionConfig, fusion, "model.fusion")
         # plain dicts, so checkpoints load with torch.load(weights_only=True); a user's tower or loss is
         # recorded as the class_path + init_args it was built from
         parsed = compat.cli_model_config() or {}
@@ -122,44 +102,16 @@ class MultimodalModule(LightningModule):
                 "image": as_dict(self.image_config, specs["image"]),
                 "text": as_dict(self.text_config, specs["text"]),
                 "embed_dim": embed_dim,
-                "fusion": as_dict(self.fusion_config),
+                "fusion": as_dict(fusion_config),
                 "loss": as_dict(self.loss_config, specs["loss"]),
                 "optim": as_dict(self.optim_config),
                 "gradient_checkpointing": gradient_checkpointing,
                 "compile": compile,
             }
         )
-        self.image_encoder, self.text_encoder = self._build_towers()
-        # towers cut from a pretrained dual encoder (clip:, open_clip:) bring their projections
-        self.image_proj = projection_for(self.image_encoder, self.image_encoder.pooled_dim, embed_dim)
-        self.text_proj = projection_for(self.text_encoder, self.text_encoder.pooled_dim, embed_dim)
-        lc = self.loss_config
-        if lc.itc is not None:  # a user's loss, checked against the pair-loss contract (losses/base.py)
-            check_loss(lc.itc, embed_dim, needs_logits=lc.itm_weight > 0)
-            self.contrastive = lc.itc
-        else:
-            self.contrastive = build_loss(
-                lc.name,
-                temperature_init=lc.temperature_init,
-                learnable_temperature=lc.learnable_temperature,
-                global_negatives=lc.global_negatives,
-                **lc.kwargs,
-            )
-        take_over_logit_scale(self.contrastive, self.image_encoder, self.text_encoder)
-        # built only when used: parameters without gradient would break DDP's reducer
-        fc = self.fusion_config
-        self.itm = (
-            ImageTextMatching(
-                self.image_encoder.token_dim,
-                self.text_encoder.token_dim,
-                embed_dim,
-                fc.layers,
-                fc.heads,
-                fc.bidirectional,
-            )
-            if lc.itm_weight > 0
-            else None
-        )
+        self.model = DualEncoder(self.image_config, self.text_config, embed_dim, fusion_config, lc)
+        if gradient_checkpointing:
+            self.model.set_gradient_checkpointing(True)
         taken = sorted({"itc", "itm"} & set(lc.term_weights))
         if taken:
             raise ValueError(f"loss.term_weights {taken}: set loss.itc_weight / loss.itm_weight instead")
@@ -170,15 +122,11 @@ class MultimodalModule(LightningModule):
             if lc.weighting == "dwa"
             else None
         )
-        self.image_encoder.requires_grad_(not self.image_config.freeze)
-        self.text_encoder.requires_grad_(not self.text_config.freeze)
-        if gradient_checkpointing:
-            set_gradient_checkpointing("image", self.image_encoder, True)
-            set_gradient_checkpointing("text", self.text_encoder, True)
         if lc.chunks < 1:
             raise ValueError(f"loss.chunks must be >= 1, got {lc.chunks}")
+        m = self.model
         self.grad_cache = (
-            GradientCache([self.image_encoder, self.text_encoder, self.image_proj, self.text_proj], lc.chunks)
+            GradientCache([m.image_encoder, m.text_encoder, m.image_proj, m.text_proj], lc.chunks)
             if lc.chunks > 1
             else None
         )
@@ -186,33 +134,11 @@ class MultimodalModule(LightningModule):
         self.retrieval = RetrievalMetrics()
         self.eval_rows = EvalRows()  # which evaluation rows the loss counts (unique valid records)
         self.flops = FlopsMeter()
-        # Lightning keeps each submodule's mode as found, so frozen towers must start in eval mode
-        self.train()
-
-    def _build_towers(self) -> tuple[nn.Module, nn.Module]:
-        """The image and text towers from their configs: a user's module (checked against the tower contract,
-        :mod:`~mm_lightning.models.towers.contract`) or the built-in tower a name gives."""
-        ic, tc = self.image_config, self.text_config
-        if ic.tower is not None:
-            image = adopt_tower("image", ic.tower, image_size=ic.image_size)
-        else:
-            image = build_image_tower(ic.name, ic.weights, ic.image_size, ic.kwargs, ic.strict)
-        if tc.tower is not None:
-            text = adopt_tower("text", tc.tower, tokenizer=tc.name)
-        else:
-            text = build_text_tower(
-                tc.name, tc.pretrained, tc.config_overrides, tc.pooling, tc.trust_remote_code
-            )
-        self._text_takes_types = takes_token_type_ids(text)
-        return image, text
 
     @property
     def data_config(self) -> dict[str, dict[str, Any]]:
-        """The preprocessing the towers' weights expect, for the data side to follow.
-
-        ``image``: ``mean``, ``std``, ``input_size``, ``interpolation``; ``text``: ``tokenizer``.
-        """
-        return {"image": data_config_of(self.image_encoder), "text": data_config_of(self.text_encoder)}
+        """The preprocessing the towers expect (:attr:`DualEncoder.data_config`), for the data side to follow."""
+        return self.model.data_config
 
     @property
     def flops_per_batch(self) -> int | None:
@@ -223,131 +149,50 @@ class MultimodalModule(LightningModule):
         return self.flops.totals.get("train" if self.training else "eval")
 
     @override
-    def train(self, mode: bool = True) -> MultimodalModule:
-        super().train(mode)
-        for tower, config in ((self.image_encoder, self.image_config), (self.text_encoder, self.text_config)):
-            if config.freeze:  # frozen towers keep BatchNorm statistics and dropout off (LiT)
-                tower.eval()
-            elif config.freeze_batchnorm:
-                for module in batchnorm_layers(tower).values():
-                    module.eval()
-        return self
-
-    def encode_text(self, batch: dict[str, Tensor]) -> tuple[EncoderOutput, Tensor]:
-        """The text tower's output and the projected (unnormalized) caption embeddings of a batch."""
-        ids = batch["input_ids"]
-        raw = call_text_tower(
-            self.text_encoder,
-            ids,
-            batch["attention_mask"],
-            batch.get("token_type_ids"),
-            self._text_takes_types,
-        )
-        out = encoder_output("text", self.text_encoder, raw, ids.shape[0])
-        return out, self.text_proj(out.pooled)
-
-    def encode_images(self, images: Tensor) -> tuple[EncoderOutput, Tensor]:
-        """The image tower's output and the projected (unnormalized) embeddings of (B, 3, H, W) images."""
-        out = encoder_output("image", self.image_encoder, self.image_encoder(images), images.shape[0])
-        return out, self.image_proj(out.pooled)
-
-    @torch.no_grad()
-    def embed_text(
-        self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None
-    ) -> Tensor:
-        """L2-normalized fp32 embeddings of tokenized captions (inference, e.g. search queries).
-
-        Accepts a tokenizer's output directly: ``model.embed_text(**tokenizer(texts, return_tensors="pt"))``.
-        """
-        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
-        return l2_normalize(self.encode_text(batch)[1])
-
-    @torch.no_grad()
-    def embed_images(self, images: Tensor) -> Tensor:
-        """L2-normalized fp32 embeddings of (B, 3, H, W) normalized images (inference)."""
-        return l2_normalize(self.encode_images(images)[1])
-
-    @override
     def forward(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         """L2-normalized fp32 image and text embeddings of a batch (one row per pair)."""
-        return {
-            "image_embeddings": l2_normalize(self.encode_images(batch["image"])[1]),
-            "text_embeddings": l2_normalize(self.encode_text(batch)[1]),
-        }
-
-    def _losses(
-        self,
-        batch: dict[str, Tensor],
-        image_out: EncoderOutput,
-        image_emb: Tensor,
-        text_out: EncoderOutput,
-        text_emb: Tensor,
-    ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        weights = self._sample_weights(batch)
-        return self._pair_losses(batch["image_id"], weights, image_out, image_emb, text_out, text_emb)
+        return self.model(batch)
 
     def _sample_weights(self, batch: dict[str, Tensor]) -> Tensor | None:
         if self.loss_config.sample_weighting != "complexity":
             return None
         return complexity_weights(batch["image"], batch["attention_mask"])
 
-    def _pair_losses(
-        self,
-        ids: Tensor,
-        weights: Tensor | None,
-        image_out: EncoderOutput,
-        image_emb: Tensor,
-        text_out: EncoderOutput,
-        text_emb: Tensor,
-    ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        """The loss terms by name (``itc``, ``itm``, a loss's own) and the other metrics (``itm_accuracy``)."""
-        if self.itm is None:
-            return loss_terms(self.contrastive, self.contrastive(image_emb, text_emb, ids, weights)), {}
-        value, logits = self.contrastive.loss_and_logits(image_emb, text_emb, ids, weights)
-        terms = loss_terms(self.contrastive, value, reserved=("itm",))
-        terms["itm"], itm_accuracy = self.itm(
-            image_out.tokens, text_out.tokens, text_out.mask, logits, ids, weights
-        )
-        return terms, {"itm_accuracy": itm_accuracy}
-
-    def _total(self, terms: dict[str, Tensor], weights: dict[str, Any]) -> Tensor:
-        """The weighted sum of the terms, in their order (each term's weight by its name)."""
-        items = iter(terms.items())
-        name, term = next(items)
-        total = weights.get(name, 1.0) * term
-        for name, term in items:
-            total = total + weights.get(name, 1.0) * term
-        return total
-
     @override
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        model = self.model
         with self.flops.count("train"):
             if self.grad_cache is None:
-                image_out, image_emb = self.encode_images(batch["image"])
-                text_out, text_emb = self.encode_text(batch)
+                image_out, image_emb = model.encode_images(batch["image"])
+                text_out, text_emb = model.encode_text(batch)
             else:  # pass 1 of gradient caching: embeddings without graph, chunk by chunk
                 image_out, image_emb, text_out, text_emb = embed_in_chunks(
-                    self.grad_cache, self.encode_images, self.encode_text, batch, tokens=self.itm is not None
+                    self.grad_cache,
+                    model.encode_images,
+                    model.encode_text,
+                    batch,
+                    tokens=model.itm is not None,
                 )
-            terms, metrics = self._losses(batch, image_out, image_emb, text_out, text_emb)
-            weights: dict[str, Any] = self.term_weights
+            ids, weights = batch["image_id"], self._sample_weights(batch)
+            terms, metrics = model.losses(ids, weights, image_out, image_emb, text_out, text_emb)
+            term_weights: dict[str, Any] = self.term_weights
             if self.dwa is not None:  # DWA weighs the itc and itm terms; a loss's other terms keep theirs
                 zero = torch.zeros_like(next(iter(terms.values())))
                 dwa = self.dwa.update(torch.stack([terms.get("itc", zero), terms.get("itm", zero)]))
-                weights = {**weights, "itc": dwa[0], "itm": dwa[1]}
-            loss = self._total(terms, weights)
+                term_weights = {**term_weights, "itc": dwa[0], "itm": dwa[1]}
+            loss = weighted_sum(terms, term_weights)
         bs = batch["image"].shape[0]
         self.log("train/loss", loss, batch_size=bs, prog_bar=True)
         for name, value in terms.items():
             self.log(f"train/loss_{name}", value, batch_size=bs)
         for name, value in metrics.items():
             self.log(f"train/{name}", value, batch_size=bs)
-        temperature = getattr(self.contrastive, "temperature", None)
+        temperature = getattr(model.contrastive, "temperature", None)
         if isinstance(temperature, (Tensor, float)):
             self.log("train/temperature", temperature, batch_size=bs)
-        self.log("train/weight_itc", weights["itc"], batch_size=bs)
-        if self.itm is not None:
-            self.log("train/weight_itm", weights["itm"], batch_size=bs)
+        self.log("train/weight_itc", term_weights["itc"], batch_size=bs)
+        if model.itm is not None:
+            self.log("train/weight_itm", term_weights["itm"], batch_size=bs)
         return loss
 
     @override
@@ -368,8 +213,8 @@ class MultimodalModule(LightningModule):
             warn_if_inexact(
                 self.loss_config.chunks,
                 {
-                    "image_encoder": (self.image_encoder, self.image_config),
-                    "text_encoder": (self.text_encoder, self.text_config),
+                    "image_encoder": (self.model.image_encoder, self.image_config),
+                    "text_encoder": (self.model.text_encoder, self.text_config),
                 },
             )
 
@@ -380,18 +225,14 @@ class MultimodalModule(LightningModule):
             self.compile_towers()
         if self._trainer is not None and isinstance(self.trainer.strategy, FSDPStrategy):
             # FSDP cannot flatten 0-d parameters (the temperature, SigLIP's bias): make them 1-element
-            for module in self.contrastive.modules():
+            for module in self.model.contrastive.modules():
                 for name, param in list(module.named_parameters(recurse=False)):
                     if param.dim() == 0:
                         setattr(module, name, nn.Parameter(param.detach().reshape(1), param.requires_grad))
 
     def compile_towers(self) -> None:
         """Compiles both towers in place with ``torch.compile`` (what ``compile=True`` does at fit start)."""
-        options = self.hparams.compile if isinstance(self.hparams.compile, dict) else {}
-        # image batches change size only at the end of an epoch (then one dynamic recompile); caption
-        # lengths change every batch, so the text tower is compiled for dynamic shapes from the start
-        self.image_encoder.compile(**options)
-        self.text_encoder.compile(**({"dynamic": True} | options))
+        self.model.compile_towers(self.hparams.compile if isinstance(self.hparams.compile, dict) else {})
         self._towers_compiled = True
 
     @override
@@ -402,8 +243,8 @@ class MultimodalModule(LightningModule):
         """Encodes each distinct image of the batch once (rows repeat an image once per caption)."""
         with self.flops.count("eval"):
             image_ids, first, column = first_occurrence(batch["image_id"])
-            unique_out, unique_emb = self.encode_images(batch["image"][first])
-            text_out, text_emb = self.encode_text(batch)
+            unique_out, unique_emb = self.model.encode_images(batch["image"][first])
+            text_out, text_emb = self.model.encode_text(batch)
             # the loss sees one row per pair (caption), as in training
             image_out = EncoderOutput(
                 unique_out.pooled[column], unique_out.tokens[column], unique_out.mask[column]
@@ -436,15 +277,15 @@ class MultimodalModule(LightningModule):
         weights = self._sample_weights(batch)
         # the ITM head needs the token sequences of the global batch too (each rank then scores all its rows)
         rows = self.eval_rows.gather_unique(
-            batch, image_out, image_emb, text_out, text_emb, weights, tokens=self.itm is not None
+            batch, image_out, image_emb, text_out, text_emb, weights, tokens=self.model.itm is not None
         )
         if rows is None:  # nothing new in this global batch
             return torch.zeros((), device=image_emb.device), 0
         with single_process():
-            terms, _ = self._pair_losses(
+            terms, _ = self.model.losses(
                 rows.ids, rows.weights, rows.image_out, rows.image_emb, rows.text_out, rows.text_emb
             )
-        return self._total(terms, self.term_weights), rows.count
+        return weighted_sum(terms, self.term_weights), rows.count
 
     def _log_retrieval(self, stage: str) -> None:
         if self.retrieval.update_count == 0:
@@ -490,8 +331,8 @@ class MultimodalModule(LightningModule):
     @override
     def configure_optimizers(self) -> dict[str, Any]:
         towers = {
-            "image_encoder": (self.image_encoder, self.image_config.lr),
-            "text_encoder": (self.text_encoder, self.text_config.lr),
+            "image_encoder": (self.model.image_encoder, self.image_config.lr),
+            "text_encoder": (self.model.text_encoder, self.text_config.lr),
         }
         return optimizer_and_schedule(
             self, towers, self.optim_config, self.trainer.estimated_stepping_batches
@@ -511,8 +352,8 @@ class MultimodalModule(LightningModule):
         clip_towers_and_heads(
             self,
             {
-                "image_encoder": (self.image_encoder, self.image_config.clip_norm),
-                "text_encoder": (self.text_encoder, self.text_config.clip_norm),
+                "image_encoder": (self.model.image_encoder, self.image_config.clip_norm),
+                "text_encoder": (self.model.text_encoder, self.text_config.clip_norm),
             },
             self.optim_config.clip_heads,
         )

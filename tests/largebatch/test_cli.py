@@ -22,6 +22,8 @@ def test_siglip_chunks_and_compile_options_from_the_cli(tmp_path: Path) -> None:
     model = cli_main(
         [*tiny_demo_args(tmp_path, *args, "--model.compile", "{mode: max-autotune}")], run=False
     ).model
-    assert isinstance(model.contrastive, SigLipLoss) and model.contrastive.logit_bias.item() == -5.0
+    assert (
+        isinstance(model.model.contrastive, SigLipLoss) and model.model.contrastive.logit_bias.item() == -5.0
+    )
     assert isinstance(model.grad_cache, GradientCache) and model.grad_cache.chunks == 4
     assert model.hparams.compile == {"mode": "max-autotune"}

@@ -59,8 +59,8 @@ def test_compiled_towers_give_the_eager_loss_and_do_not_recompile_for_new_length
     # control: a text tower compiled for static shapes recompiles when the length changes
     torch._dynamo.reset()
     counters.clear()
-    compiled.text_encoder.compile(backend="aot_eager", dynamic=False)
+    compiled.model.text_encoder.compile(backend="aot_eager", dynamic=False)
     for length in (7, 9, 12):
         batch = make_batch(6, length)
-        compiled.text_encoder(batch["input_ids"], batch["attention_mask"])
+        compiled.model.text_encoder(batch["input_ids"], batch["attention_mask"])
     assert counters["stats"]["unique_graphs"] == 3

@@ -32,7 +32,12 @@ def test_four_chunks_equal_the_whole_batch_and_accumulation_does_not() -> None:
     assert difference <= 1e-5
     # the step moved the towers, the ITM head and the temperature
     initial = {n: p.detach() for n, p in _module(1).named_parameters()}
-    for name in ("image_encoder", "text_encoder", "itm.head", "contrastive.logit_scale"):
+    for name in (
+        "model.image_encoder",
+        "model.text_encoder",
+        "model.itm.head",
+        "model.contrastive.logit_scale",
+    ):
         assert (
             max_param_diff(*({n: v for n, v in d.items() if n.startswith(name)} for d in (full, initial)))
             > 1e-3
@@ -105,7 +110,7 @@ def test_batchnorm_tower_is_named_at_fit_start_and_freeze_batchnorm_makes_it_exa
     assert max_param_diff(chunked, full) <= 1e-5
     torch.manual_seed(0)
     initial = SGDModule(**tiny_config(TINY_MODEL, image={"freeze_batchnorm": True}, **no_dropout))
-    image = {n: p.detach() for n, p in initial.named_parameters() if n.startswith("image_encoder")}
+    image = {n: p.detach() for n, p in initial.named_parameters() if n.startswith("model.image_encoder")}
     assert max_param_diff(image, full) > 1e-3  # the BatchNorm tower (affine weights included) still trained
 
 

@@ -41,7 +41,7 @@ def test_checkpoint_stores_plain_dicts_and_reloads(tmp_path: Path) -> None:
     hparams = torch.load(path, weights_only=True)["hyper_parameters"]  # no pickled classes
     assert hparams["loss"]["itm_weight"] == 0.0 and hparams["text"]["pooling"] == "mean"
     reloaded = MultimodalModule.load_from_checkpoint(path, map_location="cpu")
-    assert reloaded.loss_config == model.loss_config and reloaded.itm is None
+    assert reloaded.loss_config == model.loss_config and reloaded.model.itm is None
     model.eval(), reloaded.eval()
     batch = make_batch()
     with torch.no_grad():
@@ -63,7 +63,7 @@ def test_nested_groups_on_the_command_line(tmp_path: Path) -> None:
     model = cli.model
     assert model.image_config.name == "vit_custom" and model.image_config.image_size == 32  # linked from data
     assert model.optim_config.lr == 3e-4 and model.optim_config.warmup_steps == 50  # the rest from demo.yaml
-    assert model.dwa is not None and model.image_encoder.backbone.image_size == 32
+    assert model.dwa is not None and model.model.image_encoder.backbone.image_size == 32
     assert cli.datamodule.hparams.tokenizer == model.text_config.name
 
 

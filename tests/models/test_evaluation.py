@@ -39,7 +39,9 @@ def _validate(model, data, tmp_path: Path) -> dict[str, float]:
 def test_validation_encodes_each_image_once_per_batch(tmp_path: Path) -> None:
     model = tiny_module()
     rows_seen: list[int] = []
-    model.image_encoder.register_forward_hook(lambda module, args, out: rows_seen.append(args[0].shape[0]))
+    model.model.image_encoder.register_forward_hook(
+        lambda module, args, out: rows_seen.append(args[0].shape[0])
+    )
     _validate(model, DataLoader(MultiCaption(), batch_size=6), tmp_path)
     assert rows_seen == [2, 2, 2, 2]  # 2 distinct images per batch of 6 caption rows (was 6 each)
 
@@ -70,7 +72,7 @@ def test_val_loss_is_the_objective_on_every_row() -> None:
     batch = make_batch(size=6, captions_per_image=2)
     with torch.no_grad():
         emb = model(batch)
-        want = model.contrastive(emb["image_embeddings"], emb["text_embeddings"], batch["image_id"])
+        want = model.model.contrastive(emb["image_embeddings"], emb["text_embeddings"], batch["image_id"])
         logged = {}
         model.log = lambda name, value, **kwargs: logged.setdefault(name, value)
         model._eval_step(batch, "val")

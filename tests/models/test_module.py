@@ -67,6 +67,31 @@ def test_checkpoint_reloads_offline_with_identical_outputs(trained, tmp_path: Pa
     torch.testing.assert_close(a["text_embeddings"], b["text_embeddings"])
 
 
+def test_readme_loads_the_model_without_lightning(trained, tmp_path: Path, monkeypatch) -> None:
+    """The README's "Use the model without Lightning" snippet, run as written on a training checkpoint."""
+    import re
+
+    from tests.conftest import REPO
+
+    model, trainer, _ = trained
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("### Use the model without Lightning") :]
+    snippet = re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
+    (tmp_path / "logs" / "demo" / "checkpoints").mkdir(parents=True)
+    trainer.save_checkpoint(tmp_path / "logs" / "demo" / "checkpoints" / "last.ckpt")
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(snippet, "README.md", "exec"), namespace)  # no LightningModule, no Trainer
+    loaded = namespace["model"]
+    assert type(loaded).__name__ == "DualEncoder" and namespace["similarity"].shape == (2, 2)
+    model.eval()
+    with torch.no_grad():  # the same network as the trained module's
+        want = (
+            model.model.embed_images(namespace["images"]) @ model.model.embed_text(**namespace["captions"]).T
+        )
+    torch.testing.assert_close(namespace["similarity"], want, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("file_format", ["pt", "npz"])
 def test_embedding_writer_writes_loadable_file(trained, tmp_path: Path, file_format: str) -> None:
     model, _, _ = trained
@@ -101,17 +126,17 @@ def test_readme_text_to_image_search(trained, tmp_path: Path) -> None:
     batch = make_batch(size=1)
     dataset = pair_loader().dataset
     batch["input_ids"] = dataset.input_ids[3:4]  # a caption of image 3
-    query = model.embed_text(batch["input_ids"], torch.ones_like(batch["input_ids"]))
+    query = model.model.embed_text(batch["input_ids"], torch.ones_like(batch["input_ids"]))
     torch.testing.assert_close(query, emb["text_embeddings"][3:4])  # same as the predict path
     _, first, _ = first_occurrence(emb["image_id"])  # one row per image
     top = (emb["image_embeddings"][first] @ query.T).squeeze(1).topk(3).indices
     assert 3 in emb["image_id"][first][top].tolist()
-    torch.testing.assert_close(model.embed_images(dataset.images[:2]), emb["image_embeddings"][:2])
+    torch.testing.assert_close(model.model.embed_images(dataset.images[:2]), emb["image_embeddings"][:2])
 
 
 def test_itm_off_builds_no_fusion_and_every_parameter_trains() -> None:
     model = tiny_module(loss={"itm_weight": 0.0})
-    assert model.itm is None
+    assert model.model.itm is None
     model.training_step(make_batch(), 0).backward()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
 
@@ -139,8 +164,8 @@ def test_param_groups_lrs_and_no_weight_decay_sets(tmp_path: Path) -> None:
     assert groups["image_encoder"]["initial_lr"] == 1e-4 and groups["heads"]["initial_lr"] == 1e-3
     assert groups["heads"]["weight_decay"] == 0.1 and groups["heads_no_decay"]["weight_decay"] == 0.0
     no_decay = {id(p) for p in groups["heads_no_decay"]["params"]}
-    assert id(model.contrastive.logit_scale) in no_decay and id(model.image_proj.bias) in no_decay
-    assert id(model.image_proj.weight) not in no_decay
+    assert id(model.model.contrastive.logit_scale) in no_decay and id(model.model.image_proj.bias) in no_decay
+    assert id(model.model.image_proj.weight) not in no_decay
     n_trainable = sum(1 for p in model.parameters() if p.requires_grad)
     assert sum(len(g["params"]) for g in groups.values()) == n_trainable
 
@@ -178,12 +203,12 @@ def test_unbounded_run_keeps_the_peak_lr_after_warmup_and_warns(tmp_path: Path) 
 
 def test_zero_tower_lr_is_a_value_not_unset(tmp_path: Path) -> None:
     model = tiny_module(optim={"lr": 1e-3}, image={"lr": 0.0})
-    before = model.image_encoder.backbone[0][0].weight.clone()
+    before = model.model.image_encoder.backbone[0][0].weight.clone()
     trainer = _trainer(tmp_path, max_steps=2)
     trainer.fit(model, pair_loader())
     groups = {g["name"]: g for g in trainer.optimizers[0].param_groups}
     assert groups["image_encoder"]["initial_lr"] == 0.0 and groups["heads"]["initial_lr"] == 1e-3
-    assert torch.equal(before, model.image_encoder.backbone[0][0].weight)
+    assert torch.equal(before, model.model.image_encoder.backbone[0][0].weight)
 
 
 class ClipProbe(MultimodalModule):
@@ -197,7 +222,7 @@ class ClipProbe(MultimodalModule):
             name: torch.stack([p.grad.norm() for p in module.parameters() if p.grad is not None])
             .norm()
             .item()
-            for name, module in (("image", self.image_encoder), ("text", self.text_encoder))
+            for name, module in (("image", self.model.image_encoder), ("text", self.model.text_encoder))
         }
 
 
@@ -213,16 +238,16 @@ def test_grouped_gradient_clipping_per_tower(tmp_path: Path) -> None:
 
 def test_frozen_image_tower_stays_in_eval_and_unchanged(tmp_path: Path) -> None:
     model = tiny_module(image={"freeze": True})
-    before = {k: v.clone() for k, v in model.image_encoder.state_dict().items()}
-    text_before = model.text_proj.weight.clone()
+    before = {k: v.clone() for k, v in model.model.image_encoder.state_dict().items()}
+    text_before = model.model.text_proj.weight.clone()
     _trainer(tmp_path, max_steps=3).fit(model, pair_loader())
     model.train()
-    assert not model.image_encoder.training and model.text_encoder.training
-    after = model.image_encoder.state_dict()
+    assert not model.model.image_encoder.training and model.model.text_encoder.training
+    after = model.model.image_encoder.state_dict()
     assert [
         k for k in before if not torch.equal(before[k], after[k])
     ] == []  # weights and BatchNorm statistics
-    assert not torch.equal(text_before, model.text_proj.weight)
+    assert not torch.equal(text_before, model.model.text_proj.weight)
 
 
 def test_dwa_weights_are_used_and_logged(tmp_path: Path) -> None:
@@ -246,12 +271,12 @@ def test_bf16_mixed_training_on_cpu(tmp_path: Path) -> None:
     def record(module, inputs, out) -> None:
         seen.setdefault("tokens", out.tokens.dtype)
 
-    model.image_encoder.register_forward_hook(record)
+    model.model.image_encoder.register_forward_hook(record)
     trainer = _trainer(tmp_path, max_steps=3, precision="bf16-mixed")
     trainer.fit(model, pair_loader())
     assert seen["tokens"] == torch.bfloat16  # encoders ran under autocast
     loss = trainer.callback_metrics["train/loss_itc"]
-    assert torch.isfinite(loss) and model.contrastive.logit_scale.dtype == torch.float32
+    assert torch.isfinite(loss) and model.model.contrastive.logit_scale.dtype == torch.float32
 
 
 def test_grouped_clipping_acts_on_unscaled_gradients_under_16_mixed(tmp_path: Path) -> None:

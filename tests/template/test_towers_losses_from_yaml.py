@@ -55,7 +55,7 @@ def test_user_towers_and_loss_from_yaml_train_and_validate_from_their_checkpoint
         "init_args": {"width": 128, "patch": 8},
     }
     assert hparams["loss"]["itc"]["class_path"] == "my_losses.HardestNegativeHinge"
-    assert any(k.startswith("image_encoder.embed.") for k in checkpoint["state_dict"])
+    assert any(k.startswith("model.image_encoder.embed.") for k in checkpoint["state_dict"])
     validate = run_cli(
         ["validate", "--config", str(tmp_path / "run" / "version_0" / "config.yaml"),
          "--ckpt_path", str(tmp_path / "run" / "checkpoints" / "last.ckpt")],

@@ -30,12 +30,12 @@ def user_towers(image_width: int = 12) -> dict[str, Any]:
 
 def test_user_towers_train_and_their_checkpoint_rebuilds_them() -> None:
     model = MultimodalModule(**user_towers())
-    image, text = model.image_encoder, model.text_encoder
+    image, text = model.model.image_encoder, model.model.text_encoder
     assert type(image).__name__ == "TinyPatchTower" and type(text).__name__ == "TinyWordTower"
     # widths from one dry forward (no gradient, eval mode: BatchNorm statistics untouched)
     assert (image.pooled_dim, image.token_dim, text.pooled_dim) == (12, 12, 10)
     assert image.dry_calls == 1 and int(image.norm.num_batches_tracked) == 0
-    assert model.image_proj.in_features == 12 and model.text_proj.in_features == 10
+    assert model.model.image_proj.in_features == 12 and model.model.text_proj.in_features == 10
     assert model.data_config["image"]["input_size"] == (3, 32, 32)  # the default data config at image_size
     assert model.data_config["text"] == {"tokenizer": "mm-lightning/demo-bert"}
     loss = model.training_step(make_batch(captions_per_image=2), 0)
@@ -59,11 +59,11 @@ def test_user_towers_train_and_their_checkpoint_rebuilds_them() -> None:
 
 def test_declared_widths_and_data_config_need_no_dry_forward() -> None:
     model = MultimodalModule(**tiny_config(image={"tower": spec("DeclaredWidthTower")}))
-    assert model.image_encoder.pooled_dim == 6 and model.image_encoder.token_dim == 6
+    assert model.model.image_encoder.pooled_dim == 6 and model.model.image_encoder.token_dim == 6
     config = model.data_config["image"]
     assert config["input_size"] == (3, 48, 48) and config["mean"] == (0.5, 0.5, 0.5)
     assert config["interpolation"] == "bilinear"  # a default the tower did not declare
-    out, emb = model.encode_images(torch.zeros(2, 3, 48, 48))
+    out, emb = model.model.encode_images(torch.zeros(2, 3, 48, 48))
     assert emb.shape == (2, 16) and out.tokens.shape == (2, 1, 6)
 
 
@@ -110,9 +110,9 @@ def test_user_loss_terms_are_combined_by_name_logged_and_used_for_val_loss() -> 
     model.log = lambda name, value, **kw: logged.__setitem__(name, value)  # type: ignore[method-assign]
     batch = make_batch()
     loss = model.training_step(batch, 0)
-    _, image_emb = model.encode_images(batch["image"])
-    _, text_emb = model.encode_text(batch)
-    terms = model.contrastive(image_emb, text_emb)
+    _, image_emb = model.model.encode_images(batch["image"])
+    _, text_emb = model.model.encode_text(batch)
+    terms = model.model.contrastive(image_emb, text_emb)
     expected = 2.0 * terms["itc"] + 0.5 * terms["norm"]
     torch.testing.assert_close(loss, expected, rtol=0, atol=0)
     torch.testing.assert_close(logged["train/loss_norm"], terms["norm"], rtol=0, atol=0)
@@ -140,7 +140,7 @@ def test_the_example_loss_feeds_the_matching_head() -> None:
     finally:
         sys.path.remove(str(REPO / "examples" / "make_it_yours"))
     assert {"train/loss_itc", "train/loss_spread", "train/loss_itm", "train/itm_accuracy"} <= set(logged)
-    assert all(p.grad is not None for p in model.itm.parameters() if p.requires_grad)
+    assert all(p.grad is not None for p in model.model.itm.parameters() if p.requires_grad)
 
 
 @pytest.mark.parametrize(

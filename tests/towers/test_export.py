@@ -34,7 +34,7 @@ def test_finetune_then_export_reloads_with_the_same_embeddings(
     torch.manual_seed(0)
     module = cli_main(["fit", *args]).model.eval()
     # the module started from the source: its temperature is the directory's learned one (trained 2 steps)
-    assert float(module.contrastive.logit_scale.detach()) == pytest.approx(2.0, abs=0.05)
+    assert float(module.model.contrastive.logit_scale.detach()) == pytest.approx(2.0, abs=0.05)
     out = tmp_path / "exported"
     assert (
         main(["export", "--ckpt_path", str(tmp_path / "checkpoints" / "last.ckpt"), "--out", str(out)]) == 0
@@ -46,8 +46,8 @@ def test_finetune_then_export_reloads_with_the_same_embeddings(
     images = torch.randn(2, 3, 32, 32)
     checkpoint = MultimodalModule.load_from_checkpoint(tmp_path / "checkpoints" / "last.ckpt").eval()
     with torch.no_grad():
-        want_text = checkpoint.embed_text(batch["input_ids"], batch["attention_mask"])
-        want_image = checkpoint.embed_images(images)
+        want_text = checkpoint.model.embed_text(batch["input_ids"], batch["attention_mask"])
+        want_image = checkpoint.model.embed_images(images)
         got_text = exported.get_text_features(**batch).pooler_output
         got_image = exported.get_image_features(pixel_values=images).pooler_output
         before = reference.get_image_features(pixel_values=images).pooler_output

@@ -62,7 +62,7 @@ def _module(tmp_path: Path, kind: str = "vit", pooling: str = "cls", embed_dim: 
     with torch.no_grad():
         for parameter in module.parameters():
             parameter.add_(0.05 * torch.randn_like(parameter))
-        module.contrastive.logit_scale.fill_(3.25)
+        module.model.contrastive.logit_scale.fill_(3.25)
     return module.eval()
 
 
@@ -112,16 +112,16 @@ def test_hf_towers_export_reloads_as_a_vision_text_dual_encoder(tmp_path: Path) 
     with torch.no_grad():
         got_image = exported.get_image_features(pixel_values=inputs["pixel_values"]).pooler_output
         got_text = exported.get_text_features(**batch).pooler_output
-        want_image = module.encode_images(inputs["pixel_values"])[1]
-        want_text = module.encode_text(batch)[1]
+        want_image = module.model.encode_images(inputs["pixel_values"])[1]
+        want_text = module.model.encode_text(batch)[1]
         logits = exported(**inputs).logits_per_image
     torch.testing.assert_close(got_image, want_image, atol=1e-5, rtol=0)
     torch.testing.assert_close(got_text, want_text, atol=1e-5, rtol=0)
     assert float(exported.logit_scale.detach()) == pytest.approx(3.25)
     expected = (
         torch.exp(torch.tensor(3.25))
-        * module.embed_images(inputs["pixel_values"])
-        @ module.embed_text(**batch).T
+        * module.model.embed_images(inputs["pixel_values"])
+        @ module.model.embed_text(**batch).T
     )
     torch.testing.assert_close(logits, expected, atol=1e-4, rtol=0)
     # control: without the projection biases (what a plain weight copy would give) the features differ
@@ -138,13 +138,13 @@ def test_hf_towers_export_reloads_as_a_vision_text_dual_encoder(tmp_path: Path) 
 def test_pooled_vision_models_take_the_projection_bias_into_their_own(tmp_path: Path, kind: str) -> None:
     torch.set_num_threads(1)
     module = _module(tmp_path, kind)
-    assert module.image_proj.bias.abs().max() > 0.01
-    out = export_hf(module, tmp_path / "out")
+    assert module.model.image_proj.bias.abs().max() > 0.01
+    out = export_hf(module.model, tmp_path / "out")
     exported = hf.VisionTextDualEncoderModel.from_pretrained(out).eval()
     images = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         got = exported.get_image_features(pixel_values=images).pooler_output
-        torch.testing.assert_close(got, module.encode_images(images)[1], atol=1e-5, rtol=0)
+        torch.testing.assert_close(got, module.model.encode_images(images)[1], atol=1e-5, rtol=0)
 
 
 def test_a_clip_text_half_pairs_with_an_hf_image_tower(tmp_path: Path) -> None:
@@ -155,9 +155,9 @@ def test_a_clip_text_half_pairs_with_an_hf_image_tower(tmp_path: Path) -> None:
         embed_dim=16,
         loss={"itm_weight": 0.0},
     ).eval()
-    target = build_dual_encoder(module)
+    target = build_dual_encoder(module.model)
     assert isinstance(target.text_model, hf.CLIPTextModel)
-    check_same_embeddings(module, target)
+    check_same_embeddings(module.model, target)
     # SigLIP's text half has no stand-alone AutoModel, so VisionTextDualEncoderModel cannot hold it
     save_tiny("siglip", tmp_path / "siglip")
     module = MultimodalModule(
@@ -167,16 +167,16 @@ def test_a_clip_text_half_pairs_with_an_hf_image_tower(tmp_path: Path) -> None:
         loss={"itm_weight": 0.0},
     )
     with pytest.raises(ExportError, match="cannot build its halves from ViTConfig \\+ SiglipTextConfig"):
-        build_dual_encoder(module)
+        build_dual_encoder(module.model)
 
 
 def test_export_refuses_what_the_dual_encoder_cannot_express(tmp_path: Path) -> None:
     with pytest.raises(ExportError, match="text.pooling: mean cannot be expressed"):
-        export_hf(_module(tmp_path / "mean", pooling="mean"), tmp_path / "out")
+        export_hf(_module(tmp_path / "mean", pooling="mean").model, tmp_path / "out")
     with pytest.raises(ExportError, match="image: the projection has a bias and Dinov2Model"):
-        export_hf(_module(tmp_path / "dinov2", "dinov2"), tmp_path / "out")
+        export_hf(_module(tmp_path / "dinov2", "dinov2").model, tmp_path / "out")
     with pytest.raises(ExportError, match="image: embed_dim 48 exceeds the tower width 32"):
-        export_hf(_module(tmp_path / "wide", embed_dim=48), tmp_path / "out")
+        export_hf(_module(tmp_path / "wide", embed_dim=48).model, tmp_path / "out")
     module = MultimodalModule(
         image={"name": "resnet_custom", "kwargs": {"widths": [8]}, "image_size": 32},
         text={"name": DEMO_BERT, "pretrained": False},
@@ -184,18 +184,18 @@ def test_export_refuses_what_the_dual_encoder_cannot_express(tmp_path: Path) -> 
         loss={"itm_weight": 0.0},
     )
     with pytest.raises(ExportError, match=r"supports image towers hf:<dir> .* image tower 'resnet_custom'"):
-        export_hf(module, tmp_path / "out")
+        export_hf(module.model, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
 def test_the_embedding_check_names_the_half_that_differs(tmp_path: Path) -> None:
     module = _module(tmp_path)
-    target = build_dual_encoder(module)
-    check_same_embeddings(module, target)
+    target = build_dual_encoder(module.model)
+    check_same_embeddings(module.model, target)
     with torch.no_grad():
         target.text_model.encoder.layer[0].output.dense.weight[0, 0] += 1e-2
     with pytest.raises(ExportError, match=r"text: the exported VisionTextDualEncoderModel's features differ"):
-        check_same_embeddings(module, target)
+        check_same_embeddings(module.model, target)
 
 
 def test_export_command_reports_a_refusal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -37,6 +37,6 @@ def test_lit_with_pretrained_image_tower_beats_random_init(tmp_path: Path) -> No
     scores = {}
     for label, weights in (("pretrained", []), ("random", ["--model.image.weights", "null"])):
         cli = cli_main(["fit", *_lit_args(tmp_path / label, *weights)])
-        assert all(not p.requires_grad for p in cli.model.image_encoder.parameters())  # locked
+        assert all(not p.requires_grad for p in cli.model.model.image_encoder.parameters())  # locked
         scores[label] = float(cli.trainer.callback_metrics["val/r1_t2i"])
     assert scores["pretrained"] > scores["random"] + 0.05, scores

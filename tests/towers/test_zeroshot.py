@@ -19,7 +19,7 @@ from mm_lightning.zeroshot import ZeroShotEvaluation, evaluate, load_labeled_ima
 COLORS = {"red": (220, 20, 20), "green": (20, 200, 20), "blue": (20, 20, 220)}
 
 
-class ColorModel(LightningModule):
+class ColorNet(torch.nn.Module):
     """Embeds a caption by the colour word it names and an image by its dominant channel (a known classifier)."""
 
     def __init__(self) -> None:
@@ -33,6 +33,14 @@ class ColorModel(LightningModule):
 
     def embed_images(self, images):
         return torch.nn.functional.one_hot(images.mean((2, 3)).argmax(1), 3).float() * self.scale
+
+
+class ColorModel(LightningModule):
+    """A LightningModule holding its network as ``model``, as ``MultimodalModule`` does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = ColorNet()
 
     def validation_step(self, batch, batch_idx):
         return None
@@ -53,11 +61,11 @@ def test_top1_counts_the_right_images_and_ranks_split_the_work(tmp_path: Path) -
     assert images.classnames == ["blue", "green", "red"] and len(images.paths) == 9
     tokenizer, norm = load_tokenizer(DEMO_BERT), Normalize((0.0,) * 3, (1.0,) * 3)
     metric = {1: MulticlassAccuracy(3, top_k=1, average="micro")}
-    scores = evaluate(ColorModel(), images, ["a {} square."], tokenizer, norm, 8, 16, 4, metric)
+    scores = evaluate(ColorNet(), images, ["a {} square."], tokenizer, norm, 8, 16, 4, metric)
     assert float(scores[1]) == pytest.approx(8 / 9)
     # each rank scores a disjoint share: the counts of two shares add up to the whole
     halves = [
-        evaluate(ColorModel(), images, ["a {} square."], tokenizer, norm, 8, 16, 2, metric, rank, 2)
+        evaluate(ColorNet(), images, ["a {} square."], tokenizer, norm, 8, 16, 2, metric, rank, 2)
         for rank in (0, 1)
     ]
     assert sorted(float(h[1]) for h in halves) == pytest.approx(sorted([4 / 5, 4 / 4]))
@@ -109,7 +117,7 @@ def _two_rank_worker(rank: int, port: int, folder: str, out: str) -> None:
         images = load_labeled_images(folder)
         tokenizer, norm = load_tokenizer(DEMO_BERT), Normalize((0.0,) * 3, (1.0,) * 3)
         metric = {1: MulticlassAccuracy(3, top_k=1, average="micro")}
-        scores = evaluate(ColorModel(), images, ["a {} square."], tokenizer, norm, 8, 16, 2, metric, rank, 2)
+        scores = evaluate(ColorNet(), images, ["a {} square."], tokenizer, norm, 8, 16, 2, metric, rank, 2)
         torch.save(float(scores[1]), Path(out) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()

@@ -18,7 +18,7 @@ from mm_lightning.models.losses.base import (
 )
 from mm_lightning.models.losses.clip import ContrastiveLoss
 from mm_lightning.models.losses.hard_negatives import sample_hard_negatives
-from mm_lightning.models.losses.weighting import DynamicWeightAveraging, complexity_weights
+from mm_lightning.models.losses.weighting import DynamicWeightAveraging, complexity_weights, weighted_sum
 
 __all__ = [
     "LOSSES",
@@ -34,4 +34,5 @@ __all__ = [
     "loss_terms",
     "register_loss",
     "sample_hard_negatives",
+    "weighted_sum",
 ]

@@ -1,8 +1,10 @@
-"""Loss weighting: Dynamic Weight Averaging across the losses, and per-pair data-complexity weights."""
+"""Loss weighting: the named terms' weighted sum, Dynamic Weight Averaging across the losses, and per-pair
+data-complexity weights."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -77,3 +79,18 @@ class DynamicWeightAveraging(nn.Module):
             self.steps_in_window.zero_()
             self.windows_done += 1
         return self.weights
+
+
+def weighted_sum(terms: dict[str, Tensor], weights: Mapping[str, Any]) -> Tensor:
+    """The loss terms' sum, each times the weight of its name (1 when it has none), in the terms' order.
+
+    Args:
+        terms: scalar loss terms by name (``itc``, ``itm``, a loss's own).
+        weights: weight by name (floats, or tensors such as DWA's).
+    """
+    items = iter(terms.items())
+    name, term = next(items)
+    total = weights.get(name, 1.0) * term
+    for name, term in items:
+        total = total + weights.get(name, 1.0) * term
+    return total

@@ -1,0 +1,252 @@
+"""``DualEncoder``: the image-text network as a plain ``nn.Module``, usable without Lightning.
+
+Two towers, projections to a shared space, the pair loss (which owns the learned temperature) and, when ITM is
+on, the cross-attention fusion with its match head. :class:`~mm_lightning.models.MultimodalModule` trains it
+(``module.model``); export, zero-shot classification and ``predict`` use it directly, and so can you::
+
+    from mm_lightning.models import DualEncoder
+
+    model = DualEncoder.from_checkpoint("logs/demo/checkpoints/last.ckpt").eval()
+    image_emb = model.embed_images(images)                      # (B, 3, H, W) normalized -> (B, D), L2-normalized
+    text_emb = model.embed_text(**tokenizer(captions, padding=True, return_tensors="pt"))
+    scores = image_emb @ text_emb.T
+
+``model.data_config`` says how images must be prepared (``mean``, ``std``, ``input_size``, ``interpolation``) and
+which tokenizer the text tower reads.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from typing_extensions import override
+
+from mm_lightning.embeddings import l2_normalize
+from mm_lightning.models.config import (
+    DEFAULT_FUSION,
+    DEFAULT_IMAGE,
+    DEFAULT_LOSS,
+    DEFAULT_TEXT,
+    FusionConfig,
+    ImageTowerConfig,
+    LossConfig,
+    TextTowerConfig,
+    as_config,
+)
+from mm_lightning.models.gradcache import batchnorm_layers
+from mm_lightning.models.itm import ImageTextMatching
+from mm_lightning.models.losses import build_loss, check_loss, loss_terms
+from mm_lightning.models.towers import EncoderOutput, build_image_tower, build_text_tower
+from mm_lightning.models.towers.contract import (
+    adopt_tower,
+    call_text_tower,
+    data_config_of,
+    encoder_output,
+    set_gradient_checkpointing,
+    takes_token_type_ids,
+)
+from mm_lightning.models.towers.pretrained import projection_for, take_over_logit_scale
+
+# the LightningModule keeps the network under this attribute (checkpoint keys start with "model.")
+CHECKPOINT_PREFIX = "model."
+
+
+class DualEncoder(nn.Module):
+    """Image and text towers, projections, the pair loss (and its temperature), the ITM fusion and head.
+
+    Each group accepts its dataclass (:mod:`mm_lightning.models.config`) or a plain dict with the same keys.
+
+    Args:
+        image: the image tower.
+        text: the text tower.
+        embed_dim: shared embedding (and fusion) width.
+        fusion: the cross-attention fusion of the ITM head.
+        loss: the objective (the pair loss is built from it; ``itm_weight`` 0 builds no fusion).
+    """
+
+    def __init__(
+        self,
+        image: ImageTowerConfig | dict[str, Any] = DEFAULT_IMAGE,
+        text: TextTowerConfig | dict[str, Any] = DEFAULT_TEXT,
+        embed_dim: int = 256,
+        fusion: FusionConfig | dict[str, Any] = DEFAULT_FUSION,
+        loss: LossConfig | dict[str, Any] = DEFAULT_LOSS,
+    ) -> None:
+        super().__init__()
+        self.image_config = ic = as_config(ImageTowerConfig, image, "model.image")
+        self.text_config = tc = as_config(TextTowerConfig, text, "model.text")
+        lc = as_config(LossConfig, loss, "model.loss")
+        fc = as_config(FusionConfig, fusion, "model.fusion")
+        self.embed_dim = embed_dim
+        # a user's module (checked against the tower contract, towers/contract.py) or the tower a name gives
+        if ic.tower is not None:
+            self.image_encoder = adopt_tower("image", ic.tower, image_size=ic.image_size)
+        else:
+            self.image_encoder = build_image_tower(ic.name, ic.weights, ic.image_size, ic.kwargs, ic.strict)
+        if tc.tower is not None:
+            self.text_encoder = adopt_tower("text", tc.tower, tokenizer=tc.name)
+        else:
+            self.text_encoder = build_text_tower(
+                tc.name, tc.pretrained, tc.config_overrides, tc.pooling, tc.trust_remote_code
+            )
+        self._text_takes_types = takes_token_type_ids(self.text_encoder)
+        # towers cut from a pretrained dual encoder (clip:, open_clip:) bring their projections
+        self.image_proj = projection_for(self.image_encoder, self.image_encoder.pooled_dim, embed_dim)
+        self.text_proj = projection_for(self.text_encoder, self.text_encoder.pooled_dim, embed_dim)
+        if lc.itc is not None:  # a user's loss, checked against the pair-loss contract (losses/base.py)
+            check_loss(lc.itc, embed_dim, needs_logits=lc.itm_weight > 0)
+            self.contrastive = lc.itc
+        else:
+            self.contrastive = build_loss(
+                lc.name,
+                temperature_init=lc.temperature_init,
+                learnable_temperature=lc.learnable_temperature,
+                global_negatives=lc.global_negatives,
+                **lc.kwargs,
+            )
+        take_over_logit_scale(self.contrastive, self.image_encoder, self.text_encoder)
+        # built only when used: parameters without gradient would break DDP's reducer
+        self.itm = (
+            ImageTextMatching(
+                self.image_encoder.token_dim,
+                self.text_encoder.token_dim,
+                embed_dim,
+                fc.layers,
+                fc.heads,
+                fc.bidirectional,
+            )
+            if lc.itm_weight > 0
+            else None
+        )
+        self.image_encoder.requires_grad_(not ic.freeze)
+        self.text_encoder.requires_grad_(not tc.freeze)
+        # Lightning keeps each submodule's mode as found, so frozen towers must start in eval mode
+        self.train()
+
+    @classmethod
+    def from_checkpoint(cls, path: str | os.PathLike, map_location: Any = "cpu") -> DualEncoder:
+        """The network of a training checkpoint (``last.ckpt``, ``best-*.ckpt``), without Lightning.
+
+        Read with ``torch.load(weights_only=True)``; a user's own tower or loss is rebuilt from the
+        ``class_path`` + ``init_args`` the checkpoint records (its file must be importable).
+
+        Args:
+            path: the checkpoint file.
+            map_location: where to load the tensors (``torch.load``'s argument).
+        """
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+        hparams = checkpoint.get("hyper_parameters") or {}
+        model = cls(
+            **{k: hparams[k] for k in ("image", "text", "embed_dim", "fusion", "loss") if k in hparams}
+        )
+        state = {
+            k[len(CHECKPOINT_PREFIX) :]: v
+            for k, v in checkpoint["state_dict"].items()
+            if k.startswith(CHECKPOINT_PREFIX)
+        }
+        model.load_state_dict(state)
+        return model
+
+    @property
+    def data_config(self) -> dict[str, dict[str, Any]]:
+        """The preprocessing the towers expect, for the data side to follow.
+
+        ``image``: ``mean``, ``std``, ``input_size``, ``interpolation``; ``text``: ``tokenizer``.
+        """
+        return {"image": data_config_of(self.image_encoder), "text": data_config_of(self.text_encoder)}
+
+    @override
+    def train(self, mode: bool = True) -> DualEncoder:
+        super().train(mode)
+        for tower, config in ((self.image_encoder, self.image_config), (self.text_encoder, self.text_config)):
+            if config.freeze:  # frozen towers keep BatchNorm statistics and dropout off (LiT)
+                tower.eval()
+            elif config.freeze_batchnorm:
+                for module in batchnorm_layers(tower).values():
+                    module.eval()
+        return self
+
+    def set_gradient_checkpointing(self, enabled: bool) -> None:
+        """Recompute the towers' activations in backward instead of storing them."""
+        set_gradient_checkpointing("image", self.image_encoder, enabled)
+        set_gradient_checkpointing("text", self.text_encoder, enabled)
+
+    def compile_towers(self, options: dict[str, Any]) -> None:
+        """Compiles both towers in place with ``torch.compile`` (checkpoint keys do not change)."""
+        # image batches change size only at the end of an epoch (then one dynamic recompile); caption
+        # lengths change every batch, so the text tower is compiled for dynamic shapes from the start
+        self.image_encoder.compile(**options)
+        self.text_encoder.compile(**({"dynamic": True} | options))
+
+    def encode_images(self, images: Tensor) -> tuple[EncoderOutput, Tensor]:
+        """The image tower's output and the projected (unnormalized) embeddings of (B, 3, H, W) images."""
+        out = encoder_output("image", self.image_encoder, self.image_encoder(images), images.shape[0])
+        return out, self.image_proj(out.pooled)
+
+    def encode_text(self, batch: dict[str, Tensor]) -> tuple[EncoderOutput, Tensor]:
+        """The text tower's output and the projected (unnormalized) caption embeddings of a batch."""
+        ids = batch["input_ids"]
+        raw = call_text_tower(
+            self.text_encoder,
+            ids,
+            batch["attention_mask"],
+            batch.get("token_type_ids"),
+            self._text_takes_types,
+        )
+        out = encoder_output("text", self.text_encoder, raw, ids.shape[0])
+        return out, self.text_proj(out.pooled)
+
+    @torch.no_grad()
+    def embed_images(self, images: Tensor) -> Tensor:
+        """L2-normalized fp32 embeddings of (B, 3, H, W) normalized images (inference)."""
+        return l2_normalize(self.encode_images(images)[1])
+
+    @torch.no_grad()
+    def embed_text(
+        self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None
+    ) -> Tensor:
+        """L2-normalized fp32 embeddings of tokenized captions (inference, e.g. search queries).
+
+        Accepts a tokenizer's output directly: ``model.embed_text(**tokenizer(texts, return_tensors="pt"))``.
+        """
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+        return l2_normalize(self.encode_text(batch)[1])
+
+    @override
+    def forward(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        """L2-normalized fp32 image and text embeddings of a batch (one row per pair)."""
+        return {
+            "image_embeddings": l2_normalize(self.encode_images(batch["image"])[1]),
+            "text_embeddings": l2_normalize(self.encode_text(batch)[1]),
+        }
+
+    def losses(
+        self,
+        ids: Tensor,
+        weights: Tensor | None,
+        image_out: EncoderOutput,
+        image_emb: Tensor,
+        text_out: EncoderOutput,
+        text_emb: Tensor,
+    ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """The loss terms by name (``itc``, ``itm``, a loss's own) and the other metrics (``itm_accuracy``).
+
+        Args:
+            ids: (B,) image id of each row (captions of one image are not each other's negatives).
+            weights: (B,) per-pair weights, or None.
+            image_out: the image tower's output per row.
+            image_emb: (B, D) projected image embeddings.
+            text_out: the text tower's output.
+            text_emb: (B, D) projected caption embeddings.
+        """
+        if self.itm is None:
+            return loss_terms(self.contrastive, self.contrastive(image_emb, text_emb, ids, weights)), {}
+        value, logits = self.contrastive.loss_and_logits(image_emb, text_emb, ids, weights)
+        terms = loss_terms(self.contrastive, value, reserved=("itm",))
+        terms["itm"], itm_accuracy = self.itm(
+            image_out.tokens, text_out.tokens, text_out.mask, logits, ids, weights
+        )
+        return terms, {"itm_accuracy": itm_accuracy}
