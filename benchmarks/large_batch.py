@@ -4,7 +4,7 @@ Three ways to train on a batch of k x B pairs with ``MultimodalModule`` (ViT + B
 activations dominate the memory):
 
   (a) whole   the k x B batch in one forward/backward            (the objective; memory of k x B activations)
-  (b) chunks  ``loss.chunks = k``: gradient caching              (same objective and gradient, memory of B)
+  (b) chunks  ``grad_cache.chunks = k``: gradient caching              (same objective and gradient, memory of B)
   (c) accum   k micro-batches of B, gradients accumulated         (memory of B, but each micro-batch only sees
                                                                    its own B - 1 negatives: another objective)
 
@@ -58,7 +58,8 @@ def model_config(chunks: int) -> dict:
         },
         "embed_dim": 128,
         # pure contrastive training: the ITM head runs on the whole batch's tokens in every variant
-        "loss": {"itm_weight": 0.0, "chunks": chunks},
+        "loss": {"itm_weight": 0.0},
+        "grad_cache": {"chunks": chunks},
     }
 
 

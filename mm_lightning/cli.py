@@ -40,6 +40,7 @@ from mm_lightning import lightning_compat as compat
 from mm_lightning.callbacks import (
     EmbeddingWriter,
     ExactResume,
+    FlopCounter,
     GradNormMonitor,
     ModelSummary,
     NaNGuard,
@@ -81,7 +82,9 @@ CALLBACK_GROUPS: dict[str, type] = {
     # last.ckpt every N steps and at epoch end, "best" by the monitored metric after each validation
     "checkpoint": ResilientCheckpoint,
     "lr_monitor": LearningRateMonitor,
-    # samples/s and batches/s over a sliding window of steps
+    # FLOPs of the first training and evaluation batch (torch's FlopCounterMode), for the throughput monitor
+    "flops": FlopCounter,
+    # samples/s and batches/s (and FLOPs/s) over a sliding window of steps
     "throughput": ThroughputMonitor,
     # data/skipped (cumulative, all ranks) + the first reasons, when on_bad_record=skip replaces samples
     "bad_records": BadRecordLogger,

@@ -1,6 +1,7 @@
-"""Every callback of the project: checkpointing and resume, NaN guard, monitors, prediction writer."""
+"""Every callback of the project: checkpointing and resume, NaN guard, monitors, FLOP counter, prediction writer."""
 
 from mm_lightning.callbacks.checkpoint import ExactResume, PreemptionCheckpoint, ResilientCheckpoint
+from mm_lightning.callbacks.flops import FlopCounter
 from mm_lightning.callbacks.monitors import (
     GradNormMonitor,
     PeakMemoryMonitor,
@@ -14,6 +15,7 @@ from mm_lightning.callbacks.summary import ModelSummary
 __all__ = [
     "EmbeddingWriter",
     "ExactResume",
+    "FlopCounter",
     "GradNormMonitor",
     "ModelSummary",
     "NaNGuard",

@@ -122,9 +122,6 @@ class LossConfig:
         dwa_window: DWA window in steps.
         dwa_temperature: DWA softmax temperature.
         sample_weighting: ``none``, or ``complexity`` (per-pair weights from image detail and caption length).
-        chunks: embed each training batch in this many chunks with exact gradient caching: the loss and
-            gradient of the whole batch (all its negatives) on the activation memory of one chunk, for one
-            extra tower forward (:mod:`mm_lightning.models.gradcache`); 1 switches it off.
         kwargs: extra constructor arguments of the pair loss (loss-specific options).
     """
 
@@ -140,8 +137,24 @@ class LossConfig:
     dwa_window: int = 50
     dwa_temperature: float = 2.0
     sample_weighting: Literal["none", "complexity"] = "none"
-    chunks: int = 1
     kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        taken = sorted({"itc", "itm"} & set(self.term_weights))
+        if taken:
+            raise ValueError(f"loss.term_weights {taken}: set loss.itc_weight / loss.itm_weight instead")
+
+
+@dataclass(frozen=True)
+class GradCacheConfig:
+    """Exact gradient caching (:mod:`mm_lightning.models.gradcache`).
+
+    Args:
+        chunks: embed each training batch in this many chunks: the loss and gradient of the whole batch (all its
+            negatives) on the activation memory of one chunk, for one extra tower forward; 1 switches it off.
+    """
+
+    chunks: int = 1
 
 
 @dataclass(frozen=True)
@@ -169,6 +182,7 @@ DEFAULT_TEXT = TextTowerConfig()
 DEFAULT_FUSION = FusionConfig()
 DEFAULT_LOSS = LossConfig()
 DEFAULT_OPTIM = OptimConfig()
+DEFAULT_GRAD_CACHE = GradCacheConfig()
 
 
 # fields that hold a user's object (built from class_path + init_args)

@@ -10,13 +10,16 @@ alone. The loss is per caption row (as in training): an image with five captions
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from mm_lightning.data.skips import STAND_IN_KEY
-from mm_lightning.distributed import gather_rows, pad_to_global_length, world
+from mm_lightning.distributed import gather_rows, pad_to_global_length, single_process, world
+from mm_lightning.models.losses.weighting import weighted_sum
 from mm_lightning.models.towers.base import EncoderOutput
 
 
@@ -113,3 +116,36 @@ class EvalRows:
         return EvalBatch(
             rows["ids"], rows["weights"], image_out, rows["image_emb"], text_out, rows["text_emb"]
         )  # type: ignore[arg-type]
+
+
+def unique_rows_loss(
+    eval_rows: EvalRows,
+    model: Any,
+    batch: dict[str, Tensor],
+    outputs: tuple[EncoderOutput, Tensor, EncoderOutput, Tensor],
+    weights: Tensor | None,
+    term_weights: Mapping[str, Any],
+) -> tuple[Tensor, int]:
+    """The training objective (fixed weights) over the batch's unique valid rows, and their number.
+
+    Stand-ins for bad records and rows whose record was already scored this epoch (a distributed sampler's
+    padding) leave the batch, as rows and as negatives. Distributed, every rank gathers the global batch and
+    computes the same value (the one a single process gets on that batch).
+
+    Args:
+        eval_rows: the epoch's record of scored rows.
+        model: the :class:`~mm_lightning.models.DualEncoder`.
+        batch: the evaluation batch.
+        outputs: ``(image_out, image_emb, text_out, text_emb)``, one row per caption.
+        weights: per-pair weights, or None.
+        term_weights: the loss terms' fixed weights by name.
+    """
+    # the ITM head needs the token sequences of the global batch too (each rank then scores all its rows)
+    rows = eval_rows.gather_unique(batch, *outputs, weights, tokens=model.itm is not None)
+    if rows is None:  # nothing new in this global batch
+        return torch.zeros((), device=outputs[1].device), 0
+    with single_process():
+        terms, _ = model.losses(
+            rows.ids, rows.weights, rows.image_out, rows.image_emb, rows.text_out, rows.text_emb
+        )
+    return weighted_sum(terms, term_weights), rows.count

@@ -14,6 +14,9 @@ objective and its exact gradient:
 
 Peak activation memory is one chunk's; the price is one extra forward of the towers.
 
+``MultimodalModule`` embeds its training batches through :mod:`mm_lightning.models.batch_embedding`: in one
+forward, or with ``model.grad_cache.chunks > 1`` through this module; the training step is the same either way.
+
 Under ``DistributedDataParallel`` the gradient must be all-reduced once, after all chunks: chunks 1..k-1 are
 back-propagated with :func:`torch.autograd.grad` (which does not run the parameters' gradient-accumulation
 hooks that DDP listens to) and added to ``.grad`` by hand; the last chunk uses a normal backward, so DDP's
@@ -30,8 +33,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import get_device_states, set_device_states
-
-from mm_lightning.models.towers.base import EncoderOutput
 
 Batch = Mapping[str, Any]
 Encode = Callable[[Batch], dict[str, Tensor]]
@@ -114,7 +115,7 @@ def warn_if_inexact(chunks: int, towers: Mapping[str, tuple[nn.Module, Any]]) ->
     draws each chunk's masks apart from the whole batch's (a note: equal in distribution, not exactly).
 
     Args:
-        chunks: ``loss.chunks``.
+        chunks: ``grad_cache.chunks``.
         towers: ``{name: (tower, config)}``; a config's ``freeze`` / ``freeze_batchnorm`` are honoured.
     """
     from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -128,7 +129,7 @@ def warn_if_inexact(chunks: int, towers: Mapping[str, tuple[nn.Module, Any]]) ->
         dropout += [f"{prefix}.{name}" for name in dropout_layers(tower)]
     if batchnorm:
         rank_zero_warn(
-            f"Gradient caching (loss.chunks={chunks}) with {len(batchnorm)} BatchNorm layer(s) in training mode"
+            f"Gradient caching (grad_cache.chunks={chunks}) with {len(batchnorm)} BatchNorm layer(s) in training mode"
             f" ({_listed(batchnorm)}): each chunk is normalized by its own statistics, so the step only"
             " approximates the whole batch's, and running statistics are updated once per chunk. For an exact"
             " step: --model.image.freeze_batchnorm true (BatchNorm normalizes with its running statistics; the"
@@ -136,7 +137,7 @@ def warn_if_inexact(chunks: int, towers: Mapping[str, tuple[nn.Module, Any]]) ->
         )
     if dropout:
         rank_zero_info(
-            f"Gradient caching (loss.chunks={chunks}) with dropout in {len(dropout)} layer(s) ({_listed(dropout)}):"
+            f"Gradient caching (grad_cache.chunks={chunks}) with dropout in {len(dropout)} layer(s) ({_listed(dropout)}):"
             " each chunk draws its own masks (the same in both of its passes, not the whole batch's), so the step"
             " equals the whole batch's in distribution, not exactly; with dropout 0 it is exact."
         )
@@ -164,7 +165,7 @@ def check_strategy(strategy: object) -> None:
     name = type(strategy).__name__
     if isinstance(strategy, FSDPStrategy | DeepSpeedStrategy | ModelParallelStrategy):
         raise ValueError(
-            f"gradient caching (loss.chunks > 1) does not run under the sharded strategy {name}: use chunks=1 "
+            f"gradient caching (grad_cache.chunks > 1) does not run under the sharded strategy {name}: use chunks=1 "
             "there, or DDP / ddp_explicit with chunks"
         )
     if isinstance(strategy, DDPStrategy):
@@ -172,7 +173,7 @@ def check_strategy(strategy: object) -> None:
         for option in ("find_unused_parameters", "static_graph"):
             if kwargs.get(option):
                 raise ValueError(
-                    f"gradient caching (loss.chunks > 1) needs {name}({option}=False): pass 1 builds no graph "
+                    f"gradient caching (grad_cache.chunks > 1) needs {name}({option}=False): pass 1 builds no graph "
                     "through the towers, so DDP would reduce their gradients before pass 2 computes them"
                 )
 
@@ -209,7 +210,7 @@ def _batch_size(batch: Batch) -> int:
 class GradientCache:
     """Runs towers in chunks without keeping their graphs, then back-propagates a full-batch loss exactly.
 
-    Usage (what :class:`~mm_lightning.models.MultimodalModule` does when ``chunks > 1``)::
+    Usage (what :class:`~mm_lightning.models.batch_embedding.GradientCaching` does for ``MultimodalModule``)::
 
         cache = GradientCache([image_tower, text_tower], chunks=4)
         outputs = cache.embed(encode, batch)   # pass 1: full-batch outputs, leaves that require grad
@@ -299,39 +300,6 @@ class GradientCache:
                 _accumulate_quietly(outputs, grad_outputs, params)
             else:
                 torch.autograd.backward(outputs, grad_outputs)
-
-
-def embed_in_chunks(
-    cache: GradientCache,
-    encode_images: Callable[[Tensor], tuple[EncoderOutput, Tensor]],
-    encode_text: Callable[[Batch], tuple[EncoderOutput, Tensor]],
-    batch: Batch,
-    tokens: bool,
-) -> tuple[EncoderOutput, Tensor, EncoderOutput, Tensor]:
-    """Pass 1 for a two-tower model: ``(image_out, image_emb, text_out, text_emb)`` of the whole batch.
-
-    Args:
-        cache: the gradient cache (its ``backward`` then runs pass 2).
-        encode_images: images -> (tower output, projected embedding).
-        encode_text: batch -> (tower output, projected embedding).
-        batch: the whole batch.
-        tokens: keep the token sequences (an ITM head reads them); without, only the embeddings are kept.
-    """
-
-    def encode(chunk: Batch) -> dict[str, Tensor]:
-        image_out, image_emb = encode_images(chunk["image"])
-        text_out, text_emb = encode_text(chunk)
-        out = {"image_emb": image_emb, "text_emb": text_emb}
-        if tokens:
-            out |= {"image_tokens": image_out.tokens, "image_mask": image_out.mask}
-            out |= {"text_tokens": text_out.tokens, "text_mask": text_out.mask}
-        return out
-
-    out = cache.embed(encode, batch)
-    none = out["image_emb"].new_empty(0)  # placeholders where no head reads tokens
-    image_out = EncoderOutput(out["image_emb"], out.get("image_tokens", none), out.get("image_mask", none))
-    text_out = EncoderOutput(out["text_emb"], out.get("text_tokens", none), out.get("text_mask", none))
-    return image_out, out["image_emb"], text_out, out["text_emb"]
 
 
 def _accumulate_quietly(

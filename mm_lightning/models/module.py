@@ -5,12 +5,9 @@ Run it through the CLI: ``python -m mm_lightning fit --config configs/demo.yaml`
 concern (:mod:`mm_lightning.models.config`): ``--model.image.name``, ``--model.text.name``, ``--model.loss.name``,
 ``--model.optim.lr``, ...
 
-Logged: ``train/loss`` (weighted total), ``train/loss_itc``, ``train/loss_itm``, ``train/temperature``,
-``train/weight_*``; per evaluation epoch ``{val,test}/r{1,5,10}_{t2i,i2t}`` and ``alignment_gap`` (on unique
-records, see :class:`~mm_lightning.metrics.RetrievalMetrics`) and ``{val,test}/loss``: the training objective
-with the fixed loss weights on each (global) evaluation batch, averaged over the unique valid records (one row
-per caption; stand-ins for skipped records and a sampler's padding are left out, as rows and as negatives, see
-:mod:`mm_lightning.models.evaluation`; ITM scores freshly sampled hard negatives, so it carries sampling noise).
+Logged: ``train/loss`` (weighted total), ``train/loss_<term>``, ``train/temperature``, ``train/weight_*``; per
+evaluation epoch ``{val,test}/r{1,5,10}_{t2i,i2t}``, ``alignment_gap`` (:class:`~mm_lightning.metrics.RetrievalMetrics`)
+and ``{val,test}/loss`` over the unique valid records (:mod:`mm_lightning.models.evaluation`).
 """
 
 from __future__ import annotations
@@ -25,16 +22,18 @@ from typing_extensions import override
 
 from mm_lightning import lightning_compat as compat
 from mm_lightning.data.skips import STAND_IN_KEY
-from mm_lightning.distributed import single_process
 from mm_lightning.embeddings import l2_normalize
 from mm_lightning.metrics import RetrievalMetrics, first_occurrence
+from mm_lightning.models.batch_embedding import batch_embedding
 from mm_lightning.models.config import (
     DEFAULT_FUSION,
+    DEFAULT_GRAD_CACHE,
     DEFAULT_IMAGE,
     DEFAULT_LOSS,
     DEFAULT_OPTIM,
     DEFAULT_TEXT,
     FusionConfig,
+    GradCacheConfig,
     ImageTowerConfig,
     LossConfig,
     OptimConfig,
@@ -44,11 +43,9 @@ from mm_lightning.models.config import (
     object_specs,
 )
 from mm_lightning.models.dual_encoder import DualEncoder
-from mm_lightning.models.evaluation import EvalRows
-from mm_lightning.models.flops import FlopsMeter
-from mm_lightning.models.gradcache import GradientCache, check_strategy, embed_in_chunks, warn_if_inexact
+from mm_lightning.models.evaluation import EvalRows, unique_rows_loss
 from mm_lightning.models.losses import DynamicWeightAveraging, complexity_weights, weighted_sum
-from mm_lightning.models.optim import clip_towers_and_heads, optimizer_and_schedule
+from mm_lightning.models.optim import clip_gradients, optimizer_and_schedule
 from mm_lightning.models.towers import EncoderOutput
 
 
@@ -64,6 +61,7 @@ class MultimodalModule(LightningModule):
         fusion: the cross-attention fusion of the ITM head (:class:`~mm_lightning.models.config.FusionConfig`).
         loss: the objective (:class:`~mm_lightning.models.config.LossConfig`).
         optim: optimizer and schedule (:class:`~mm_lightning.models.config.OptimConfig`).
+        grad_cache: exact gradient caching (:class:`~mm_lightning.models.config.GradCacheConfig`).
         gradient_checkpointing: recompute tower activations in backward to save memory.
         compile: compile the towers with ``torch.compile`` (true), or the options to compile them with
             (``{"mode": "max-autotune"}``); the text tower is compiled for dynamic caption lengths.
@@ -77,6 +75,7 @@ class MultimodalModule(LightningModule):
         fusion: FusionConfig = DEFAULT_FUSION,
         loss: LossConfig = DEFAULT_LOSS,
         optim: OptimConfig = DEFAULT_OPTIM,
+        grad_cache: GradCacheConfig = DEFAULT_GRAD_CACHE,
         gradient_checkpointing: bool = False,
         compile: bool | dict[str, Any] = False,
     ) -> None:
@@ -86,6 +85,7 @@ class MultimodalModule(LightningModule):
         self.loss_config = lc = as_config(LossConfig, loss, "model.loss")
         self.optim_config = as_config(OptimConfig, optim, "model.optim")
         fusion_config = as_config(FusionConfig, fusion, "model.fusion")
+        self.grad_cache_config = as_config(GradCacheConfig, grad_cache, "model.grad_cache")
         # plain dicts, so checkpoints load with torch.load(weights_only=True); a user's tower or loss is
         # recorded as the class_path + init_args it was built from
         parsed = compat.cli_model_config() or {}
@@ -105,6 +105,7 @@ class MultimodalModule(LightningModule):
                 "fusion": as_dict(fusion_config),
                 "loss": as_dict(self.loss_config, specs["loss"]),
                 "optim": as_dict(self.optim_config),
+                "grad_cache": as_dict(self.grad_cache_config),
                 "gradient_checkpointing": gradient_checkpointing,
                 "compile": compile,
             }
@@ -112,9 +113,6 @@ class MultimodalModule(LightningModule):
         self.model = DualEncoder(self.image_config, self.text_config, embed_dim, fusion_config, lc)
         if gradient_checkpointing:
             self.model.set_gradient_checkpointing(True)
-        taken = sorted({"itc", "itm"} & set(lc.term_weights))
-        if taken:
-            raise ValueError(f"loss.term_weights {taken}: set loss.itc_weight / loss.itm_weight instead")
         # loss terms are combined by name: itc, itm (the matching head's), and a loss's own terms
         self.term_weights = {**lc.term_weights, "itc": lc.itc_weight, "itm": lc.itm_weight}
         self.dwa = (
@@ -122,31 +120,18 @@ class MultimodalModule(LightningModule):
             if lc.weighting == "dwa"
             else None
         )
-        if lc.chunks < 1:
-            raise ValueError(f"loss.chunks must be >= 1, got {lc.chunks}")
-        m = self.model
-        self.grad_cache = (
-            GradientCache([m.image_encoder, m.text_encoder, m.image_proj, m.text_proj], lc.chunks)
-            if lc.chunks > 1
-            else None
-        )
+        # how training batches are embedded: in one forward, or in chunks with exact gradient caching
+        self.batch_embedding = batch_embedding(self.grad_cache_config.chunks)
         self._towers_compiled = False
         self.retrieval = RetrievalMetrics()
         self.eval_rows = EvalRows()  # which evaluation rows the loss counts (unique valid records)
-        self.flops = FlopsMeter()
+        # FLOPs of one batch of the running stage, for ThroughputMonitor (set by the FlopCounter callback)
+        self.flops_per_batch: int | None = None
 
     @property
     def data_config(self) -> dict[str, dict[str, Any]]:
         """The preprocessing the towers expect (:attr:`DualEncoder.data_config`), for the data side to follow."""
         return self.model.data_config
-
-    @property
-    def flops_per_batch(self) -> int | None:
-        """FLOPs of one batch of the current stage (train: forward + backward), measured on the first batch.
-
-        ``ThroughputMonitor`` reads it to log FLOPs/s (and MFU on GPUs with a known peak).
-        """
-        return self.flops.totals.get("train" if self.training else "eval")
 
     @override
     def forward(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -161,26 +146,15 @@ class MultimodalModule(LightningModule):
     @override
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         model = self.model
-        with self.flops.count("train"):
-            if self.grad_cache is None:
-                image_out, image_emb = model.encode_images(batch["image"])
-                text_out, text_emb = model.encode_text(batch)
-            else:  # pass 1 of gradient caching: embeddings without graph, chunk by chunk
-                image_out, image_emb, text_out, text_emb = embed_in_chunks(
-                    self.grad_cache,
-                    model.encode_images,
-                    model.encode_text,
-                    batch,
-                    tokens=model.itm is not None,
-                )
-            ids, weights = batch["image_id"], self._sample_weights(batch)
-            terms, metrics = model.losses(ids, weights, image_out, image_emb, text_out, text_emb)
-            term_weights: dict[str, Any] = self.term_weights
-            if self.dwa is not None:  # DWA weighs the itc and itm terms; a loss's other terms keep theirs
-                zero = torch.zeros_like(next(iter(terms.values())))
-                dwa = self.dwa.update(torch.stack([terms.get("itc", zero), terms.get("itm", zero)]))
-                term_weights = {**term_weights, "itc": dwa[0], "itm": dwa[1]}
-            loss = weighted_sum(terms, term_weights)
+        image_out, image_emb, text_out, text_emb = self.batch_embedding.embed(model, batch)
+        ids, weights = batch["image_id"], self._sample_weights(batch)
+        terms, metrics = model.losses(ids, weights, image_out, image_emb, text_out, text_emb)
+        term_weights: dict[str, Any] = self.term_weights
+        if self.dwa is not None:  # DWA weighs the itc and itm terms; a loss's other terms keep theirs
+            zero = torch.zeros_like(next(iter(terms.values())))
+            dwa = self.dwa.update(torch.stack([terms.get("itc", zero), terms.get("itm", zero)]))
+            term_weights = {**term_weights, "itc": dwa[0], "itm": dwa[1]}
+        loss = weighted_sum(terms, term_weights)
         bs = batch["image"].shape[0]
         self.log("train/loss", loss, batch_size=bs, prog_bar=True)
         for name, value in terms.items():
@@ -197,26 +171,15 @@ class MultimodalModule(LightningModule):
 
     @override
     def backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
-        with self.flops.count("train"):
-            if self.grad_cache is not None and self.grad_cache.pending:
-                # the heads' backward, then pass 2 into the towers; inside Lightning's backward, so the loss
-                # already carries GradScaler's scale and the accumulation divisor
-                self.grad_cache.backward(loss)
-            else:
-                super().backward(loss, *args, **kwargs)
-        self.flops.finish("train")
+        # gradient caching runs its own (inside Lightning's backward: the loss carries GradScaler's scale and the
+        # accumulation divisor)
+        if not self.batch_embedding.backward(loss):
+            super().backward(loss, *args, **kwargs)
 
     @override
     def setup(self, stage: str) -> None:
-        if stage == "fit" and self.grad_cache is not None:
-            check_strategy(self.trainer.strategy)
-            warn_if_inexact(
-                self.loss_config.chunks,
-                {
-                    "image_encoder": (self.model.image_encoder, self.image_config),
-                    "text_encoder": (self.model.text_encoder, self.text_config),
-                },
-            )
+        if stage == "fit":
+            self.batch_embedding.setup(self.trainer.strategy, self.model)
 
     @override
     def configure_model(self) -> None:
@@ -235,22 +198,18 @@ class MultimodalModule(LightningModule):
         self.model.compile_towers(self.hparams.compile if isinstance(self.hparams.compile, dict) else {})
         self._towers_compiled = True
 
-    @override
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self.flops.discard("train")  # a step skipped before backward leaves an incomplete count
-
     def _eval_step(self, batch: dict[str, Tensor], stage: str) -> dict[str, Tensor]:
         """Encodes each distinct image of the batch once (rows repeat an image once per caption)."""
-        with self.flops.count("eval"):
-            image_ids, first, column = first_occurrence(batch["image_id"])
-            unique_out, unique_emb = self.model.encode_images(batch["image"][first])
-            text_out, text_emb = self.model.encode_text(batch)
-            # the loss sees one row per pair (caption), as in training
-            image_out = EncoderOutput(
-                unique_out.pooled[column], unique_out.tokens[column], unique_out.mask[column]
-            )
-            loss, rows = self._eval_loss(batch, image_out, unique_emb[column], text_out, text_emb)
-        self.flops.finish("eval")
+        image_ids, first, column = first_occurrence(batch["image_id"])
+        unique_out, unique_emb = self.model.encode_images(batch["image"][first])
+        text_out, text_emb = self.model.encode_text(batch)
+        # the loss sees one row per pair (caption), as in training
+        image_out = EncoderOutput(
+            unique_out.pooled[column], unique_out.tokens[column], unique_out.mask[column]
+        )
+        outputs = (image_out, unique_emb[column], text_out, text_emb)
+        weights = self._sample_weights(batch)
+        loss, rows = unique_rows_loss(self.eval_rows, self.model, batch, outputs, weights, self.term_weights)
         # weighted by the rows that count, so the epoch value is the mean over unique valid records
         self.log(f"{stage}/loss", loss, batch_size=rows, sync_dist=True)
         self.retrieval.update(unique_emb, image_ids, text_emb, batch["image_id"], batch["index"])
@@ -259,33 +218,6 @@ class MultimodalModule(LightningModule):
             "image_embeddings": l2_normalize(unique_emb[column].float()),
             "text_embeddings": l2_normalize(text_emb.float()),
         }
-
-    def _eval_loss(
-        self,
-        batch: dict[str, Tensor],
-        image_out: EncoderOutput,
-        image_emb: Tensor,
-        text_out: EncoderOutput,
-        text_emb: Tensor,
-    ) -> tuple[Tensor, int]:
-        """The training objective (fixed weights) over the batch's unique valid rows, and their number.
-
-        Stand-ins for bad records and rows whose record was already scored this epoch (a distributed sampler's
-        padding) leave the batch, as rows and as negatives. Distributed, every rank gathers the global batch and
-        computes the same value (the one a single process gets on that batch).
-        """
-        weights = self._sample_weights(batch)
-        # the ITM head needs the token sequences of the global batch too (each rank then scores all its rows)
-        rows = self.eval_rows.gather_unique(
-            batch, image_out, image_emb, text_out, text_emb, weights, tokens=self.model.itm is not None
-        )
-        if rows is None:  # nothing new in this global batch
-            return torch.zeros((), device=image_emb.device), 0
-        with single_process():
-            terms, _ = self.model.losses(
-                rows.ids, rows.weights, rows.image_out, rows.image_emb, rows.text_out, rows.text_emb
-            )
-        return weighted_sum(terms, self.term_weights), rows.count
 
     def _log_retrieval(self, stage: str) -> None:
         if self.retrieval.update_count == 0:
@@ -345,34 +277,11 @@ class MultimodalModule(LightningModule):
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        if isinstance(self.trainer.strategy, FSDPStrategy):
-            self._clip_sharded(optimizer, gradient_clip_val, gradient_clip_algorithm)
-            return
-        # per-tower norms are logged once, by the gradient-norm monitor (grad_norm/<submodule>), not here
-        clip_towers_and_heads(
-            self,
-            {
-                "image_encoder": (self.model.image_encoder, self.image_config.clip_norm),
-                "text_encoder": (self.model.text_encoder, self.text_config.clip_norm),
-            },
-            self.optim_config.clip_heads,
+        # per-tower and head norms, then the trainer's global clipping (Trainer(gradient_clip_val=...))
+        towers = {
+            "image_encoder": (self.model.image_encoder, self.image_config.clip_norm),
+            "text_encoder": (self.model.text_encoder, self.text_config.clip_norm),
+        }
+        clip_gradients(
+            self, optimizer, towers, self.optim_config.clip_heads, gradient_clip_val, gradient_clip_algorithm
         )
-        # then the trainer's global clipping (Trainer(gradient_clip_val=...)), if configured
-        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
-
-    def _clip_sharded(
-        self, optimizer: torch.optim.Optimizer, clip_val: float | None, algorithm: str | None
-    ) -> None:
-        """Gradient clipping under FSDP, where each rank holds only a shard of every gradient."""
-        if any(c is not None for c in (self.image_config.clip_norm, self.text_config.clip_norm)) or (
-            self.optim_config.clip_heads is not None
-        ):
-            raise ValueError(
-                "per-tower clip_norm / optim.clip_heads need whole gradients; under FSDP use "
-                "trainer.gradient_clip_val (clipped by the FSDP root over all shards)"
-            )
-        if clip_val and algorithm in (None, "norm"):
-            # torch.nn.utils.clip_grad_norm_ would see one shard; the FSDP root reduces the norm over ranks
-            self.log("train/grad_norm", self.trainer.strategy.model.clip_grad_norm_(clip_val))
-        else:
-            self.clip_gradients(optimizer, clip_val, algorithm)

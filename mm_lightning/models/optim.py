@@ -125,3 +125,43 @@ def clip_towers_and_heads(
         {name: (tower.parameters(), norm) for name, (tower, norm) in towers.items()}
         | {"heads": (heads, heads_norm)}
     )
+
+
+def clip_gradients(
+    module: Any,
+    optimizer: torch.optim.Optimizer,
+    towers: dict[str, tuple[nn.Module, float | None]],
+    heads_norm: float | None,
+    clip_val: float | None,
+    algorithm: str | None,
+) -> None:
+    """A LightningModule's gradient clipping: each tower to its own norm and the heads to ``heads_norm``, then the
+    trainer's global clipping (``Trainer(gradient_clip_val=...)``); under FSDP, the root's clipping over all shards.
+
+    Per-tower norms are logged once, by the gradient-norm monitor (``grad_norm/<submodule>``), not here.
+
+    Args:
+        module: the LightningModule (its trainer's strategy decides the path).
+        optimizer: the optimizer being stepped.
+        towers: name -> (tower, max gradient norm; None: not clipped).
+        heads_norm: max gradient norm of the parameters outside the towers (None: not clipped).
+        clip_val: the trainer's ``gradient_clip_val``.
+        algorithm: the trainer's ``gradient_clip_algorithm``.
+    """
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    if not isinstance(module.trainer.strategy, FSDPStrategy):
+        clip_towers_and_heads(module, towers, heads_norm)
+        module.clip_gradients(optimizer, clip_val, algorithm)
+        return
+    # each rank holds only a shard of every gradient
+    if any(norm is not None for _, norm in towers.values()) or heads_norm is not None:
+        raise ValueError(
+            "per-tower clip_norm / optim.clip_heads need whole gradients; under FSDP use "
+            "trainer.gradient_clip_val (clipped by the FSDP root over all shards)"
+        )
+    if clip_val and algorithm in (None, "norm"):
+        # torch.nn.utils.clip_grad_norm_ would see one shard; the FSDP root reduces the norm over ranks
+        module.log("train/grad_norm", module.trainer.strategy.model.clip_grad_norm_(clip_val))
+    else:
+        module.clip_gradients(optimizer, clip_val, algorithm)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mm_lightning.cli import cli_main
-from mm_lightning.models.gradcache import GradientCache
+from mm_lightning.models.batch_embedding import GradientCaching
 from mm_lightning.models.losses.siglip import SigLipLoss
 from tests.conftest import tiny_demo_args
 
@@ -14,7 +14,7 @@ def test_siglip_chunks_and_compile_options_from_the_cli(tmp_path: Path) -> None:
     args = [
         "--model.loss.name",
         "siglip",
-        "--model.loss.chunks",
+        "--model.grad_cache.chunks",
         "4",
         "--model.loss.kwargs",
         "{bias_init: -5}",
@@ -25,5 +25,5 @@ def test_siglip_chunks_and_compile_options_from_the_cli(tmp_path: Path) -> None:
     assert (
         isinstance(model.model.contrastive, SigLipLoss) and model.model.contrastive.logit_bias.item() == -5.0
     )
-    assert isinstance(model.grad_cache, GradientCache) and model.grad_cache.chunks == 4
+    assert isinstance(model.batch_embedding, GradientCaching) and model.batch_embedding.chunks == 4
     assert model.hparams.compile == {"mode": "max-autotune"}

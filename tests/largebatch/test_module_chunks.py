@@ -1,4 +1,4 @@
-"""MultimodalModule with ``loss.chunks``: one Lightning step with 4 chunks equals one step on the whole batch."""
+"""MultimodalModule with ``grad_cache.chunks``: one Lightning step with 4 chunks equals one step on the whole batch."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ BATCH, CHUNKS = 16, 4
 
 def _module(chunks: int, loss: dict | None = None) -> SGDModule:
     torch.manual_seed(0)
-    return SGDModule(**tiny_config(EXACT_MODEL, loss={"chunks": chunks} | (loss or {})))
+    return SGDModule(**tiny_config(EXACT_MODEL, grad_cache={"chunks": chunks}, loss=loss or {}))
 
 
 def test_four_chunks_equal_the_whole_batch_and_accumulation_does_not() -> None:
@@ -72,7 +72,7 @@ def test_chunks_under_a_gradient_scaler_and_with_siglip() -> None:
 
 
 def test_bad_chunks_are_refused() -> None:
-    with pytest.raises(ValueError, match="loss.chunks must be >= 1"):
+    with pytest.raises(ValueError, match="grad_cache.chunks must be >= 1"):
         _module(0)
 
 
@@ -87,7 +87,9 @@ def test_batchnorm_tower_is_named_at_fit_start_and_freeze_batchnorm_makes_it_exa
 
     def step(chunks: int, **image: object) -> dict[str, torch.Tensor]:
         torch.manual_seed(0)
-        module = SGDModule(**tiny_config(TINY_MODEL, loss={"chunks": chunks}, image=image, **no_dropout))
+        module = SGDModule(
+            **tiny_config(TINY_MODEL, grad_cache={"chunks": chunks}, image=image, **no_dropout)
+        )
         torch.manual_seed(1)
         return fit_one_step(module, DataLoader(Rows(BATCH), batch_size=BATCH))
 
@@ -116,7 +118,9 @@ def test_batchnorm_tower_is_named_at_fit_start_and_freeze_batchnorm_makes_it_exa
 
 def test_dropout_under_chunks_is_noted(caplog: pytest.LogCaptureFixture) -> None:
     torch.manual_seed(0)
-    module = SGDModule(**tiny_config(EXACT_MODEL, loss={"chunks": 2}, text=TINY_MODEL["text"]))  # dropout 0.1
+    module = SGDModule(
+        **tiny_config(EXACT_MODEL, grad_cache={"chunks": 2}, text=TINY_MODEL["text"])
+    )  # dropout 0.1
     with caplog.at_level(logging.INFO):
         fit_one_step(module, DataLoader(Rows(BATCH), batch_size=BATCH))
     notes = [r.getMessage() for r in caplog.records if "dropout in" in r.getMessage()]

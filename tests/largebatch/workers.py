@@ -108,7 +108,7 @@ NO_ITM = tiny_config(EXACT_MODEL, loss={"itm_weight": 0.0})
 
 def _module(chunks: int) -> SGDModule:
     torch.manual_seed(0)
-    return SGDModule(**tiny_config(NO_ITM, loss={"chunks": chunks}))
+    return SGDModule(**tiny_config(NO_ITM, grad_cache={"chunks": chunks}))
 
 
 def module_reference(world: int) -> dict[str, torch.Tensor]:
