@@ -6,7 +6,6 @@ best checkpoints written atomically, learning-rate and throughput monitors, a se
 agree linked, so a user changes one line:
 
 * ``model.text.name`` -> ``data.tokenizer`` (the tokenizer always matches the text tower);
-* ``data.image_size`` -> ``model.image.image_size`` (size-dependent image towers such as ViT are built to match);
 * ``trainer.default_root_dir`` (the run directory) -> the logger's ``save_dir`` and, unless set,
   ``checkpoint.dirpath`` (``<run dir>/checkpoints``): one option moves a run's logs, config and checkpoints.
 
@@ -250,7 +249,6 @@ class MultimodalCLI(LightningCLI):
             }
         )
         parser.link_arguments("model.text.name", "data.init_args.tokenizer", compute_fn=tokenizer_for)
-        parser.link_arguments("data.init_args.image_size", "model.image.image_size")
         parser.link_arguments("trainer.default_root_dir", "trainer.logger.init_args.save_dir")
         # checkpoint.dirpath defaults to <run dir>/checkpoints in parse_arguments: not a link, which would silently
         # replace a dirpath the user set

@@ -182,7 +182,7 @@ class ZeroShotEvaluation(Callback):
             self.templates,
             data.collate.tokenizer,
             data.normalize,  # the data's own normalization (it may follow the image tower)
-            self.image_size or hp.image_size,
+            self.image_size or data.image_size,
             hp.max_length,
             self.batch_size,
             self.metrics,

@@ -22,15 +22,32 @@ def test_overrides_reach_the_objects(tmp_path: Path) -> None:
     attention = [m for m in cli.model.modules() if isinstance(m, torch.nn.MultiheadAttention)]
     assert attention and all(m.num_heads == 2 for m in attention)
     assert cli.datamodule.hparams.batch_size == 8
-    # Linked arguments: the tokenizer follows the text encoder, the image size follows the data.
+    # The tokenizer follows the text encoder (a link); the image size flows from the image tower to the data.
     assert cli.datamodule.hparams.tokenizer == cli.model.hparams.text["name"] == "mm-lightning/demo-bert"
-    assert cli.model.hparams.image["image_size"] == cli.datamodule.hparams.image_size == 32
+    assert cli.model.hparams.image["image_size"] == 32 and cli.datamodule.hparams.image_size is None
+    cli.datamodule.follow_image_tower(cli.model.data_config["image"])
+    assert cli.datamodule.image_size == 32
 
 
 def test_tokenizer_always_follows_the_text_encoder(tmp_path: Path) -> None:
     # jsonargparse applies the link after parsing: a tokenizer set on its own cannot disagree with the encoder.
     cli = cli_main([*tiny_demo_args(tmp_path), "--data.init_args.tokenizer", "bert-base-uncased"], run=False)
     assert cli.datamodule.hparams.tokenizer == "mm-lightning/demo-bert"
+
+
+def test_image_size_flows_from_the_tower_and_a_set_data_size_wins_with_a_warning(tmp_path: Path) -> None:
+    cli = cli_main([*tiny_demo_args(tmp_path), "--model.image.image_size", "48"], run=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # following the tower says nothing
+        cli.datamodule.follow_image_tower(cli.model.data_config["image"])
+    assert cli.datamodule.image_size == 48 == cli.model.data_config["image"]["input_size"][-1]
+    assert cli.datamodule.sample_builder("val").transform.size == 48
+    # the user's data.image_size wins, and the run says it differs from the tower's
+    cli = cli_main([*tiny_demo_args(tmp_path), "--data.init_args.image_size", "40"], run=False)
+    assert cli.model.hparams.image["image_size"] == 32  # nothing is pushed back into the model
+    with pytest.warns(UserWarning, match=r"data.image_size 40 differs from the image tower's input size 32"):
+        cli.datamodule.follow_image_tower(cli.model.data_config["image"])
+    assert cli.datamodule.image_size == 40 and cli.datamodule.sample_builder("val").transform.size == 40
 
 
 @pytest.mark.parametrize(

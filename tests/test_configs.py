@@ -32,8 +32,12 @@ def test_config_parses_and_has_header(name: str, capsys: pytest.CaptureFixture[s
     assert text.startswith("#") and any("python -m mm_lightning" in line for line in header), name
     stack = ["--config", str(CONFIGS / "base.yaml")] if name in OVERLAYS else []
     config = _print_config(capsys, *stack, "--config", str(CONFIGS / name))
-    # linked targets (data.tokenizer, model.image.image_size) are derived, so --print_config leaves them out
-    assert "tokenizer" not in config["data"]["init_args"] and "image_size" not in config["model"]["image"]
+    # a linked target (data.tokenizer) is derived, so --print_config leaves it out; the image size flows from the
+    # image tower to the data at setup (no config sets data.image_size)
+    assert (
+        "tokenizer" not in config["data"]["init_args"] and config["data"]["init_args"]["image_size"] is None
+    )
+    assert "image_size" in config["model"]["image"]
     if name == "ddp_explicit.yaml":
         assert (
             config["trainer"]["strategy"]["class_path"]
@@ -47,7 +51,8 @@ def test_base_recipe_is_the_seeds(capsys: pytest.CaptureFixture[str]) -> None:
     assert config["model"]["image"]["name"] == "resnet50"
     assert config["model"]["text"]["name"] == "bert-base-uncased"
     data = config["data"]["init_args"]
-    assert (data["image_size"], data["max_length"], data["batch_size"]) == (224, 128, 32)
+    assert config["model"]["image"]["image_size"] == 224 and data["image_size"] is None
+    assert (data["max_length"], data["batch_size"]) == (128, 32)
     assert data["pin_memory"] is True and 4 <= data["num_workers"] <= 8
     assert config["trainer"]["strategy"] == "ddp"
 

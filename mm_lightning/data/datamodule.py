@@ -15,7 +15,7 @@ import warnings
 from typing import Any, Literal
 
 import lightning.pytorch as pl
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, RandomSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 from typing_extensions import override
@@ -28,12 +28,11 @@ from mm_lightning.data.samples import BadRecordPolicy, SampleBuilder
 from mm_lightning.data.skips import SkipLog
 from mm_lightning.data.sources.jsonl import JsonlIndex, RecordParser
 from mm_lightning.data.transforms import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
     Normalize,
     eval_transform,
     train_transform,
 )
+from mm_lightning.preprocessing import DEFAULT_IMAGE_SIZE, IMAGENET_MEAN, IMAGENET_STD
 from mm_lightning.seeding import global_seed
 
 Split = Literal["train", "val", "test", "predict"]
@@ -68,7 +67,9 @@ class MultimodalDataModule(pl.LightningDataModule):
         tokenizer: HF tokenizer name or local path (the CLI links it to ``model.text.name``).
         max_length: truncate captions to this many tokens.
         pad_to_multiple_of: pad each batch's token length up to a multiple of this (e.g. 8), or ``None``.
-        image_size: output image side.
+        image_size: output image side; null (default) follows the image tower's input size
+            (``model.image.image_size``, or what a pretrained tower's weights expect), or 224 without a model (the
+            ``audit`` and ``shard`` commands). Set, it wins (with a warning when it differs from the tower's).
         batch_size: batch size per device.
         num_workers: DataLoader worker processes per device.
         pin_memory: pin host memory for faster host-to-device copies.
@@ -109,7 +110,7 @@ class MultimodalDataModule(pl.LightningDataModule):
         tokenizer: str = "bert-base-uncased",
         max_length: int = 64,
         pad_to_multiple_of: int | None = None,
-        image_size: int = 224,
+        image_size: int | None = None,
         batch_size: int = 32,
         num_workers: int = 0,
         pin_memory: bool = False,
@@ -139,6 +140,8 @@ class MultimodalDataModule(pl.LightningDataModule):
             "predict": predict_file,
         }
         self.normalize = Normalize(mean or IMAGENET_MEAN, std or IMAGENET_STD)
+        # the side images are prepared at: data.image_size, else the image tower's (see follow_image_tower)
+        self.image_size = image_size or DEFAULT_IMAGE_SIZE
         self.collate = MultimodalCollate(tokenizer, max_length, pad_to_multiple_of)
         self.datasets: dict[str, ImageTextDataset] = {}
         self._collates: dict[bool, MultimodalCollate] = {}
@@ -173,14 +176,14 @@ class MultimodalDataModule(pl.LightningDataModule):
         train = split == "train"
         scale_min = hp.train_scale[0] if train else 1.0
         # Reduced JPEG decoding only down to a size the crop never has to upsample from.
-        min_side = int(hp.image_size / scale_min**0.5) + 1 if hp.reduced_decode and not full_size else None
+        min_side = int(self.image_size / scale_min**0.5) + 1 if hp.reduced_decode and not full_size else None
         reduced = hp.reduced_decode and not full_size
         transform = (
             train_transform(
-                hp.image_size, tuple(hp.train_scale), hp.horizontal_flip, reduced, hp.max_image_pixels
+                self.image_size, tuple(hp.train_scale), hp.horizontal_flip, reduced, hp.max_image_pixels
             )
             if train
-            else eval_transform(hp.image_size, reduced, hp.max_image_pixels)
+            else eval_transform(self.image_size, reduced, hp.max_image_pixels)
         )
         root = self.record_parser(split).confine_root
         return SampleBuilder(transform, hp.max_image_pixels, min_side, confine_root=root)
@@ -197,13 +200,26 @@ class MultimodalDataModule(pl.LightningDataModule):
         )
 
     def follow_image_tower(self, data_config: dict[str, Any] | None) -> None:
-        """Takes the normalization left unset (``mean``/``std`` null) from the image tower's ``data_config``.
+        """Takes what the data left unset (``image_size``, ``mean``/``std`` null) from the image tower's
+        ``data_config``: preprocessing flows from the tower to the data, never back.
 
         Args:
-            data_config: the tower's preprocessing (``mean``, ``std``), or None to keep the current one.
+            data_config: the tower's preprocessing (``input_size``, ``mean``, ``std``), or None to keep the current.
         """
         hp = self.hparams
-        if not data_config or (hp.mean is not None and hp.std is not None):
+        if not data_config:
+            return
+        side = int(data_config["input_size"][-1]) if data_config.get("input_size") else None
+        if hp.image_size is None and side is not None:
+            if side != self.image_size:
+                self.datasets.clear()  # built at the previous size
+            self.image_size = side
+        elif side is not None and hp.image_size != side:
+            rank_zero_warn(
+                f"data.image_size {hp.image_size} differs from the image tower's input size {side}: images are "
+                f"prepared at {hp.image_size} as set; leave data.image_size unset to follow the tower"
+            )
+        if hp.mean is not None and hp.std is not None:
             return
         mean = tuple(hp.mean if hp.mean is not None else data_config["mean"])
         std = tuple(hp.std if hp.std is not None else data_config["std"])

@@ -24,9 +24,8 @@ from mm_lightning.data.images import (
     dct_scale_for,
     read_image_bytes,
 )
+from mm_lightning.preprocessing import IMAGENET_MEAN, IMAGENET_STD
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 Box = tuple[int, int, int, int]  # top, left, height, width in displayed full-size pixels
 
 

@@ -32,7 +32,8 @@ class ImageTowerConfig:
         weights: the family's weights name (torchvision: ``IMAGENET1K_V2``, needs the hub cache offline), a local
             ``.pth``/``.safetensors`` file, or null (random init).
         kwargs: extra constructor arguments of the tower (e.g. ``widths``/``layers`` of ``resnet_custom``).
-        image_size: input resolution (linked from ``data.image_size`` by the CLI).
+        image_size: input resolution the tower is built for; the data follows it (unless ``data.image_size`` is
+            set).
         freeze: keep the tower's weights fixed (and the tower in eval mode, LiT-style).
         freeze_batchnorm: keep the tower's BatchNorm layers in eval mode (their running statistics normalize,
             and are not updated; their affine weights still train). Makes gradient caching exact for a

@@ -106,11 +106,11 @@ class ShardDataModule(MultimodalDataModule):
         hp = self.hparams
         scale_min = hp.train_scale[0] if train else 1.0
         # Reduced JPEG decoding only down to a size the crop never has to upsample from.
-        min_side = int(hp.image_size / scale_min**0.5) + 1 if hp.reduced_decode and not full_size else None
+        min_side = int(self.image_size / scale_min**0.5) + 1 if hp.reduced_decode and not full_size else None
         transform = (
-            train_transform(hp.image_size, tuple(hp.train_scale), hp.horizontal_flip)
+            train_transform(self.image_size, tuple(hp.train_scale), hp.horizontal_flip)
             if train
-            else eval_transform(hp.image_size)
+            else eval_transform(self.image_size)
         )
         decode = partial(decode_image_bytes, max_pixels=hp.max_image_pixels, min_side=min_side)
         return SampleBuilder(transform, hp.max_image_pixels, min_side, confine_root, decode_bytes=decode)

@@ -11,8 +11,7 @@ import torch
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+from mm_lightning.preprocessing import IMAGENET_MEAN, IMAGENET_STD
 
 
 @dataclass
