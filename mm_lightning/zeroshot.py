@@ -188,6 +188,7 @@ class ZeroShotEvaluation(Callback):
             self.metrics,
             trainer.global_rank,
             trainer.world_size,
+            interpolation=getattr(data, "interpolation", "bilinear"),
         )
         for k, value in scores.items():
             pl_module.log(f"zeroshot/{self.name}/top{k}", value, batch_size=len(self.images.paths))
@@ -206,6 +207,7 @@ def evaluate(
     metrics: dict[int, MulticlassAccuracy],
     rank: int = 0,
     world_size: int = 1,
+    interpolation: str = "bilinear",
 ) -> dict[int, Tensor]:
     """Top-k accuracy of zero-shot classification of a :class:`~mm_lightning.models.DualEncoder`; rank ``r``
     scores images ``r, r + world_size, ...``."""
@@ -213,7 +215,7 @@ def evaluate(
     was_training = module.training
     module.eval()
     classifier = class_embeddings(module, tokenizer, images.classnames, templates, max_length)
-    resize, normalize = eval_transform(image_size), normalize.to(device)
+    resize, normalize = eval_transform(image_size, interpolation=interpolation), normalize.to(device)
     mine = list(range(rank, len(images.paths), world_size))
     for metric in metrics.values():
         metric.to(device).reset()
@@ -271,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         args.max_length,
         args.batch_size,
         metrics,
+        interpolation=config.get("interpolation", "bilinear"),
     )
     print(" ".join(f"top{k}={float(v):.4f}" for k, v in scores.items()), f"images={len(images.paths)}")
     return 0

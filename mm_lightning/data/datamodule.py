@@ -28,6 +28,7 @@ from mm_lightning.data.samples import BadRecordPolicy, SampleBuilder
 from mm_lightning.data.skips import SkipLog
 from mm_lightning.data.sources.jsonl import JsonlIndex, RecordParser
 from mm_lightning.data.transforms import (
+    INTERPOLATIONS,
     Normalize,
     eval_transform,
     train_transform,
@@ -142,6 +143,7 @@ class MultimodalDataModule(pl.LightningDataModule):
         self.normalize = Normalize(mean or IMAGENET_MEAN, std or IMAGENET_STD)
         # the side images are prepared at: data.image_size, else the image tower's (see follow_image_tower)
         self.image_size = image_size or DEFAULT_IMAGE_SIZE
+        self.interpolation = "bilinear"  # the resize the image tower's weights expect (follow_image_tower)
         self.collate = MultimodalCollate(tokenizer, max_length, pad_to_multiple_of)
         self.datasets: dict[str, ImageTextDataset] = {}
         self._collates: dict[bool, MultimodalCollate] = {}
@@ -180,10 +182,15 @@ class MultimodalDataModule(pl.LightningDataModule):
         reduced = hp.reduced_decode and not full_size
         transform = (
             train_transform(
-                self.image_size, tuple(hp.train_scale), hp.horizontal_flip, reduced, hp.max_image_pixels
+                self.image_size,
+                tuple(hp.train_scale),
+                hp.horizontal_flip,
+                reduced,
+                hp.max_image_pixels,
+                self.interpolation,
             )
             if train
-            else eval_transform(self.image_size, reduced, hp.max_image_pixels)
+            else eval_transform(self.image_size, reduced, hp.max_image_pixels, self.interpolation)
         )
         root = self.record_parser(split).confine_root
         return SampleBuilder(transform, hp.max_image_pixels, min_side, confine_root=root)
@@ -200,8 +207,8 @@ class MultimodalDataModule(pl.LightningDataModule):
         )
 
     def follow_image_tower(self, data_config: dict[str, Any] | None) -> None:
-        """Takes what the data left unset (``image_size``, ``mean``/``std`` null) from the image tower's
-        ``data_config``: preprocessing flows from the tower to the data, never back.
+        """Takes the resize interpolation and what the data left unset (``image_size``, ``mean``/``std`` null) from
+        the image tower's ``data_config``: preprocessing flows from the tower to the data, never back.
 
         Args:
             data_config: the tower's preprocessing (``input_size``, ``mean``, ``std``), or None to keep the current.
@@ -210,6 +217,15 @@ class MultimodalDataModule(pl.LightningDataModule):
         if not data_config:
             return
         side = int(data_config["input_size"][-1]) if data_config.get("input_size") else None
+        interpolation = data_config.get("interpolation", "bilinear")
+        if interpolation not in INTERPOLATIONS:
+            rank_zero_warn(
+                f"the image tower asks for {interpolation!r} resizing; images are resized bilinear"
+            )
+            interpolation = "bilinear"
+        if interpolation != self.interpolation:
+            self.datasets.clear()  # built with the previous resize
+            self.interpolation = interpolation
         if hp.image_size is None and side is not None:
             if side != self.image_size:
                 self.datasets.clear()  # built at the previous size

@@ -26,6 +26,7 @@ from mm_lightning.data.images import (
 )
 from mm_lightning.preprocessing import IMAGENET_MEAN, IMAGENET_STD
 
+INTERPOLATIONS = ("bilinear", "bicubic")  # antialiased resizes torch runs on uint8 directly
 Box = tuple[int, int, int, int]  # top, left, height, width in displayed full-size pixels
 
 
@@ -42,6 +43,7 @@ class DecodeResizedCrop:
         max_pixels: decompression-bomb guard, see :class:`~mm_lightning.data.images.EncodedImage`.
         background: RGB colour that transparent pixels are composited on.
         backend: JPEG decoder, see :class:`~mm_lightning.data.images.EncodedImage`.
+        interpolation: ``bilinear`` or ``bicubic`` (antialiased), as the image tower's weights were trained with.
     """
 
     def __init__(
@@ -54,7 +56,11 @@ class DecodeResizedCrop:
         max_pixels: int | None = DEFAULT_MAX_PIXELS,
         background: tuple[int, int, int] = (255, 255, 255),
         backend: Backend = "auto",
+        interpolation: str = "bilinear",
     ) -> None:
+        if interpolation not in INTERPOLATIONS:
+            raise ValueError(f"interpolation {interpolation!r} is not one of {list(INTERPOLATIONS)}")
+        self.interpolation = interpolation
         self.size, self.horizontal_flip, self.reduced_decode = size, horizontal_flip, reduced_decode
         self.max_pixels, self.background, self.backend = max_pixels, background, backend
         # torchvision's sampler itself, so the crop distribution and RNG use are exactly v2's.
@@ -121,7 +127,7 @@ class DecodeResizedCrop:
         # What v2.functional.resized_crop does, minus its reshapes and copies (1.0 vs 1.3 ms per image).
         window = image[None, :, top : top + height, left : left + width]
         out = torch.nn.functional.interpolate(
-            window, size=(self.size, self.size), mode="bilinear", antialias=True
+            window, size=(self.size, self.size), mode=self.interpolation, antialias=True
         )[0]
         if self.horizontal_flip and torch.rand(1) < 0.5:  # after the crop draw, as v2.Compose would
             out = out.flip(-1)
@@ -139,6 +145,7 @@ def train_transform(
     horizontal_flip: bool = False,
     reduced_decode: bool = True,
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    interpolation: str = "bilinear",
 ) -> DecodeResizedCrop:
     """Random resized crop; no flip by default because captions say "left" and "right".
 
@@ -148,6 +155,7 @@ def train_transform(
         horizontal_flip: add a random horizontal flip.
         reduced_decode: allow DCT-scaled JPEG decoding where the crop needs no upsampling.
         max_pixels: decompression-bomb guard.
+        interpolation: ``bilinear`` or ``bicubic``.
     """
     return DecodeResizedCrop(
         image_size,
@@ -155,11 +163,15 @@ def train_transform(
         horizontal_flip=horizontal_flip,
         reduced_decode=reduced_decode,
         max_pixels=max_pixels,
+        interpolation=interpolation,
     )
 
 
 def eval_transform(
-    image_size: int, reduced_decode: bool = True, max_pixels: int | None = DEFAULT_MAX_PIXELS
+    image_size: int,
+    reduced_decode: bool = True,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    interpolation: str = "bilinear",
 ) -> DecodeResizedCrop:
     """Resize the shorter side to ``image_size`` and center crop (the usual eval protocol).
 
@@ -167,8 +179,11 @@ def eval_transform(
         image_size: output side.
         reduced_decode: allow DCT-scaled JPEG decoding where the crop needs no upsampling.
         max_pixels: decompression-bomb guard.
+        interpolation: ``bilinear`` or ``bicubic``.
     """
-    return DecodeResizedCrop(image_size, None, reduced_decode=reduced_decode, max_pixels=max_pixels)
+    return DecodeResizedCrop(
+        image_size, None, reduced_decode=reduced_decode, max_pixels=max_pixels, interpolation=interpolation
+    )
 
 
 class Normalize(torch.nn.Module):

@@ -51,3 +51,29 @@ def test_setup_reads_the_attached_models_image_tower(tower_mean: tuple | None, d
     assert dm.normalize.mean != list(
         IMAGENET_MEAN
     )  # both timm's config and the override differ from the default
+
+
+@pytest.mark.parametrize("datamodule", [MultimodalDataModule, ShardDataModule])
+def test_setup_follows_the_towers_input_size_and_interpolation(datamodule: type, tmp_path) -> None:
+    pytest.importorskip("timm")
+    module = MultimodalModule(
+        **tiny_config(image={"name": "timm:test_efficientnet", "kwargs": {}, "image_size": 40})
+    )
+    tower = module.data_config["image"]
+    assert tower["interpolation"] == "bicubic" and tower["input_size"][-1] == 40  # what timm's config says
+    trainer = Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer.strategy.connect(module)
+    dm = datamodule(tokenizer=TOKENIZER, val_file=str(tmp_path / "val.jsonl"))
+    assert (dm.image_size, dm.interpolation) == (224, "bilinear")  # no model yet: the defaults
+    dm.trainer = trainer
+    dm.setup("predict")
+    assert (dm.image_size, dm.interpolation) == (40, "bicubic")
+    transform = dm.sample_builder("val") if datamodule is MultimodalDataModule else dm._builder(train=False)
+    image = torch.randint(0, 256, (3, 50, 60), dtype=torch.uint8)
+    out = transform.transform(image)
+    window = image[None, :, :, 5:55]  # the center square of the shorter side
+    want = torch.nn.functional.interpolate(window, size=(40, 40), mode="bicubic", antialias=True)[0]
+    assert torch.equal(out, want)
+    # control: the bilinear resize (what the data did before following the tower) differs
+    bilinear = torch.nn.functional.interpolate(window, size=(40, 40), mode="bilinear", antialias=True)[0]
+    assert not torch.equal(out, bilinear)

@@ -108,9 +108,11 @@ class ShardDataModule(MultimodalDataModule):
         # Reduced JPEG decoding only down to a size the crop never has to upsample from.
         min_side = int(self.image_size / scale_min**0.5) + 1 if hp.reduced_decode and not full_size else None
         transform = (
-            train_transform(self.image_size, tuple(hp.train_scale), hp.horizontal_flip)
+            train_transform(
+                self.image_size, tuple(hp.train_scale), hp.horizontal_flip, interpolation=self.interpolation
+            )
             if train
-            else eval_transform(self.image_size)
+            else eval_transform(self.image_size, interpolation=self.interpolation)
         )
         decode = partial(decode_image_bytes, max_pixels=hp.max_image_pixels, min_side=min_side)
         return SampleBuilder(transform, hp.max_image_pixels, min_side, confine_root, decode_bytes=decode)
