@@ -82,28 +82,9 @@ class FlopCounter(Callback):
     ) -> None:
         self._stop(pl_module)
 
-    @override
-    def on_test_batch_start(
-        self,
-        trainer: Trainer,
-        pl_module: LightningModule,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self._start("eval", pl_module)
-
-    @override
-    def on_test_batch_end(
-        self,
-        trainer: Trainer,
-        pl_module: LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self._stop(pl_module)
+    # a test batch is counted like a validation batch
+    on_test_batch_start = on_validation_batch_start
+    on_test_batch_end = on_validation_batch_end
 
     @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:

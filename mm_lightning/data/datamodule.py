@@ -235,6 +235,16 @@ class MultimodalDataModule(pl.LightningDataModule):
                 f"data.image_size {hp.image_size} differs from the image tower's input size {side}: images are "
                 f"prepared at {hp.image_size} as set; leave data.image_size unset to follow the tower"
             )
+        given = {k: tuple(v) for k, v in (("mean", hp.mean), ("std", hp.std)) if v is not None}
+        differ = [k for k, v in given.items() if k in data_config and list(v) != list(data_config[k])]
+        if differ and data_config.get("pretrained"):
+            rank_zero_warn(
+                "data."
+                + " and data.".join(differ)
+                + " differ from what the pretrained image tower's weights expect "
+                f"({', '.join(f'{k} {list(data_config[k])}' for k in differ)}): the set values are used; leave "
+                "them unset to follow the tower"
+            )
         if hp.mean is not None and hp.std is not None:
             return
         mean = tuple(hp.mean if hp.mean is not None else data_config["mean"])

@@ -52,6 +52,8 @@ from mm_lightning.models.towers.pretrained import projection_for, take_over_logi
 
 # the LightningModule keeps the network under this attribute (checkpoint keys start with "model.")
 CHECKPOINT_PREFIX = "model."
+# image tower families whose towers always come with trained weights
+PRETRAINED = ("hf", "clip", "open_clip")
 
 
 class DualEncoder(nn.Module):
@@ -154,9 +156,18 @@ class DualEncoder(nn.Module):
     def data_config(self) -> dict[str, dict[str, Any]]:
         """The preprocessing the towers expect, for the data side to follow.
 
-        ``image``: ``mean``, ``std``, ``input_size``, ``interpolation``; ``text``: ``tokenizer``.
+        ``image``: ``mean``, ``std``, ``input_size``, ``interpolation`` and ``pretrained`` (whether the
+        statistics come from trained weights, not a default); ``text``: ``tokenizer``.
         """
-        return {"image": data_config_of(self.image_encoder), "text": data_config_of(self.text_encoder)}
+        ic = self.image_config
+        image = data_config_of(self.image_encoder)
+        if "pretrained" not in image:
+            prefix = ic.name.partition(":")[0] if ":" in ic.name else None
+            image = {
+                **image,
+                "pretrained": ic.tower is None and (ic.weights is not None or prefix in PRETRAINED),
+            }
+        return {"image": image, "text": data_config_of(self.text_encoder)}
 
     @override
     def train(self, mode: bool = True) -> DualEncoder:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from lightning.pytorch import Trainer
@@ -77,3 +79,29 @@ def test_setup_follows_the_towers_input_size_and_interpolation(datamodule: type,
     # control: the bilinear resize (what the data did before following the tower) differs
     bilinear = torch.nn.functional.interpolate(window, size=(40, 40), mode="bilinear", antialias=True)[0]
     assert not torch.equal(out, bilinear)
+
+
+def test_set_statistics_that_differ_from_a_pretrained_tower_are_used_with_a_warning() -> None:
+    pretrained = {"mean": HALF, "std": HALF, "input_size": (3, 224, 224), "pretrained": True}
+    explicit = MultimodalDataModule(tokenizer=TOKENIZER, mean=(0.1, 0.2, 0.3), std=HALF)
+    with pytest.warns(
+        UserWarning, match=r"data.mean differ from what the pretrained image tower's weights expect"
+    ):
+        explicit.follow_image_tower(pretrained)
+    assert explicit.normalize.mean == [0.1, 0.2, 0.3]  # the user's values win
+    # controls: no warning for a tower whose statistics are only defaults, nor for values that agree
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        MultimodalDataModule(tokenizer=TOKENIZER, mean=(0.1, 0.2, 0.3)).follow_image_tower(
+            {**pretrained, "pretrained": False}
+        )
+        MultimodalDataModule(tokenizer=TOKENIZER, mean=HALF, std=HALF).follow_image_tower(pretrained)
+
+
+def test_the_model_says_whether_its_image_statistics_come_from_trained_weights(tmp_path) -> None:
+    random_init = MultimodalModule(**tiny_config())
+    assert random_init.data_config["image"]["pretrained"] is False
+    weights = tmp_path / "tower.pth"
+    torch.save(random_init.model.image_encoder.backbone.state_dict(), weights)
+    loaded = MultimodalModule(**tiny_config(image={"weights": str(weights)}))
+    assert loaded.data_config["image"]["pretrained"] is True

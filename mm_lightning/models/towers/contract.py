@@ -20,8 +20,10 @@ The contract, all of it:
 * **Widths.** ``pooled_dim`` (and ``token_dim``) attributes when the tower has them; otherwise they are read
   from one forward of a dry batch of two samples when the model is built (no gradient, in eval mode).
 * **Optional.** ``data_config``: a dict with any of ``mean``, ``std`` (per channel, of 0-1 images),
-  ``input_size`` ``(3, H, W)`` and ``interpolation``, which the data side follows when its normalization is
-  ``tower``; defaults: ImageNet statistics at ``model.image.image_size``, bilinear. A text tower's tokenizer
+  ``input_size`` ``(3, H, W)``, ``interpolation`` (``bilinear`` or ``bicubic``), which the data side follows
+  unless the data sets its own, and ``pretrained`` (true: these come from trained weights, so a ``data.mean`` /
+  ``data.std`` that differs is warned about); defaults: ImageNet statistics at ``model.image.image_size``,
+  bilinear, not pretrained. A text tower's tokenizer
   is ``model.text.name``. ``set_gradient_checkpointing(enabled)`` for ``model.gradient_checkpointing``.
 
 A tower that breaks the contract is refused when the model is built, with an error that names its class and
@@ -188,7 +190,7 @@ def adopt_tower(kind: Kind, tower: Any, image_size: int = 224, tokenizer: str | 
                 f"{kind} tower {class_path_of(tower)}: {name} is {value!r}, expected an int >= 1"
             )
     if kind == "image":
-        defaults = image_data_config(image_size)
+        defaults = {**image_data_config(image_size), "pretrained": False}
         unknown = sorted(set(declared) - set(defaults))
         if unknown:
             raise TowerContractError(
