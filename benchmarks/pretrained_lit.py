@@ -32,7 +32,7 @@ from PIL import Image
 
 from mm_lightning.data import MultimodalDataModule
 from mm_lightning.models import MultimodalModule
-from mm_lightning.models.towers.pretrained import tokenizer_for
+from mm_lightning.models.towers.tokenizers import tokenizer_for
 
 REPO = Path(__file__).resolve().parents[1]
 PHOTOS = {

@@ -32,10 +32,12 @@ import psutil
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from mm_lightning.data import MultimodalDataModule  # noqa: E402
+from mm_lightning.data import (
+    MultimodalDataModule,  # noqa: E402
+    ShardDataModule,  # noqa: E402
+)
 from mm_lightning.data.shard_writer import write_shards  # noqa: E402
 from mm_lightning.data.sources.jsonl import RecordParser  # noqa: E402
-from mm_lightning.data.sources.shard_datamodule import ShardDataModule  # noqa: E402
 from tests.shards.servers import CREDENTIALS, s3_server, upload  # noqa: E402
 
 TOKENIZER = "mm-lightning/demo-bert"

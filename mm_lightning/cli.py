@@ -37,6 +37,7 @@ from typing_extensions import override
 import mm_lightning.strategies  # noqa: F401  (registers the "ddp_explicit" strategy name)
 from mm_lightning import lightning_compat as compat
 from mm_lightning.callbacks import (
+    BadRecordLogger,
     EmbeddingWriter,
     ExactResume,
     FlopCounter,
@@ -49,10 +50,10 @@ from mm_lightning.callbacks import (
     RetrievalGridLogger,
     StepTimeMonitor,
 )
-from mm_lightning.data import BadRecordLogger, MultimodalDataModule
+from mm_lightning.data import MultimodalDataModule
 from mm_lightning.errors import cli_message, show_traceback
 from mm_lightning.models import MultimodalModule
-from mm_lightning.models.towers.pretrained import tokenizer_for
+from mm_lightning.models.towers.tokenizers import tokenizer_for
 from mm_lightning.resume import ResumeOverrides
 from mm_lightning.trainer import MultimodalTrainer, instantiate_datamodule
 

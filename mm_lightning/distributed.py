@@ -19,6 +19,10 @@ from torchmetrics.utilities.distributed import gather_all_tensors
 _LOCAL = threading.local()
 
 
+class CollectiveError(RuntimeError):
+    """A collective failed: a peer process died, hung or became unreachable."""
+
+
 def world() -> tuple[int, int]:
     """(rank, world_size) of the default process group, (0, 1) when not distributed or in :func:`single_process`."""
     if dist.is_available() and dist.is_initialized() and not getattr(_LOCAL, "single", False):

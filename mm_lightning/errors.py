@@ -13,14 +13,14 @@ import re
 
 from mm_lightning.callbacks.nan_guard import NonFiniteTrainingError
 from mm_lightning.callbacks.prediction import OutputFolderError
-from mm_lightning.data.datamodule import EmptySplitError, NoTrainingBatch
 from mm_lightning.data.records import RecordError
 from mm_lightning.data.samples import TooManyBadRecords
 from mm_lightning.data.sources.shards import ShardError
+from mm_lightning.data.splits import EmptySplitError, NoTrainingBatch
+from mm_lightning.distributed import CollectiveError
 from mm_lightning.models.losses.base import LossContractError
 from mm_lightning.models.towers.contract import TowerContractError
 from mm_lightning.plugins.io import CheckpointFileError
-from mm_lightning.strategies.explicit_ddp import CollectiveError
 
 TRACEBACK_ENV = "MM_LIGHTNING_TRACEBACK"
 USER_ERRORS: tuple[type[BaseException], ...] = (

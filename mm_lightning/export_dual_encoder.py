@@ -296,7 +296,7 @@ def save_processor(module: nn.Module, out: Path, data: dict[str, Any]) -> None:
     from transformers import AutoTokenizer, CLIPImageProcessor, VisionTextDualEncoderProcessor
 
     from mm_lightning.assets import resolve_pretrained
-    from mm_lightning.models.towers.pretrained import tokenizer_for
+    from mm_lightning.models.towers.tokenizers import tokenizer_for
 
     towers = module.data_config["image"]
     side = int(data.get("image_size") or towers["input_size"][-1])

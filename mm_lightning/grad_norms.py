@@ -1,9 +1,11 @@
 """Gradient norms computed once per optimizer step and shared by everyone who needs them.
 
-The NaN guard needs the total norm every step (is it finite?), the gradient-norm monitor needs the per-submodule
-norms on logging steps, and per-tower clipping needs group norms: all read :func:`step_grad_norms`, which computes
-each quantity at most once per optimizer step (keyed by ``global_step``) and keeps it as a device tensor, so
-nothing waits for the device unless a caller asks for a Python number.
+The NaN guard needs the total norm every step (is it finite?) and the gradient-norm monitor needs the
+per-submodule norms on logging steps: both read :func:`step_grad_norms` in ``on_before_optimizer_step``, which
+computes each quantity at most once per optimizer step (keyed by ``global_step``) and keeps it as a device tensor,
+so nothing waits for the device unless a caller asks for a Python number. Gradient clipping
+(:func:`mm_lightning.models.optim.clip_gradients`) does not read them: torch's ``clip_grad_norm_`` computes the
+norm of each clipping group itself.
 """
 
 from __future__ import annotations

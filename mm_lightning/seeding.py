@@ -2,8 +2,9 @@
 
 ``seed_everything`` (the CLI's ``--seed_everything``) records the seed in ``PL_GLOBAL_SEED``, which spawned
 workers and DDP processes inherit; everything that needs "the run's seed" asks :func:`global_seed`, and every
-per-batch seed comes from :func:`derive_seed`, so a batch's random draws depend only on the run's seed and
-that batch's identity (its position or its item indices), never on worker layout or resume point.
+per-batch seed comes from :func:`derive_seed` (a generator from :func:`derived_rng`), so a batch's random draws
+depend only on the run's seed and that batch's identity (its position, epoch or item indices), never on worker
+layout or resume point.
 """
 
 from __future__ import annotations
@@ -31,3 +32,13 @@ def derive_seed(base: int, values: Sequence[int] | np.ndarray | int) -> int:
     """
     data = np.asarray(values, dtype=np.int64).reshape(-1).tobytes()
     return zlib.crc32(data, base & 0xFFFFFFFF)
+
+
+def derived_rng(base: int, *values: int) -> np.random.Generator:
+    """A NumPy generator that is a pure function of ``base`` and ``values`` (e.g. an epoch, an item index).
+
+    Args:
+        base: the run's seed (its low 32 bits).
+        values: what identifies the draw.
+    """
+    return np.random.default_rng([base & 0xFFFFFFFF, *values])

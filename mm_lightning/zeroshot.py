@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m mm_lightning zeroshot --ckpt_path CKPT --data DIR_OR_JSONL [--templates ...]``."""
     from mm_lightning.data.collate import load_tokenizer
     from mm_lightning.models import DualEncoder
-    from mm_lightning.models.towers.pretrained import tokenizer_for
+    from mm_lightning.models.towers.tokenizers import tokenizer_for
 
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -1,5 +1,6 @@
-"""Every callback of the project: checkpointing and resume, NaN guard, monitors, FLOP counter, prediction writer."""
+"""Every callback of the project: checkpointing and resume, bad-record counts, NaN guard, monitors, FLOP counter, prediction writer."""
 
+from mm_lightning.callbacks.bad_records import BadRecordLogger
 from mm_lightning.callbacks.checkpoint import ExactResume, PreemptionCheckpoint, ResilientCheckpoint
 from mm_lightning.callbacks.flops import FlopCounter
 from mm_lightning.callbacks.monitors import (
@@ -13,6 +14,7 @@ from mm_lightning.callbacks.prediction import EmbeddingWriter
 from mm_lightning.callbacks.summary import ModelSummary
 
 __all__ = [
+    "BadRecordLogger",
     "EmbeddingWriter",
     "ExactResume",
     "FlopCounter",

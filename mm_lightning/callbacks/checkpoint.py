@@ -34,6 +34,7 @@ from typing_extensions import override
 
 from mm_lightning import lightning_compat as compat
 from mm_lightning.plugins.io import AtomicCheckpointIO
+from mm_lightning.seeding import derive_seed, global_seed
 
 
 class ResilientCheckpoint(ModelCheckpoint):
@@ -147,7 +148,7 @@ class ExactResume(Callback):
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if self.seed is None:
-            self.seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+            self.seed = global_seed()
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -159,7 +160,7 @@ class ExactResume(Callback):
     ) -> None:
         if self.reseed_every_batch:
             # total_batch_idx is restored from the checkpoint, so the seed of a batch survives a resume.
-            batch_seed = hash((self.seed, trainer.fit_loop.total_batch_idx)) % 2**32
+            batch_seed = derive_seed(self.seed, trainer.fit_loop.total_batch_idx)
             random.seed(batch_seed)
             np.random.seed(batch_seed)
             reseed_torch(batch_seed)

@@ -83,7 +83,7 @@ class SplitScan:
 def scan_lines(dm: MultimodalDataModule, split: str) -> SplitScan:
     """Parse and validate every line of ``split`` with the parser training uses."""
     parser = dm.record_parser(split)  # type: ignore[arg-type]
-    scan = SplitScan(parser.file, dm.sample_builder(split, full_size=True))  # type: ignore[arg-type]
+    scan = SplitScan(parser.file, dm.sample_builder(split, parser.confine_root, full_size=True))  # type: ignore[arg-type]
     with open(parser.file, "rb") as f:
         check_utf8(parser.file, f.read(4))  # a UTF-16/32 file is refused as a whole, as training does
         f.seek(0)
@@ -101,7 +101,7 @@ def scan_lines(dm: MultimodalDataModule, split: str) -> SplitScan:
     return scan
 
 
-def _caption_report(captions: list[str], tokenizer: str, max_length: int) -> dict[str, Any]:
+def caption_report(captions: list[str], tokenizer: str, max_length: int) -> dict[str, Any]:
     tok = load_tokenizer(tokenizer)
     lengths: list[int] = []
     for start in range(0, len(captions), 1024):
@@ -179,7 +179,7 @@ def audit(dm: MultimodalDataModule, splits: list[str], workers: int, progress: b
             "examples": dict(scan.examples),
             "bad_records": sorted(scan.bad_records),
             **images,
-            **_caption_report(scan.captions, hp.tokenizer, hp.max_length),
+            **caption_report(scan.captions, hp.tokenizer, hp.max_length),
         }
         total_records, total_errors = total_records + scan.records, total_errors + errors
     for split in shard_splits:

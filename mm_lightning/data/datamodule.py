@@ -12,44 +12,30 @@ from __future__ import annotations
 
 import os
 import warnings
+from functools import partial
 from typing import Any, Literal
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from torch.utils.data import DataLoader, RandomSampler
+from torch.utils.data import DataLoader, Dataset, RandomSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 from typing_extensions import override
 
 from mm_lightning.data.collate import MultimodalCollate
 from mm_lightning.data.dataset import CaptionSampling, ImageTextDataset
-from mm_lightning.data.images import DEFAULT_MAX_PIXELS
+from mm_lightning.data.images import DEFAULT_MAX_PIXELS, decode_image_bytes
 from mm_lightning.data.samplers import LengthGroupedSampler
 from mm_lightning.data.samples import BadRecordPolicy, SampleBuilder
 from mm_lightning.data.skips import SkipLog
 from mm_lightning.data.sources.jsonl import JsonlIndex, RecordParser
-from mm_lightning.data.transforms import (
-    INTERPOLATIONS,
-    Normalize,
-    eval_transform,
-    train_transform,
-)
+from mm_lightning.data.splits import STAGE_SPLITS, EmptySplitError, NoTrainingBatch, Split
+from mm_lightning.data.transforms import INTERPOLATIONS, Normalize, eval_transform, train_transform
 from mm_lightning.preprocessing import DEFAULT_IMAGE_SIZE, IMAGENET_MEAN, IMAGENET_STD
 from mm_lightning.seeding import global_seed
-
-Split = Literal["train", "val", "test", "predict"]
 
 # torchdata 0.11 calls a torch API that torch now flags as deprecated, once per loader iterator; it is not
 # actionable for users.
 warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
-
-
-# The splits each Lightning stage reads.
-STAGE_SPLITS: dict[str, tuple[str, ...]] = {
-    "fit": ("train", "val"),
-    "validate": ("val",),
-    "test": ("test",),
-    "predict": ("predict",),
-}
 
 
 class MultimodalDataModule(pl.LightningDataModule):
@@ -134,12 +120,8 @@ class MultimodalDataModule(pl.LightningDataModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.files: dict[str, str | None] = {
-            "train": train_file,
-            "val": val_file,
-            "test": test_file,
-            "predict": predict_file,
-        }
+        files = (train_file, val_file, test_file, predict_file)
+        self.files: dict[str, str | None] = dict(zip(("train", "val", "test", "predict"), files, strict=True))
         self.normalize = Normalize(mean or IMAGENET_MEAN, std or IMAGENET_STD)
         # the side images are prepared at: data.image_size, else the image tower's (see follow_image_tower)
         self.image_size = image_size or DEFAULT_IMAGE_SIZE
@@ -150,61 +132,91 @@ class MultimodalDataModule(pl.LightningDataModule):
 
     @property
     def index_skips(self) -> SkipLog:
-        """Lines dropped while indexing (bad JSON, missing keys, bad captions, bad paths), by split."""
+        """Lines dropped while indexing JSONL (bad JSON, missing keys, bad captions, bad paths), by split."""
         log = SkipLog()
         for split, ds in self.datasets.items():
-            log.update(ds.index.skips, split=split)
+            for part in getattr(ds, "datasets", [ds]):  # the sources of a training mix, or the one dataset
+                if hasattr(part, "index"):  # shards have no index: their bad records are found while reading
+                    log.update(part.index.skips, split=split)
         return log
 
-    def record_parser(self, split: Split) -> RecordParser:
-        """The line parser/validator of one split (also used by the data audit)."""
+    def record_parser(
+        self, split: Split, file: str | None = None, image_root: str | None = None
+    ) -> RecordParser:
+        """The line parser/validator of one JSONL file (also used by the data audit and the shard writer).
+
+        Args:
+            split: the split it feeds.
+            file: the JSONL file (default: the split's ``<split>_file``).
+            image_root: its image folder (default: ``image_root``, else the file's folder).
+        """
         hp = self.hparams
-        file = self.files[split]
+        file = file or self.files[split]
         if file is None:
             raise ValueError(f"{split}_file is not set")
-        root = hp.image_root if hp.image_root is not None else os.path.dirname(os.path.abspath(file))
+        root = image_root or hp.image_root or os.path.dirname(os.path.abspath(file))
         return RecordParser(file, hp.image_key, hp.text_key, root, hp.confine_to_root)
 
-    def build_index(self, split: Split) -> JsonlIndex:
-        """Index one split's JSONL (validates every line; bad lines raise or are counted per ``on_bad_record``)."""
-        index = JsonlIndex(self.record_parser(split), self.hparams.on_bad_record)
+    def build_index(self, parser: RecordParser, label: str) -> JsonlIndex:
+        """Index one JSONL file (validates every line; bad lines raise or are counted per ``on_bad_record``).
+
+        Args:
+            parser: the file's record parser.
+            label: what the file is, for the error when no valid record is left (``train_file``, ...).
+        """
+        index = JsonlIndex(parser, self.hparams.on_bad_record)
         if index.num_captions == 0:
-            raise EmptySplitError(split, index)
+            raise EmptySplitError(label, index)
         return index
 
-    def sample_builder(self, split: Split, full_size: bool = False) -> SampleBuilder:
-        """Record -> sample for one split (also used by the data audit, with ``full_size``: no reduced decode)."""
+    def sample_builder(
+        self, split: Split, confine_root: str | None = None, full_size: bool = False
+    ) -> SampleBuilder:
+        """Record -> sample for one split, for every source (JSONL files, shards) and the data audit.
+
+        Args:
+            split: ``train`` gets the random crop, other splits the evaluation crop.
+            confine_root: refuse image files outside this folder (links resolved); ``None``: no check.
+            full_size: no reduced JPEG decode (the audit checks every image at full size).
+        """
         hp = self.hparams
         train = split == "train"
-        scale_min = hp.train_scale[0] if train else 1.0
-        # Reduced JPEG decoding only down to a size the crop never has to upsample from.
-        min_side = int(self.image_size / scale_min**0.5) + 1 if hp.reduced_decode and not full_size else None
         reduced = hp.reduced_decode and not full_size
+        # Reduced JPEG decoding only down to a size the crop never has to upsample from.
+        scale_min = hp.train_scale[0] if train else 1.0
+        min_side = int(self.image_size / scale_min**0.5) + 1 if reduced else None
         transform = (
             train_transform(
-                self.image_size,
-                tuple(hp.train_scale),
-                hp.horizontal_flip,
-                reduced,
-                hp.max_image_pixels,
+                self.image_size, tuple(hp.train_scale), hp.horizontal_flip, reduced, hp.max_image_pixels,
                 self.interpolation,
             )
             if train
             else eval_transform(self.image_size, reduced, hp.max_image_pixels, self.interpolation)
-        )
-        root = self.record_parser(split).confine_root
-        return SampleBuilder(transform, hp.max_image_pixels, min_side, confine_root=root)
+        )  # fmt: skip
+        decode = partial(decode_image_bytes, max_pixels=hp.max_image_pixels, min_side=min_side)
+        return SampleBuilder(transform, hp.max_image_pixels, min_side, confine_root, decode_bytes=decode)
 
-    def build_dataset(self, split: Split) -> ImageTextDataset:
-        hp = self.hparams
-        seed = global_seed()
+    def bad_record_policy(self) -> BadRecordPolicy:
+        """What a bad record costs (``on_bad_record``), seeded by the run's seed."""
+        return BadRecordPolicy(self.hparams.on_bad_record, self.hparams.max_replacements, global_seed())
+
+    def jsonl_dataset(
+        self, split: Split, file: str | None = None, image_root: str | None = None
+    ) -> ImageTextDataset:
+        """The dataset of one JSONL file (default: the split's ``<split>_file``); see :meth:`record_parser`."""
+        parser = self.record_parser(split, file, image_root)
+        label = f"{split}_file" if file is None else f"{split} source"
         return ImageTextDataset(
-            self.build_index(split),
-            self.sample_builder(split),
-            caption_sampling=hp.caption_sampling if split == "train" else "all",
-            policy=BadRecordPolicy(hp.on_bad_record, hp.max_replacements, seed),
-            seed=seed,
+            self.build_index(parser, label),
+            self.sample_builder(split, parser.confine_root),
+            caption_sampling=self.hparams.caption_sampling if split == "train" else "all",
+            policy=self.bad_record_policy(),
+            seed=global_seed(),
         )
+
+    def build_dataset(self, split: Split) -> Dataset:
+        """The dataset of one split (here: its JSONL file)."""
+        return self.jsonl_dataset(split)
 
     def follow_image_tower(self, data_config: dict[str, Any] | None) -> None:
         """Takes the resize interpolation and what the data left unset (``image_size``, ``mean``/``std`` null) from
@@ -315,23 +327,14 @@ class MultimodalDataModule(pl.LightningDataModule):
         return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
 
     def check_a_batch(self, per_rank: int, where: str) -> None:
-        """Refuses a training split that gives no full batch (``drop_last``): the run would end "successfully"
-        without a step, and records never loaded would never be checked.
+        """Refuses a training split without one full batch per device (see :class:`NoTrainingBatch`).
 
         Args:
             per_rank: training samples each rank's loader draws per epoch.
             where: the split's source and what was found there, for the message.
         """
-        world, batch = self._rank_info()[0], self.hparams.batch_size
-        if per_rank >= batch:
-            return
-        devices = f" x {world} devices" if world > 1 else ""
-        raise NoTrainingBatch(
-            f"train: {where}: fewer than one batch per device ({per_rank} per device; batch_size {batch}{devices}),"
-            " so not one training step would run (the last incomplete batch is dropped). Their images were never"
-            " loaded, so bad ones among them are not counted either. Lower --data.init_args.batch_size or add"
-            " training records."
-        )
+        if per_rank < self.hparams.batch_size:
+            raise NoTrainingBatch(where, per_rank, self.hparams.batch_size, self._rank_info()[0])
 
     @override
     def train_dataloader(self) -> StatefulDataLoader:
@@ -370,7 +373,7 @@ class MultimodalDataModule(pl.LightningDataModule):
 
     @override
     def val_dataloader(self) -> DataLoader | list:
-        if self.files["val"] is None:
+        if not self.has_split("val"):
             return []  # Lightning skips validation when there is no loader
         return DataLoader(self._dataset("val"), shuffle=False, **self._loader_kwargs())
 
@@ -392,22 +395,3 @@ class MultimodalDataModule(pl.LightningDataModule):
     def normalize_batch(self, batch: dict[str, Any]) -> dict[str, Any]:
         """For use outside a Trainer: the same conversion Lightning applies after transfer."""
         return self.on_after_batch_transfer(batch, 0)
-
-
-class NoTrainingBatch(ValueError):
-    """The training split holds fewer samples than one batch per device: no training step would run."""
-
-
-class EmptySplitError(ValueError):
-    """A split's file holds no valid record (empty, or every line bad)."""
-
-    def __init__(self, split: str, index: JsonlIndex) -> None:
-        file, skips = index.file, index.skips
-        detail = f"{index.lines} non-blank lines, {skips.count} bad"
-        detail += f"; first: {skips.first[0]}" if skips.first else ""
-        hint = {
-            "val": " Without validation data no metric is computed and no best checkpoint can be kept: fix the "
-            "file, or train without validation (--data.val_file null).",
-            "train": " There is nothing to train on.",
-        }.get(split, "")
-        super().__init__(f"{split}_file {file}: 0 valid records found ({detail}).{hint}")

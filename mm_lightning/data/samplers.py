@@ -7,6 +7,8 @@ from collections.abc import Iterator, Sized
 import numpy as np
 from torch.utils.data import DistributedSampler
 
+from mm_lightning.seeding import derived_rng
+
 
 class LengthGroupedSampler(DistributedSampler):
     """Shuffle, sort by length inside windows of ``window_batches`` global batches, deal batches to ranks.
@@ -48,7 +50,7 @@ class LengthGroupedSampler(DistributedSampler):
 
     def batches(self) -> np.ndarray:
         """(steps, num_replicas, batch_size) item indices for the current epoch, identical on every rank."""
-        rng = np.random.default_rng([self.seed, self.epoch])
+        rng = derived_rng(self.seed, self.epoch)
         order = rng.permutation(len(self.lengths))
         if self.total_size > len(order):  # wrap around so every rank gets full batches
             order = np.concatenate([order, order[: self.total_size - len(order)]])

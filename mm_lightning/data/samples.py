@@ -21,13 +21,13 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal
 
-import numpy as np
 import torch
 
 from mm_lightning.data.images import DEFAULT_MAX_PIXELS, ImageDecodeError, decode_image_file
 from mm_lightning.data.records import Record, RecordError, record_errors
 from mm_lightning.data.skips import SKIPPED_KEY, STAND_IN_KEY
 from mm_lightning.data.transforms import DecodeResizedCrop
+from mm_lightning.seeding import derived_rng
 
 ORIGIN_KEY = (
     "origin"  # sample field: where the record came from (file, line), for errors found in the collate
@@ -180,7 +180,7 @@ class BadRecordPolicy:
     def _replace(
         self, item: int, err: RecordError, load: Callable[[int], dict[str, Any]], size: int, taken: set[int]
     ) -> dict[str, Any]:
-        rng = np.random.default_rng([self.seed & 0xFFFFFFFF, item])
+        rng = derived_rng(self.seed, item)
         tried: list[RecordError] = []
         draws = 0
         # Items already in the batch are avoided while the dataset has others (bounded extra draws).

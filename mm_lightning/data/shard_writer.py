@@ -30,10 +30,9 @@ from PIL import Image
 from tqdm import tqdm
 from webdataset import TarWriter
 
-from mm_lightning.data.images import DEFAULT_MAX_PIXELS, ImageDecodeError
+from mm_lightning.data.images import DEFAULT_MAX_PIXELS, ImageDecodeError, decode_image_bytes
 from mm_lightning.data.pools import process_pool
 from mm_lightning.data.records import RecordError
-from mm_lightning.data.sources.decode import decode_image_bytes
 from mm_lightning.data.sources.jsonl import RecordParser
 
 ImageFormat = Literal["copy", "jpg"]

@@ -12,7 +12,7 @@ from mm_lightning.models.fusion import CrossAttentionFusion
 from mm_lightning.models.itm import ImageTextMatching
 from mm_lightning.models.losses import ContrastiveLoss, DynamicWeightAveraging
 from mm_lightning.models.module import MultimodalModule
-from mm_lightning.models.towers import EncoderOutput, ImageEncoder, TextEncoder
+from mm_lightning.models.towers import EncoderOutput, HFTextTower, TorchvisionTower
 
 __all__ = [
     "ContrastiveLoss",
@@ -21,12 +21,12 @@ __all__ = [
     "DynamicWeightAveraging",
     "EncoderOutput",
     "FusionConfig",
-    "ImageEncoder",
+    "HFTextTower",
     "ImageTextMatching",
     "ImageTowerConfig",
     "LossConfig",
     "MultimodalModule",
     "OptimConfig",
-    "TextEncoder",
     "TextTowerConfig",
+    "TorchvisionTower",
 ]

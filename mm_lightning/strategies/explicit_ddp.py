@@ -28,6 +28,7 @@ from torch.nn import Module, Parameter
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from mm_lightning.distributed import CollectiveError
 from mm_lightning.lightning_compat import sync_module_states
 from mm_lightning.strategies.reducers import (
     BucketedReducer,
@@ -37,10 +38,6 @@ from mm_lightning.strategies.reducers import (
 )
 
 ReductionMode = Literal["per_parameter", "bucketed"]
-
-
-class CollectiveError(RuntimeError):
-    """A collective failed: a peer process died, hung or became unreachable."""
 
 
 class ExplicitAllReduceDDPStrategy(DDPStrategy):

@@ -8,8 +8,7 @@ import pytest
 import torch
 from lightning.pytorch import Trainer
 
-from mm_lightning.data import MultimodalDataModule
-from mm_lightning.data.sources.shard_datamodule import ShardDataModule
+from mm_lightning.data import MultimodalDataModule, ShardDataModule
 from mm_lightning.models import MultimodalModule
 from mm_lightning.preprocessing import IMAGENET_MEAN
 from tests.data.helpers import TOKENIZER
@@ -70,7 +69,7 @@ def test_setup_follows_the_towers_input_size_and_interpolation(datamodule: type,
     dm.trainer = trainer
     dm.setup("predict")
     assert (dm.image_size, dm.interpolation) == (40, "bicubic")
-    transform = dm.sample_builder("val") if datamodule is MultimodalDataModule else dm._builder(train=False)
+    transform = dm.sample_builder("val")
     image = torch.randint(0, 256, (3, 50, 60), dtype=torch.uint8)
     out = transform.transform(image)
     window = image[None, :, :, 5:55]  # the center square of the shorter side

@@ -11,7 +11,15 @@ import pytest
 import torch
 from PIL import Image
 
-from mm_lightning.data import BadRecordPolicy, Record, RecordError, SampleBuilder, TooManyBadRecords
+from mm_lightning.data import (
+    BadRecordPolicy,
+    MultimodalDataModule,
+    Record,
+    RecordError,
+    SampleBuilder,
+    ShardDataModule,
+    TooManyBadRecords,
+)
 from mm_lightning.data.records import record_errors
 from tests.data.helpers import natural_array
 
@@ -42,6 +50,23 @@ def test_builder_decodes_bytes_and_names_the_shard_sample() -> None:
     assert info.value.kind == "undecodable_image"
     with pytest.raises(RecordError, match="no bytes decoder"):
         SampleBuilder()(good, "a photo", 0, 0)
+
+
+@pytest.mark.parametrize("datamodule", [MultimodalDataModule, ShardDataModule])
+def test_both_data_modules_apply_the_image_options_to_shard_bytes(datamodule: type) -> None:
+    # One sample builder for JSONL files and shards: the decompression-bomb guard and the reduced decode the
+    # user set reach shard members too (a copied builder for shards once dropped both).
+    record = Record(_png_bytes(), ["a photo"], "shard-00001.tar", sample="000042", image_name="000042.jpg")
+    guarded = datamodule(tokenizer="mm-lightning/demo-bert", max_image_pixels=400, reduced_decode=False)
+    for split in ("train", "val"):
+        builder = guarded.sample_builder(split)
+        assert builder.transform.max_pixels == 400 and builder.transform.reduced_decode is False
+        with pytest.raises(RecordError, match="above max_image_pixels=400") as info:
+            builder(record, "a photo", 0, 0)
+        assert info.value.kind == "undecodable_image"
+    # control: with the default guard the same bytes build a sample
+    sample = datamodule(tokenizer="mm-lightning/demo-bert").sample_builder("train")(record, "a photo", 0, 0)
+    assert sample["image"].shape == (3, 224, 224)
 
 
 def _stream_build(record: int) -> dict:

@@ -10,7 +10,8 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from mm_lightning.data import BadRecordLogger, MultimodalDataModule
+from mm_lightning.callbacks import BadRecordLogger
+from mm_lightning.data import MultimodalDataModule
 from tests.data.helpers import TOKENIZER, save_image, write_jsonl
 
 

@@ -10,8 +10,8 @@ import numpy as np
 from PIL import Image
 from webdataset import TarWriter
 
+from mm_lightning.data.images import decode_image_bytes
 from mm_lightning.data.samples import BadRecordPolicy, SampleBuilder
-from mm_lightning.data.sources.decode import decode_image_bytes
 from mm_lightning.data.sources.shard_dataset import ShardDataset
 from mm_lightning.data.sources.shards import list_shards
 from tests.conftest import REPO, tiny_demo_args

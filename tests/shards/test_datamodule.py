@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mm_lightning.data.sources.shard_datamodule import ShardDataModule, Source
+from mm_lightning.data import ShardDataModule, Source
 from tests.data.helpers import TOKENIZER, coco_style
 from tests.shards.helpers import uneven_shards
 

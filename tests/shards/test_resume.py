@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mm_lightning.data.sources.shard_datamodule import DemoShardDataModule
+from mm_lightning.data import DemoShardDataModule
 from tests.conftest import REPO
 from tests.shards.helpers import shard_demo_args
 

@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset, DistributedSampler
 
+from mm_lightning.seeding import derived_rng
+
 MIX_BLOCK = 4096  # interleaving decisions drawn per block (vectorized, O(block) memory)
 # Distinct random streams per purpose: numpy seeds from (seed, epoch, purpose, ...), all non-negative.
 SHARD_ORDER, WINDOW, INTERLEAVE = 0, 1, 2
@@ -106,7 +108,7 @@ class ShardOrderSampler(DistributedSampler):
         return self.num_samples
 
     def _rng(self, *keys: int) -> np.random.Generator:
-        return np.random.default_rng([self.seed, self.epoch, *keys])
+        return derived_rng(self.seed, self.epoch, *keys)
 
     def _segments(self, s: int) -> Iterator[tuple[int, int, int]]:
         """(shard, start, stop) pieces of source ``s``'s epoch stream that fall in this rank's range."""

@@ -16,16 +16,10 @@ from mm_lightning.models.towers.registry import (
 )
 from mm_lightning.models.towers.torchvision import SmallResNet, TorchvisionTower
 
-# the names of the first version, kept for users' code
-ImageEncoder = TorchvisionTower
-TextEncoder = HFTextTower
-
 __all__ = [
     "EncoderOutput",
     "HFTextTower",
-    "ImageEncoder",
     "SmallResNet",
-    "TextEncoder",
     "TorchvisionTower",
     "Tower",
     "TowerContractError",

@@ -4,8 +4,8 @@ Towers cut out of a pretrained dual encoder (``clip:``, ``open_clip:``) carry th
 its shared space and its learned ``logit_scale`` (and ``logit_bias`` for sigmoid losses). A module that finds
 them uses them instead of fresh projections and its initial temperature::
 
-    self.image_proj = projection_for(self.image_encoder, embed_dim)
-    self.text_proj = projection_for(self.text_encoder, embed_dim)
+    self.image_proj = projection_for(self.image_encoder, self.image_encoder.pooled_dim, embed_dim)
+    self.text_proj = projection_for(self.text_encoder, self.text_encoder.pooled_dim, embed_dim)
     take_over_logit_scale(self.contrastive, self.image_encoder, self.text_encoder)
 """
 
@@ -85,24 +85,3 @@ def take_over_logit_scale(loss: nn.Module, *towers: nn.Module) -> None:
     bias = getattr(loss, "logit_bias", None)
     if isinstance(bias, torch.Tensor) and getattr(source, "logit_bias", None) is not None:
         bias.fill_(source.logit_bias)
-
-
-def tokenizer_for(text_tower: str) -> str:
-    """The tokenizer (``AutoTokenizer`` name or directory) that matches a text tower name.
-
-    ``clip:<dir>`` uses the directory's own tokenizer, ``open_clip:<model>`` an equivalent Hugging Face copy of
-    open_clip's, and a bare Hugging Face name itself. Used by the CLI to link ``data.tokenizer`` to the model.
-
-    Args:
-        text_tower: the model's text tower name.
-    """
-    from mm_lightning.models.towers.registry import split_name
-
-    prefix, bare = split_name(text_tower)
-    if prefix == "clip":
-        return bare
-    if prefix == "open_clip":
-        from mm_lightning.models.towers.open_clip import hf_tokenizer_dir
-
-        return hf_tokenizer_dir(bare)
-    return text_tower

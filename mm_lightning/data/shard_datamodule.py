@@ -1,7 +1,7 @@
 """ShardDataModule: train (and evaluate) from WebDataset shards, JSONL files, or a weighted mix of both.
 
     python -m mm_lightning fit --config configs/base.yaml \\
-        --data.class_path mm_lightning.data.sources.shard_datamodule.ShardDataModule \\
+        --data.class_path mm_lightning.data.ShardDataModule \\
         --data.init_args.train_shards 's3://bucket/laion/{00000..00127}.tar' \\
         --data.init_args.storage_options '{"endpoint_url": "http://127.0.0.1:9000"}'
 
@@ -10,28 +10,21 @@ Everything else (decode, transforms, tokenization, multi-caption, ``on_bad_recor
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 from typing_extensions import override
 
-from mm_lightning.data.datamodule import MultimodalDataModule, Split
-from mm_lightning.data.dataset import ImageTextDataset
+from mm_lightning.data.datamodule import MultimodalDataModule
 from mm_lightning.data.demo import demo_generator_args, generate_demo_dataset
-from mm_lightning.data.samples import BadRecordPolicy, SampleBuilder
 from mm_lightning.data.shard_writer import DESCRIPTOR, write_shards
-from mm_lightning.data.skips import SkipLog
-from mm_lightning.data.sources.decode import decode_image_bytes
-from mm_lightning.data.sources.jsonl import JsonlIndex, RecordParser
 from mm_lightning.data.sources.mixing import MixedDataset, ShardOrderSampler, SourcePlan
 from mm_lightning.data.sources.shard_dataset import ShardDataset
 from mm_lightning.data.sources.shards import list_shards
-from mm_lightning.data.transforms import eval_transform, train_transform
+from mm_lightning.data.splits import Split
 from mm_lightning.seeding import global_seed
 
 ShardSpec = str | list[str]
@@ -99,36 +92,15 @@ class ShardDataModule(MultimodalDataModule):
         }
         self.sources = [s if isinstance(s, Source) else Source(**s) for s in sources or []]
 
-    def _builder(
-        self, train: bool, confine_root: str | None = None, full_size: bool = False
-    ) -> SampleBuilder:
-        """The JSONL path's record -> sample step, with a bytes decoder for shard members."""
-        hp = self.hparams
-        scale_min = hp.train_scale[0] if train else 1.0
-        # Reduced JPEG decoding only down to a size the crop never has to upsample from.
-        min_side = int(self.image_size / scale_min**0.5) + 1 if hp.reduced_decode and not full_size else None
-        transform = (
-            train_transform(
-                self.image_size, tuple(hp.train_scale), hp.horizontal_flip, interpolation=self.interpolation
-            )
-            if train
-            else eval_transform(self.image_size, interpolation=self.interpolation)
-        )
-        decode = partial(decode_image_bytes, max_pixels=hp.max_image_pixels, min_side=min_side)
-        return SampleBuilder(transform, hp.max_image_pixels, min_side, confine_root, decode_bytes=decode)
-
-    def _policy(self) -> BadRecordPolicy:
-        return BadRecordPolicy(self.hparams.on_bad_record, self.hparams.max_replacements, global_seed())
-
     def _shard_dataset(self, spec: ShardSpec, split: str) -> ShardDataset:
         hp = self.hparams
         train = split == "train"
         dataset = ShardDataset(
             list_shards(spec, hp.storage_options, hp.cache_dir),
-            self._builder(train),
+            self.sample_builder(split),  # type: ignore[arg-type]
             text_key=hp.text_key,
             caption_sampling=hp.caption_sampling if train else "all",
-            policy=self._policy(),
+            policy=self.bad_record_policy(),
             storage_options=hp.storage_options,
             cache_dir=hp.cache_dir,
             open_shards=max(hp.open_shards, hp.shuffle_shards + 2),
@@ -140,7 +112,7 @@ class ShardDataModule(MultimodalDataModule):
     def audit_shards(self, split: str, workers: int, progress: bool) -> dict[str, Any] | None:
         """The audit report of ``split`` when it is read from shards (``None`` otherwise): every sample checked
         as training reads it, at full size, one process per shard."""
-        from mm_lightning.data.audit import _caption_report
+        from mm_lightning.data.audit import caption_report
         from mm_lightning.data.sources.shard_audit import audit_shard_split
 
         hp, spec = self.hparams, self.shard_specs.get(split)
@@ -148,25 +120,11 @@ class ShardDataModule(MultimodalDataModule):
             return None
         shards = list_shards(spec, hp.storage_options, hp.cache_dir)
         dataset = ShardDataset(
-            shards, self._builder(split == "train", full_size=True), hp.text_key, "random", self._policy(),
+            shards, self.sample_builder(split, full_size=True), hp.text_key, "random", self.bad_record_policy(),
             hp.storage_options, hp.cache_dir, open_shards=1,
         )  # fmt: skip
         report, captions = audit_shard_split(dataset, spec, workers, progress)
-        return {**report, **_caption_report(captions, hp.tokenizer, hp.max_length)}
-
-    def _jsonl_dataset(self, file: str, image_root: str | None) -> ImageTextDataset:
-        hp = self.hparams
-        root = image_root or hp.image_root or os.path.dirname(os.path.abspath(file))
-        parser = RecordParser(file, hp.image_key, hp.text_key, root, hp.confine_to_root)
-        index = JsonlIndex(parser, hp.on_bad_record)
-        if index.num_captions == 0:
-            raise ValueError(f"training source {file}: 0 valid records")
-        return ImageTextDataset(
-            index,
-            self._builder(True, parser.confine_root),
-            caption_sampling=hp.caption_sampling,
-            policy=self._policy(),
-        )
+        return {**report, **caption_report(captions, hp.tokenizer, hp.max_length)}
 
     def _train_mix(self) -> MixedDataset | None:
         if self.sources:
@@ -177,7 +135,7 @@ class ShardDataModule(MultimodalDataModule):
                 if source.shards is not None:
                     parts.append(self._shard_dataset(source.shards, "train"))
                 else:
-                    parts.append(self._jsonl_dataset(source.file, source.image_root))  # type: ignore[arg-type]
+                    parts.append(self.jsonl_dataset("train", source.file, source.image_root))
             return MixedDataset(parts, [str(s.shards or s.file) for s in self.sources])
         if self.shard_specs["train"] is not None:
             return MixedDataset([self._shard_dataset(self.shard_specs["train"], "train")])
@@ -198,17 +156,6 @@ class ShardDataModule(MultimodalDataModule):
         """A split has data when its JSONL file or shards are set (training also from ``sources``)."""
         has_data = self.files[split] is not None or self.shard_specs[split] is not None
         return has_data or (split == "train" and bool(self.sources))
-
-    @property
-    @override
-    def index_skips(self) -> SkipLog:
-        log = SkipLog()
-        for split, ds in self.datasets.items():
-            for part in ds.datasets if isinstance(ds, MixedDataset) else [ds]:
-                index = getattr(part, "index", None)  # JSONL sources drop bad lines while indexing
-                if index is not None:
-                    log.update(index.skips, split=split)
-        return log
 
     def sampler_plans(self, dataset: MixedDataset) -> list[SourcePlan]:
         weights = [s.weight for s in self.sources] or [1.0]
@@ -238,12 +185,6 @@ class ShardDataModule(MultimodalDataModule):
         self.check_a_batch(len(sampler), f"{len(dataset)} samples")
         # Every rank's sampler has the same length, so drop_last gives every rank the same number of batches.
         return StatefulDataLoader(dataset, sampler=sampler, drop_last=True, **self._loader_kwargs())
-
-    @override
-    def val_dataloader(self) -> DataLoader | list:
-        if self.files["val"] is None and self.shard_specs["val"] is None:
-            return []
-        return DataLoader(self._dataset("val"), shuffle=False, **self._loader_kwargs())
 
 
 class DemoShardDataModule(ShardDataModule):
@@ -282,11 +223,8 @@ class DemoShardDataModule(ShardDataModule):
     @override
     def prepare_data(self) -> None:
         generate_demo_dataset(self.data_dir, **self.generator_args)
-        hp = self.hparams
         for split in ("train", "val", "test"):
-            parser = RecordParser(
-                str(self.data_dir / f"{split}.jsonl"), hp.image_key, hp.text_key, str(self.data_dir), False
-            )
+            parser = self.record_parser(split, str(self.data_dir / f"{split}.jsonl"), str(self.data_dir))
             # Resumable and fingerprinted: a rerun reuses finished shards; new demo data rewrites them.
             write_shards(
                 parser,

@@ -1,0 +1,56 @@
+"""The splits a data module serves, which Lightning stage reads which, and the errors of a split without data."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from mm_lightning.data.sources.jsonl import JsonlIndex
+
+Split = Literal["train", "val", "test", "predict"]
+
+# The splits each Lightning stage reads.
+STAGE_SPLITS: dict[str, tuple[str, ...]] = {
+    "fit": ("train", "val"),
+    "validate": ("val",),
+    "test": ("test",),
+    "predict": ("predict",),
+}
+
+
+class NoTrainingBatch(ValueError):
+    """The training split holds fewer samples than one batch per device: no training step would run.
+
+    Refused at the start: the run would otherwise end "successfully" without a step (``drop_last``), and records
+    never loaded would never be checked.
+
+    Args:
+        where: the split's source and what was found there.
+        per_rank: training samples each rank's loader draws per epoch.
+        batch_size: the batch size per device.
+        world: the number of devices.
+    """
+
+    def __init__(self, where: str, per_rank: int, batch_size: int, world: int) -> None:
+        devices = f" x {world} devices" if world > 1 else ""
+        super().__init__(
+            f"train: {where}: fewer than one batch per device ({per_rank} per device; batch_size {batch_size}"
+            f"{devices}), so not one training step would run (the last incomplete batch is dropped). Their images"
+            " were never loaded, so bad ones among them are not counted either. Lower --data.init_args.batch_size"
+            " or add training records."
+        )
+
+
+class EmptySplitError(ValueError):
+    """A split's file holds no valid record (empty, or every line bad)."""
+
+    def __init__(self, label: str, index: JsonlIndex) -> None:
+        split = label.split(" ")[0].removesuffix("_file")
+        file, skips = index.file, index.skips
+        detail = f"{index.lines} non-blank lines, {skips.count} bad"
+        detail += f"; first: {skips.first[0]}" if skips.first else ""
+        hint = {
+            "val": " Without validation data no metric is computed and no best checkpoint can be kept: fix the "
+            "file, or train without validation (--data.val_file null).",
+            "train": " There is nothing to train on.",
+        }.get(split, "")
+        super().__init__(f"{label} {file}: 0 valid records found ({detail}).{hint}")

@@ -1,0 +1,192 @@
+"""The package stays readable as a template: no import cycle, no module over 400 lines, one-way layers, no
+deprecation shims, and Lightning's private names only in ``lightning_compat.py``.
+
+Imports are read from the source (every ``import``, also those inside functions), so a lazy import that
+would close a cycle counts too.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from mm_lightning import lightning_compat
+from tests.conftest import REPO
+
+PACKAGE = REPO / "mm_lightning"
+MAX_LINES = 400
+# (importer prefix, prefixes it must not import): the read path of ``fit`` goes cli -> module -> model ->
+# towers/losses -> data, never back.
+LAYERS = [
+    ("mm_lightning.data", ("mm_lightning.models", "mm_lightning.callbacks", "mm_lightning.cli",
+                           "mm_lightning.trainer", "mm_lightning.strategies")),
+    ("mm_lightning.models", ("mm_lightning.callbacks", "mm_lightning.cli", "mm_lightning.trainer",
+                             "mm_lightning.strategies")),
+    ("mm_lightning.callbacks", ("mm_lightning.cli", "mm_lightning.trainer", "mm_lightning.strategies")),
+]  # fmt: skip
+
+
+def module_files(root: Path) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the package at ``root``."""
+    mods = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        mods[name] = path
+    return mods
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the package modules it imports (a package's imports of its own submodules left out)."""
+    mods = module_files(root)
+    top = root.name
+
+    def resolve(target: str) -> str | None:
+        parts = target.split(".")
+        for end in range(len(parts), 0, -1):
+            if ".".join(parts[:end]) in mods:
+                return ".".join(parts[:end])
+        return None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith(top):
+                targets |= {resolve(f"{node.module}.{alias.name}") for alias in node.names}
+            elif isinstance(node, ast.Import):
+                targets |= {resolve(alias.name) for alias in node.names if alias.name.startswith(top)}
+        is_package = path.name == "__init__.py"
+        graph[name] = {
+            t for t in targets if t and t != name and not (is_package and t.startswith(name + "."))
+        }
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected groups of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def long_modules(root: Path) -> dict[str, int]:
+    return {
+        name: n
+        for name, path in module_files(root).items()
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+
+
+def test_no_import_cycle() -> None:
+    assert cycles(import_graph(PACKAGE)) == []
+
+
+def test_no_module_over_400_lines() -> None:
+    assert long_modules(PACKAGE) == {}
+
+
+def test_layers_import_one_way() -> None:
+    graph = import_graph(PACKAGE)
+    wrong = [
+        f"{m} -> {t}"
+        for prefix, forbidden in LAYERS
+        for m, targets in graph.items()
+        if m.startswith(prefix)
+        for t in targets
+        if t.startswith(forbidden)
+    ]
+    assert wrong == []
+
+
+def test_explicit_all_reduce_is_off_the_read_path() -> None:
+    # The explicit all-reduce strategy and its reducers are an extra: only the CLI imports the package (to
+    # register the ``ddp_explicit`` name); nothing on the way through ``fit`` needs to be read to use them.
+    graph = import_graph(PACKAGE)
+    importers = {
+        m
+        for m, targets in graph.items()
+        if not m.startswith("mm_lightning.strategies")
+        and any(t.startswith("mm_lightning.strategies") for t in targets)
+    }
+    assert importers == {"mm_lightning.cli"}
+
+
+def test_no_deprecation_shims() -> None:
+    for name, path in module_files(PACKAGE).items():
+        tree = ast.parse(path.read_text())
+        top_level = [n.name for n in tree.body if isinstance(n, ast.FunctionDef)]
+        assert "__getattr__" not in top_level, f"{name}: module-level __getattr__ (a lazy alias)"
+        assert "DeprecationWarning" not in path.read_text(), f"{name}: a deprecation shim"
+
+
+def test_lightning_private_names_only_in_compat() -> None:
+    private = {attribute for _, _, attribute in lightning_compat.private_api()}
+    pattern = re.compile(r"\.(" + "|".join(sorted(private)) + r")\b")
+    users = [
+        f"{name}: {match.group(1)}"
+        for name, path in module_files(PACKAGE).items()
+        if name != "mm_lightning.lightning_compat"
+        for match in pattern.finditer(path.read_text())
+    ]
+    assert users == []
+    # control: the pattern finds the uses where they are allowed
+    assert len(pattern.findall(Path(lightning_compat.__file__).read_text())) >= len(private)
+
+
+def _write(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root / "pkg"
+
+
+def test_controls_a_cycle_and_a_long_module_are_found(tmp_path: Path) -> None:
+    # Controls: the checks above can fail (a lazy import closing a cycle; a module one line too long).
+    pkg = _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "from pkg import a\n",
+            "pkg/a.py": "from pkg.b import f\n",
+            "pkg/b.py": "def f():\n    from pkg.a import g\n",
+            "pkg/c.py": "x = 1\n" * (MAX_LINES + 1),
+        },
+    )
+    assert cycles(import_graph(pkg)) == [["pkg.a", "pkg.b"]]
+    assert long_modules(pkg) == {"pkg.c": MAX_LINES + 1}
+
+
+def test_control_package_imports_of_children_are_not_cycles(tmp_path: Path) -> None:
+    # A package re-exporting its children while a child imports a sibling is the normal layout, not a cycle.
+    pkg = _write(tmp_path, {"pkg/__init__.py": "from pkg.a import x\n", "pkg/a.py": "from pkg.b import y\n",
+                            "pkg/b.py": "y = 1\n"})  # fmt: skip
+    assert cycles(import_graph(pkg)) == []
