@@ -140,13 +140,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m mm_lightning export --ckpt_path CKPT --format hf --out DIR``."""
-    parser = build_parser()
+def parse_checkpoint_command(
+    parser: argparse.ArgumentParser, argv: list[str] | None
+) -> tuple[argparse.Namespace, DualEncoder]:
+    """The options of a command that reads a training checkpoint (``export``, ``zeroshot``), and its network.
+
+    A missing ``--ckpt_path`` file is a usage error naming it (exit code 2).
+    """
     args = parser.parse_args(argv)
     if not Path(args.ckpt_path).is_file():
         parser.error(f"--ckpt_path {args.ckpt_path!r} does not exist")
-    module = DualEncoder.from_checkpoint(args.ckpt_path, map_location="cpu").eval()
+    return args, DualEncoder.from_checkpoint(args.ckpt_path, map_location="cpu").eval()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m mm_lightning export --ckpt_path CKPT --format hf --out DIR``."""
+    parser = build_parser()
+    args, module = parse_checkpoint_command(parser, argv)
     try:
         out = export_hf(module, args.out, _data_hyperparameters(args.ckpt_path))
     except ExportError as error:

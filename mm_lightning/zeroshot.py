@@ -248,14 +248,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """``python -m mm_lightning zeroshot --ckpt_path CKPT --data DIR_OR_JSONL [--templates ...]``."""
     from mm_lightning.data.collate import load_tokenizer
-    from mm_lightning.models import DualEncoder
+    from mm_lightning.export import parse_checkpoint_command
     from mm_lightning.models.towers.tokenizers import tokenizer_for
 
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not Path(args.ckpt_path).is_file():
-        parser.error(f"--ckpt_path {args.ckpt_path!r} does not exist")
-    module = DualEncoder.from_checkpoint(args.ckpt_path, map_location="cpu")
+    args, module = parse_checkpoint_command(build_parser(), argv)
     tokenizer = load_tokenizer(tokenizer_for(module.text_config.name))
     config = module.data_config["image"]
     images = load_labeled_images(args.data, args.classnames)

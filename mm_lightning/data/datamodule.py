@@ -185,14 +185,16 @@ class MultimodalDataModule(pl.LightningDataModule):
         # Reduced JPEG decoding only down to a size the crop never has to upsample from.
         scale_min = hp.train_scale[0] if train else 1.0
         min_side = int(self.image_size / scale_min**0.5) + 1 if reduced else None
+        options = {
+            "reduced_decode": reduced,
+            "max_pixels": hp.max_image_pixels,
+            "interpolation": self.interpolation,
+        }
         transform = (
-            train_transform(
-                self.image_size, tuple(hp.train_scale), hp.horizontal_flip, reduced, hp.max_image_pixels,
-                self.interpolation,
-            )
+            train_transform(self.image_size, tuple(hp.train_scale), hp.horizontal_flip, **options)
             if train
-            else eval_transform(self.image_size, reduced, hp.max_image_pixels, self.interpolation)
-        )  # fmt: skip
+            else eval_transform(self.image_size, **options)
+        )
         decode = partial(decode_image_bytes, max_pixels=hp.max_image_pixels, min_side=min_side)
         return SampleBuilder(transform, hp.max_image_pixels, min_side, confine_root, decode_bytes=decode)
 

@@ -11,6 +11,8 @@ when ``normalize_on="worker"``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torchvision.transforms import v2
 
@@ -140,12 +142,7 @@ def _check_aspect(width: int, height: int, max_aspect_ratio: float | None) -> No
 
 
 def train_transform(
-    image_size: int,
-    scale: tuple[float, float] = (0.9, 1.0),
-    horizontal_flip: bool = False,
-    reduced_decode: bool = True,
-    max_pixels: int | None = DEFAULT_MAX_PIXELS,
-    interpolation: str = "bilinear",
+    image_size: int, scale: tuple[float, float] = (0.9, 1.0), horizontal_flip: bool = False, **options: Any
 ) -> DecodeResizedCrop:
     """Random resized crop; no flip by default because captions say "left" and "right".
 
@@ -153,37 +150,19 @@ def train_transform(
         image_size: output side.
         scale: area range of the random crop (open_clip's default 0.9-1.0 keeps caption content in view).
         horizontal_flip: add a random horizontal flip.
-        reduced_decode: allow DCT-scaled JPEG decoding where the crop needs no upsampling.
-        max_pixels: decompression-bomb guard.
-        interpolation: ``bilinear`` or ``bicubic``.
+        **options: :class:`DecodeResizedCrop`'s ``reduced_decode``, ``max_pixels``, ``interpolation``, ...
     """
-    return DecodeResizedCrop(
-        image_size,
-        scale,
-        horizontal_flip=horizontal_flip,
-        reduced_decode=reduced_decode,
-        max_pixels=max_pixels,
-        interpolation=interpolation,
-    )
+    return DecodeResizedCrop(image_size, scale, horizontal_flip=horizontal_flip, **options)
 
 
-def eval_transform(
-    image_size: int,
-    reduced_decode: bool = True,
-    max_pixels: int | None = DEFAULT_MAX_PIXELS,
-    interpolation: str = "bilinear",
-) -> DecodeResizedCrop:
+def eval_transform(image_size: int, **options: Any) -> DecodeResizedCrop:
     """Resize the shorter side to ``image_size`` and center crop (the usual eval protocol).
 
     Args:
         image_size: output side.
-        reduced_decode: allow DCT-scaled JPEG decoding where the crop needs no upsampling.
-        max_pixels: decompression-bomb guard.
-        interpolation: ``bilinear`` or ``bicubic``.
+        **options: :class:`DecodeResizedCrop`'s ``reduced_decode``, ``max_pixels``, ``interpolation``, ...
     """
-    return DecodeResizedCrop(
-        image_size, None, reduced_decode=reduced_decode, max_pixels=max_pixels, interpolation=interpolation
-    )
+    return DecodeResizedCrop(image_size, None, **options)
 
 
 class Normalize(torch.nn.Module):

@@ -32,13 +32,14 @@ under ``mm_lightning.models.losses``, imported on first use of the name.
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
 
 import torch
 from torch import Tensor, nn
+
+from mm_lightning.models.registry import Registry
 
 
 class PairLogits(NamedTuple):
@@ -160,7 +161,7 @@ class ScaledPairLoss(PairLoss):
 
 
 LossClass = TypeVar("LossClass", bound=type[PairLoss])
-LOSSES: dict[str, type[PairLoss]] = {}
+LOSSES: Registry[type[PairLoss]] = Registry("loss", "mm_lightning.models.losses")
 
 
 def register_loss(name: str) -> Callable[[LossClass], LossClass]:
@@ -169,14 +170,7 @@ def register_loss(name: str) -> Callable[[LossClass], LossClass]:
     Args:
         name: the loss's name in configs.
     """
-
-    def decorate(cls: LossClass) -> LossClass:
-        if name in LOSSES and LOSSES[name] is not cls:
-            raise ValueError(f"loss {name!r} is already registered by {LOSSES[name]}")
-        LOSSES[name] = cls
-        return cls
-
-    return decorate
+    return LOSSES.register(name)  # type: ignore[return-value]
 
 
 def build_loss(name: str, **kwargs: Any) -> PairLoss:
@@ -186,16 +180,7 @@ def build_loss(name: str, **kwargs: Any) -> PairLoss:
         name: ``"clip"``, or another registered loss (``mm_lightning.models.losses.<name>`` is imported first).
         kwargs: the loss's constructor arguments.
     """
-    if name not in LOSSES:
-        module = f"mm_lightning.models.losses.{name}"
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as error:
-            if error.name != module:
-                raise
-    if name not in LOSSES:
-        raise ValueError(f"unknown loss {name!r}; registered losses: {', '.join(sorted(LOSSES))}")
-    return LOSSES[name](**kwargs)
+    return LOSSES.lookup(name)(**kwargs)
 
 
 class LossContractError(ValueError):

@@ -12,35 +12,29 @@ Names carry a family prefix: ``"timm:vit_small_patch16_224"``, ``"hf:/models/sig
         ...
 
 Family modules under ``mm_lightning.models.towers`` are imported on first use of their prefix (the module named
-in ``FAMILY_MODULES``, else the module named like the prefix), so a missing optional dependency only matters to
-users of that family.
+like the prefix, or in ``FAMILY_MODULES``; see :class:`~mm_lightning.models.registry.Registry`), so a missing
+optional dependency only matters to users of that family.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from mm_lightning.models.registry import Registry
 from mm_lightning.models.towers.base import Tower
 
 Builder = TypeVar("Builder", bound=Callable[..., Tower])
 
-IMAGE_TOWERS: dict[str, Callable[..., Tower]] = {}
-TEXT_TOWERS: dict[str, Callable[..., Tower]] = {}
-# prefix -> module of mm_lightning.models.towers that registers it (imported lazily)
-FAMILY_MODULES = {"timm": "timm", "hf": "hf_vision", "open_clip": "open_clip", "clip": "clip"}
+# prefix -> module of mm_lightning.models.towers that registers it, where it is named otherwise
+FAMILY_MODULES = {"hf": "hf_vision"}
+IMAGE_TOWERS: Registry[Callable[..., Tower]] = Registry(
+    "image tower family", "mm_lightning.models.towers", FAMILY_MODULES
+)
+TEXT_TOWERS: Registry[Callable[..., Tower]] = Registry(
+    "text tower family", "mm_lightning.models.towers", FAMILY_MODULES
+)
 PREFIX_SEPARATOR = ":"
-
-
-def _register(table: dict[str, Callable[..., Tower]], kind: str, prefix: str) -> Callable[[Builder], Builder]:
-    def decorate(builder: Builder) -> Builder:
-        if prefix in table and table[prefix] is not builder:
-            raise ValueError(f"{kind} tower prefix {prefix!r} is already registered by {table[prefix]}")
-        table[prefix] = builder
-        return builder
-
-    return decorate
 
 
 def register_image_tower(prefix: str) -> Callable[[Builder], Builder]:
@@ -49,7 +43,7 @@ def register_image_tower(prefix: str) -> Callable[[Builder], Builder]:
     Args:
         prefix: family prefix (e.g. ``"timm"``).
     """
-    return _register(IMAGE_TOWERS, "image", prefix)
+    return IMAGE_TOWERS.register(prefix)
 
 
 def register_text_tower(prefix: str) -> Callable[[Builder], Builder]:
@@ -58,7 +52,7 @@ def register_text_tower(prefix: str) -> Callable[[Builder], Builder]:
     Args:
         prefix: family prefix (e.g. ``"open_clip"``).
     """
-    return _register(TEXT_TOWERS, "text", prefix)
+    return TEXT_TOWERS.register(prefix)
 
 
 def split_name(name: str) -> tuple[str | None, str]:
@@ -67,22 +61,6 @@ def split_name(name: str) -> tuple[str | None, str]:
     if not sep or not prefix.isidentifier():
         return None, name
     return prefix, rest
-
-
-def _builder(table: dict[str, Callable[..., Tower]], kind: str, prefix: str) -> Callable[..., Tower]:
-    for family in dict.fromkeys([FAMILY_MODULES.get(prefix), prefix]):
-        if prefix in table or family is None:
-            continue
-        module = f"mm_lightning.models.towers.{family}"
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as error:
-            if error.name != module:  # the family exists but one of its dependencies is missing
-                raise
-    if prefix not in table:
-        known = sorted(table) or ["(none)"]
-        raise ValueError(f"unknown {kind} tower family {prefix!r}; registered prefixes: {', '.join(known)}")
-    return table[prefix]
 
 
 def build_image_tower(
@@ -106,7 +84,7 @@ def build_image_tower(
         from mm_lightning.models.towers.torchvision import TorchvisionTower
 
         return TorchvisionTower(bare, weights, image_size, kwargs, strict)
-    return _builder(IMAGE_TOWERS, "image", prefix)(bare, weights, image_size, dict(kwargs or {}), strict)
+    return IMAGE_TOWERS.lookup(prefix)(bare, weights, image_size, dict(kwargs or {}), strict)
 
 
 def build_text_tower(
@@ -131,4 +109,4 @@ def build_text_tower(
 
         return HFTextTower(bare, pretrained, config_overrides, pooling, trust_remote_code)  # type: ignore[arg-type]
     overrides = dict(config_overrides or {})
-    return _builder(TEXT_TOWERS, "text", prefix)(bare, pretrained, overrides, pooling, trust_remote_code)
+    return TEXT_TOWERS.lookup(prefix)(bare, pretrained, overrides, pooling, trust_remote_code)
