@@ -88,7 +88,7 @@ CALLBACK_GROUPS: dict[str, type] = {
     "throughput": ThroughputMonitor,
     # data/skipped (cumulative, all ranks) + the first reasons, when on_bad_record=skip replaces samples
     "bad_records": BadRecordLogger,
-    # acts only in `predict`: one embeddings file per rank (README "Predict: export embeddings")
+    # acts only in `predict`: one embeddings file per rank (docs/models.md "Predict: export embeddings")
     "prediction": EmbeddingWriter,
     # Lightning's layer table, without a column of unmeasured (zero) FLOPs
     "model_summary": ModelSummary,
@@ -98,7 +98,7 @@ CALLBACK_GROUPS: dict[str, type] = {
     "preemption": PreemptionCheckpoint,
     # RNG states and loader position, so a resumed run continues bit for bit
     "exact_resume": ExactResume,
-    # the README's monitors (TensorBoard section)
+    # the monitors of docs/training.md's TensorBoard table
     "step_time": StepTimeMonitor,
     "peak_memory": PeakMemoryMonitor,
     "grad_norm": GradNormMonitor,

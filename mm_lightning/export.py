@@ -130,7 +130,7 @@ def _data_hyperparameters(checkpoint_path: str) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command's options (also used by the tests that check the README's commands parse)."""
+    """The command's options (also used by the tests that check the documented commands parse)."""
     parser = argparse.ArgumentParser(
         prog="python -m mm_lightning export", description=__doc__.splitlines()[0]
     )

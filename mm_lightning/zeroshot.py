@@ -232,7 +232,7 @@ def evaluate(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command's options (also used by the tests that check the README's commands parse)."""
+    """The command's options (also used by the tests that check the documented commands parse)."""
     parser = argparse.ArgumentParser(
         prog="python -m mm_lightning zeroshot", description=__doc__.splitlines()[0]
     )

@@ -1,4 +1,5 @@
-"""Every ``python -m mm_lightning ...`` command in the README parses, and the CLI lists every command it has.
+"""Every ``python -m mm_lightning ...`` command in the README and ``docs/`` parses, and the CLI lists every command
+it has.
 
 Training commands are parsed with ``--print_config`` (the whole config is built and checked, nothing runs);
 ``export`` and ``zeroshot`` with their own parsers.
@@ -46,7 +47,12 @@ def readme_commands(text: str) -> list[tuple[int, list[str]]]:
     return commands
 
 
-COMMANDS = readme_commands((REPO / "README.md").read_text())
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+COMMANDS = [
+    (f"{page.relative_to(REPO)}:{line}", argv)
+    for page in PAGES
+    for line, argv in readme_commands(page.read_text())
+]
 
 
 def test_the_readme_has_commands_of_every_kind() -> None:
@@ -72,9 +78,9 @@ def parses(argv: list[str], capsys: pytest.CaptureFixture) -> None:
     assert "--" in output.out if asks_help else "trainer:" in output.out
 
 
-@pytest.mark.parametrize(("line", "argv"), COMMANDS, ids=[f"line{line}" for line, _ in COMMANDS])
+@pytest.mark.parametrize(("line", "argv"), COMMANDS, ids=[line for line, _ in COMMANDS])
 def test_readme_command_parses(
-    line: int, argv: list[str], capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+    line: str, argv: list[str], capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(REPO)  # the README's paths are relative to the repository
     if argv[0].startswith("PYTHONPATH="):

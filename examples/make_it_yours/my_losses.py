@@ -1,4 +1,4 @@
-"""A user's own loss (see README "Make it yours"), chosen in YAML by ``class_path`` in ``model.loss.itc``.
+"""A user's own loss (see docs/make_it_yours.md), chosen in YAML by ``class_path`` in ``model.loss.itc``.
 
 The pair-loss contract (mm_lightning/models/losses/base.py): called with the (B, D) image and text embeddings of
 the local rows, their image ids and optional per-pair weights; returns a scalar (the ``itc`` term) or a dict of

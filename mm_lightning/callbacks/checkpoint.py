@@ -134,7 +134,8 @@ class ExactResume(Callback):
       it and restarts the not yet consumed iterator.
 
     Random data augmentation is exact only if it does not draw from the global generators of the process that
-    loads the batch (see the README: per-sample seeding).
+    loads the batch (the built-in datasets seed each
+    batch's draws with ``seeding.derive_seed`` from the run's seed and the batch's items).
 
     Args:
         seed: Base seed of the per-batch reseeding; ``None`` uses the one ``seed_everything`` set (0 if none).

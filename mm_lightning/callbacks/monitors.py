@@ -9,7 +9,7 @@
   caption, from the embeddings ``validation_step`` returns.
 
 All of them do their work on logging steps only (``trainer.log_every_n_steps``) or once per validation; the
-CLI adds them all; the README lists every tag, what it costs and what to do when it looks wrong.
+CLI adds them all; docs/training.md lists every tag, what it costs and what to do when it looks wrong.
 """
 
 from __future__ import annotations

@@ -150,7 +150,7 @@ def check_strategy(strategy: object) -> None:
     which gradients are ready from the forward graph, and pass 1 builds no graph through the towers, so the
     towers' gradients would be reduced before pass 2 computes them. Sharded strategies (FSDP, DeepSpeed,
     model parallel) own their parameters' gradients and are not supported; they are another way to fit a
-    large batch (see the README's large-batch section).
+    large batch (see docs/scaling.md, large batches).
 
     Args:
         strategy: the trainer's strategy.

@@ -68,20 +68,20 @@ def test_checkpoint_reloads_offline_with_identical_outputs(trained, tmp_path: Pa
 
 
 def test_readme_loads_the_model_without_lightning(trained, tmp_path: Path, monkeypatch) -> None:
-    """The README's "Use the model without Lightning" snippet, run as written on a training checkpoint."""
+    """The "Use the model without Lightning" snippet of docs/models.md, run as written on a training checkpoint."""
     import re
 
     from tests.conftest import REPO
 
     model, trainer, _ = trained
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("### Use the model without Lightning") :]
+    page = (REPO / "docs" / "models.md").read_text()
+    section = page[page.index("### Use the model without Lightning") :]
     snippet = re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
     (tmp_path / "logs" / "demo" / "checkpoints").mkdir(parents=True)
     trainer.save_checkpoint(tmp_path / "logs" / "demo" / "checkpoints" / "last.ckpt")
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
-    exec(compile(snippet, "README.md", "exec"), namespace)  # no LightningModule, no Trainer
+    exec(compile(snippet, "docs/models.md", "exec"), namespace)  # no LightningModule, no Trainer
     loaded = namespace["model"]
     assert type(loaded).__name__ == "DualEncoder" and namespace["similarity"].shape == (2, 2)
     model.eval()
