@@ -141,6 +141,30 @@ def test_explicit_all_reduce_is_off_the_read_path() -> None:
     assert importers == {"mm_lightning.cli"}
 
 
+def private_imports(root: Path) -> list[str]:
+    """``module: name`` for every private name (``_x``) imported from another module of the package."""
+    found = []
+    for name, path in module_files(root).items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(root.name):
+                found += [
+                    f"{name}: {a.name}"
+                    for a in node.names
+                    if a.name.startswith("_") and a.name != "__version__"
+                ]
+    return found
+
+
+def test_no_private_import_across_modules() -> None:
+    assert private_imports(PACKAGE) == []
+
+
+def test_control_a_private_import_is_found(tmp_path: Path) -> None:
+    pkg = _write(tmp_path, {"pkg/__init__.py": "", "pkg/a.py": "def _f():\n    pass\n",
+                            "pkg/b.py": "def g():\n    from pkg.a import _f\n"})  # fmt: skip
+    assert private_imports(pkg) == ["pkg.b: _f"]
+
+
 def test_no_deprecation_shims() -> None:
     for name, path in module_files(PACKAGE).items():
         tree = ast.parse(path.read_text())

@@ -54,7 +54,7 @@ def inspect_image(path: str, builder: SampleBuilder) -> dict[str, Any]:
     return {"ok": True, "height": image.shape[1], "width": image.shape[2], "mode": mode, "hash": digest}
 
 
-def _histogram(values: list[int], edges: tuple[int, ...]) -> dict[str, int]:
+def histogram(values: list[int], edges: tuple[int, ...]) -> dict[str, int]:
     counts = np.histogram(np.asarray(values, dtype=np.int64), bins=[*edges, np.iinfo(np.int64).max])[0]
     labels = [f"{lo}-{hi - 1}" for lo, hi in zip(edges[:-1], edges[1:], strict=True)] + [f">={edges[-1]}"]
     return {label: int(c) for label, c in zip(labels, counts, strict=True) if c}
@@ -114,7 +114,7 @@ def caption_report(captions: list[str], tokenizer: str, max_length: int) -> dict
         "overlong_captions": sum(n > max_length for n in lengths),
         "duplicate_captions": sum(c - 1 for c in counts.values() if c > 1),
         "top_duplicate_captions": [[c, n] for c, n in counts.most_common(EXAMPLES) if n > 1],
-        "caption_tokens_histogram": _histogram(lengths, TOKEN_BUCKETS),
+        "caption_tokens_histogram": histogram(lengths, TOKEN_BUCKETS),
         "caption_tokens_max": max(lengths, default=0),
     }
 
@@ -142,7 +142,7 @@ def _image_report(scan: SplitScan, results: dict[str, dict[str, Any]]) -> dict[s
         "duplicate_images_by_content": sum(len(v) - 1 for v in by_hash.values() if len(v) > 1),
         "duplicate_image_examples": [v for v in by_hash.values() if len(v) > 1][:EXAMPLES],
         "image_modes": dict(modes),
-        "image_short_side_histogram": _histogram(sides, SIZE_BUCKETS),
+        "image_short_side_histogram": histogram(sides, SIZE_BUCKETS),
     }
 
 

@@ -71,7 +71,7 @@ def audit_shard_split(
                 by_hash[digest].append(f"{dataset.shards[shard].url}:{name}")
                 sides.append(side)
                 captions.extend(caps)
-    from mm_lightning.data.audit import SIZE_BUCKETS, _histogram
+    from mm_lightning.data.audit import SIZE_BUCKETS, histogram
 
     errors = sum(bad_lines.values())
     report = {
@@ -88,6 +88,6 @@ def audit_shard_split(
         "undecodable_images": bad_lines["undecodable_image"],
         "duplicate_images_by_content": sum(len(v) - 1 for v in by_hash.values() if len(v) > 1),
         "duplicate_image_examples": [v for v in by_hash.values() if len(v) > 1][:EXAMPLES],
-        "image_short_side_histogram": _histogram(sides, SIZE_BUCKETS),
+        "image_short_side_histogram": histogram(sides, SIZE_BUCKETS),
     }
     return report, captions
