@@ -2,6 +2,7 @@
 
 from mm_lightning.callbacks.bad_records import BadRecordLogger
 from mm_lightning.callbacks.checkpoint import ExactResume, PreemptionCheckpoint, ResilientCheckpoint
+from mm_lightning.callbacks.feature_cache import LockedImageFeatures
 from mm_lightning.callbacks.flops import FlopCounter
 from mm_lightning.callbacks.monitors import (
     GradNormMonitor,
@@ -19,6 +20,7 @@ __all__ = [
     "ExactResume",
     "FlopCounter",
     "GradNormMonitor",
+    "LockedImageFeatures",
     "ModelSummary",
     "NaNGuard",
     "NonFiniteTrainingError",

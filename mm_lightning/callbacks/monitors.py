@@ -175,6 +175,8 @@ class RetrievalGridLogger(Callback):
     ) -> None:
         if trainer.sanity_checking or not trainer.is_global_zero or batch_idx >= self.num_batches:
             return
+        if batch["image"].dim() != 4:  # cached image features (LockedImageFeatures): no pictures to draw
+            return
         if not isinstance(outputs, dict) or not {"image_embeddings", "text_embeddings"} <= outputs.keys():
             if not self._warned:
                 rank_zero_warn(

@@ -48,6 +48,9 @@ class SampleBuilder:
         min_side: allow reduced-size JPEG decoding down to this shorter side (``None``: full size).
         confine_root: reject files whose real path (links resolved) leaves this folder; ``None``: no check.
         decode_bytes: decoder for records whose image is encoded bytes (sources without files).
+
+    ``features``, when set (by :class:`~mm_lightning.callbacks.LockedImageFeatures`), serves a record's cached
+    image features (a :class:`~mm_lightning.data.features.CachedFeatures`) in place of its decoded image.
     """
 
     def __init__(
@@ -61,6 +64,7 @@ class SampleBuilder:
         self.transform, self.max_pixels, self.min_side = transform, max_pixels, min_side
         self.confine_root = os.path.realpath(confine_root) if confine_root is not None else None
         self.decode_bytes = decode_bytes
+        self.features: Callable[[Record], torch.Tensor] | None = None
 
     def check_file(self, record: Record) -> None:
         """The image path names a regular file inside the root (links resolved)."""
@@ -103,7 +107,11 @@ class SampleBuilder:
 
     def __call__(self, record: Record, caption: str, image_id: int, index: int) -> dict[str, Any]:
         """The sample of one (image, caption) pair of ``record``."""
-        if isinstance(self.transform, DecodeResizedCrop):
+        if self.features is not None:
+            if isinstance(record.image, str):
+                self.check_file(record)
+            image = self.features(record)
+        elif isinstance(self.transform, DecodeResizedCrop):
             image = self.decode_cropped(record)
         else:
             image = self.apply_transform(record, self.decode(record, self.min_side))

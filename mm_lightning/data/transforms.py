@@ -185,6 +185,8 @@ class Normalize(torch.nn.Module):
         )
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if images.dim() == 2:  # (B, D) cached image-tower features (mm_lightning.data.features), not pixels
+            return images
         if images.is_floating_point():
             return v2.functional.normalize(images, self.mean, self.std)
         scale, shift = self.scale.to(images.device), self.shift.to(images.device)

@@ -193,7 +193,14 @@ class DualEncoder(nn.Module):
         self.text_encoder.compile(**({"dynamic": True} | options))
 
     def encode_images(self, images: Tensor) -> tuple[EncoderOutput, Tensor]:
-        """The image tower's output and the projected (unnormalized) embeddings of (B, 3, H, W) images."""
+        """The image tower's output and the projected (unnormalized) embeddings of (B, 3, H, W) images.
+
+        A (B, D) batch is the locked tower's own pooled output, cached (``callbacks.LockedImageFeatures``): the
+        tower is not run, its output stands as one token per image.
+        """
+        if images.dim() == 2:
+            mask = torch.ones(images.shape[0], 1, dtype=torch.bool, device=images.device)
+            return EncoderOutput(images, images[:, None], mask), self.image_proj(images)
         out = encoder_output("image", self.image_encoder, self.image_encoder(images), images.shape[0])
         return out, self.image_proj(out.pooled)
 

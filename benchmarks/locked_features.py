@@ -1,0 +1,87 @@
+"""LiT step time with the locked image tower's features cached vs recomputed, on real photos (CPU).
+
+Both runs train the model section of ``configs/lit.yaml`` (locked EfficientNet-lite0, trained all-MiniLM-L6-v2)
+on the same training split of the dev set (see ``benchmarks/recipes.py``), same batches and steps; one adds
+``LockedImageFeatures`` (the evaluation crop cached once per image). The step time is the wall time from one
+training batch's start to the next's (data wait included), median over the steps after the first two; the
+cache's one-off build is reported apart.
+
+    python benchmarks/locked_features.py                     # 224 px, batch 32, 12 steps, 1 loader worker
+    python benchmarks/locked_features.py --data DIR          # DIR/train.jsonl of your own
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, Trainer, seed_everything
+from recipes import CACHE, DEV_SET, datamodule, recipe_config, split_dev_set
+
+from mm_lightning.callbacks import LockedImageFeatures
+from mm_lightning.models import MultimodalModule
+
+
+class StepClock(Callback):
+    """Wall time between consecutive training-batch starts (the whole step, data wait included)."""
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+
+    def on_train_batch_start(self, *args: Any) -> None:
+        self.starts.append(time.perf_counter())
+
+    def step_times(self) -> list[float]:
+        return [b - a for a, b in zip(self.starts, self.starts[1:], strict=False)]
+
+
+def run(data: Path, args: argparse.Namespace, cache: bool, root: Path) -> tuple[float, float]:
+    """Median step time (s) after the first two steps, and the time before the first step (s)."""
+    config = recipe_config("lit", args.image_size)
+    seed_everything(0)
+    model = MultimodalModule(**config["model"])
+    dm = datamodule(config, data, num_workers=args.workers, batch_size=args.batch_size)
+    dm.files["val"] = None
+    clock = StepClock()
+    callbacks = [clock, *([LockedImageFeatures(cache_dir=str(root / "cache"))] if cache else [])]
+    trainer = Trainer(
+        accelerator="cpu", max_steps=args.steps, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks, default_root_dir=str(root),
+    )  # fmt: skip
+    start = time.perf_counter()
+    trainer.fit(model, datamodule=dm)
+    return statistics.median(clock.step_times()[2:]), clock.starts[0] - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=None, help="folder with train.jsonl (default: dev set)")
+    parser.add_argument("--image_size", type=int, default=224)
+    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    data = args.data or split_dev_set(DEV_SET, CACHE / "coco_mini_split")
+    with tempfile.TemporaryDirectory() as tmp:
+        recomputed, _ = run(data, args, cache=False, root=Path(tmp) / "plain")
+        cached, setup = run(data, args, cache=True, root=Path(tmp) / "cached")
+        _, warm_setup = run(data, args, cache=True, root=Path(tmp) / "cached")  # the cache already on disk
+    print(f"recomputed: {recomputed * 1000:.0f} ms per step")
+    print(f"cached:     {cached * 1000:.0f} ms per step (before the first step: {setup:.1f} s building the cache, "
+          f"{warm_setup:.1f} s when it is already on disk)")  # fmt: skip
+    print(
+        f"RESULT locked_features ratio={recomputed / cached:.2f} (median LiT step time recomputed / cached, "
+        f"{args.image_size} px, batch {args.batch_size}, {args.steps} steps, {args.workers} loader worker(s), "
+        f"{args.threads} threads, {data})"
+    )
+
+
+if __name__ == "__main__":
+    main()

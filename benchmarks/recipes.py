@@ -1,0 +1,243 @@
+"""The shipped recipes against the baseline a reviewer writes first, on real photos: test retrieval both ways.
+
+Baseline: both towers of the recipe frozen, their features computed once (the evaluation crop), two linear
+projections and the CLIP temperature trained with the contrastive loss on the whole training set as one batch
+(AdamW), the heads picked on validation text-to-image R@1. Each recipe (``configs/<name>.yaml``: its model, optimizer, trainer
+and data options) trains on the same files, same towers and image size, its checkpoint picked on validation
+``val/r1_t2i``. Both are scored on the test split under the multi-caption protocol (``mm_lightning.metrics``).
+
+    python benchmarks/recipes.py                                # the dev set (../shared/devdata/coco_mini)
+    python benchmarks/recipes.py --data DIR                     # DIR/{train,val,test}.jsonl of your own
+    python benchmarks/recipes.py --recipes lit --epochs 15      # more epochs than the recipe's own
+
+The dev set (239 COCO-2017 photos x 5 human captions) is re-split by image with a fixed seed into
+150 train / 30 val / 59 test under ``benchmarks/_cache/`` (the photos stay where they are). The last line is
+``RESULT recipes ratio=<best recipe's R@1 / the baseline's, the worse of the two directions>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib
+import json
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from mm_lightning.data import MultimodalDataModule
+from mm_lightning.metrics import retrieval_metrics
+from mm_lightning.models import MultimodalModule
+from mm_lightning.models.losses import ContrastiveLoss
+from mm_lightning.models.towers.tokenizers import tokenizer_for
+
+REPO = Path(__file__).resolve().parents[1]
+DEV_SET = REPO.parent / "shared" / "devdata" / "coco_mini"
+CACHE = REPO / "benchmarks" / "_cache"
+SPLIT_SIZES = {"train": 150, "val": 30}  # the rest is test
+KS = (1, 5, 10)
+
+
+def split_dev_set(source: Path, out: Path, seed: int = 0) -> Path:
+    """Re-splits the dev set's records by image into train/val/test JSONL under ``out`` (absolute image paths)."""
+    records = []
+    for file in sorted(source.glob("*.jsonl")):
+        if file.stem.endswith("_pairs"):
+            continue
+        for line in file.read_text().splitlines():
+            record = json.loads(line)
+            captions = record.get("captions") or [record["text"]]
+            records.append({"image": str((source / record["image"]).resolve()), "text": captions})
+    random.Random(seed).shuffle(records)
+    out.mkdir(parents=True, exist_ok=True)
+    start = 0
+    for split, size in [*SPLIT_SIZES.items(), ("test", len(records))]:
+        part = records[start : start + size]
+        (out / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+        start += size
+    return out
+
+
+def recipe_config(name: str, image_size: int) -> dict[str, Any]:
+    """``configs/<name>.yaml`` with the image tower at ``image_size``."""
+    config = yaml.safe_load((REPO / "configs" / f"{name}.yaml").read_text())
+    config["model"]["image"]["image_size"] = image_size
+    return config
+
+
+def datamodule(config: dict[str, Any], data: Path, **overrides: Any) -> MultimodalDataModule:
+    """The recipe's data options (batch size, caption length, workers, ...) on the benchmark's files."""
+    options = {
+        k: v
+        for k, v in config["data"].get("init_args", {}).items()
+        if k in ("max_length", "batch_size", "num_workers", "caption_sampling", "train_scale")
+    }
+    options.update(overrides)
+    return MultimodalDataModule(
+        train_file=str(data / "train.jsonl"),
+        val_file=str(data / "val.jsonl"),
+        test_file=str(data / "test.jsonl"),
+        tokenizer=tokenizer_for(config["model"]["text"]["name"]),
+        **options,
+    )
+
+
+def recipe_callbacks(config: dict[str, Any]) -> list[Any]:
+    """The recipe's own ``trainer.callbacks`` (e.g. LiT's cached image features), built from their class paths."""
+    callbacks = []
+    for spec in config.get("trainer", {}).get("callbacks") or []:
+        module, _, name = spec["class_path"].rpartition(".")
+        callbacks.append(getattr(importlib.import_module(module), name)(**spec.get("init_args", {})))
+    return callbacks
+
+
+def run_recipe(name: str, data: Path, args: argparse.Namespace, root: Path) -> dict[str, float]:
+    """Trains ``configs/<name>.yaml`` on ``data``; test metrics of the checkpoint with the best ``val/r1_t2i``."""
+    config = recipe_config(name, args.image_size)
+    seed_everything(config.get("seed_everything", 0), workers=True)
+    model = MultimodalModule(**config["model"])
+    dm = datamodule(
+        config, data, num_workers=args.workers, **({"batch_size": args.batch_size} if args.batch_size else {})
+    )
+    trainer_options = config.get("trainer", {})
+    checkpoints = root / name / "checkpoints"
+    shutil.rmtree(checkpoints, ignore_errors=True)  # an earlier run's (the recipe's feature cache stays)
+    best = ModelCheckpoint(dirpath=str(checkpoints), monitor="val/r1_t2i", mode="max", save_top_k=1)
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=1,
+        precision=trainer_options.get("precision", "32-true"),
+        max_epochs=args.epochs or trainer_options.get("max_epochs", 4),
+        max_steps=args.max_steps,
+        logger=False,
+        callbacks=[best, *recipe_callbacks(config)],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=str(root / name),
+    )
+    start = time.perf_counter()
+    trainer.fit(model, datamodule=dm)
+    wall = time.perf_counter() - start
+    (metrics,) = trainer.test(model, datamodule=dm, ckpt_path=best.best_model_path or None, verbose=False)
+    out = {k.removeprefix("test/"): float(v) for k, v in metrics.items() if k.startswith("test/r")}
+    return {**out, "wall_s": wall, "steps": trainer.global_step}
+
+
+@torch.no_grad()
+def tower_features(model: MultimodalModule, dm: MultimodalDataModule) -> dict[str, torch.Tensor]:
+    """Pooled features of both frozen towers for every (image, caption) row of the data module's test file."""
+    rows: dict[str, list[torch.Tensor]] = {"image": [], "text": [], "image_id": []}
+    network = model.model.eval()
+    for batch in dm.test_dataloader():
+        batch = dm.normalize_batch(batch)
+        rows["image"].append(network.encode_images(batch["image"])[0].pooled)
+        rows["text"].append(network.encode_text(batch)[0].pooled)
+        rows["image_id"].append(batch["image_id"])
+    return {k: torch.cat(v) for k, v in rows.items()}
+
+
+def run_baseline(name: str, data: Path, args: argparse.Namespace) -> dict[str, float]:
+    """Frozen towers + linear heads trained on the whole training set as one batch (see the module docstring)."""
+    config = recipe_config(name, args.image_size)
+    seed_everything(0)
+    model = MultimodalModule(**config["model"])
+    start = time.perf_counter()
+    features = {}
+    for split in ("train", "val", "test"):
+        # every caption of every image, evaluation crop: the test loader's protocol on each split's file
+        dm = datamodule(config, data, num_workers=args.workers, batch_size=64)
+        dm.files["test"] = dm.files[split]
+        dm.follow_image_tower(model.data_config["image"])  # size, mean/std and resize the tower expects
+        dm.setup("test")
+        features[split] = tower_features(model, dm)
+    embed_dim = config["model"].get("embed_dim", 256)
+    heads = torch.nn.ModuleDict(
+        {
+            "image": torch.nn.Linear(features["train"]["image"].shape[1], embed_dim),
+            "text": torch.nn.Linear(features["train"]["text"].shape[1], embed_dim),
+            "loss": ContrastiveLoss(),
+        }
+    )
+    optimizer = torch.optim.AdamW(heads.parameters(), lr=args.baseline_lr, weight_decay=0.01)
+    train = features["train"]
+
+    def scores(split: str) -> dict[str, float]:
+        f = features[split]
+        metrics = retrieval_metrics(heads["image"](f["image"]), heads["text"](f["text"]), f["image_id"], KS)
+        return {k: float(v) for k, v in metrics.items() if k.startswith("r")}
+
+    best, best_state = -1.0, copy.deepcopy(heads.state_dict())
+    for step in range(1, args.baseline_steps + 1):
+        loss = heads["loss"](heads["image"](train["image"]), heads["text"](train["text"]), train["image_id"])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step % 20 == 0 or step == args.baseline_steps:
+            with torch.no_grad():
+                val = scores("val")
+            if val["r1_t2i"] > best:  # the recipes' checkpoints are picked on val/r1_t2i too
+                best, best_state = val["r1_t2i"], copy.deepcopy(heads.state_dict())
+    heads.load_state_dict(best_state)
+    with torch.no_grad():
+        out = scores("test")
+    return {**out, "wall_s": time.perf_counter() - start, "steps": args.baseline_steps}
+
+
+def row(label: str, metrics: dict[str, float]) -> str:
+    recalls = " ".join(f"{metrics[f'r{k}_{d}']:.3f}" for d in ("t2i", "i2t") for k in KS)
+    return f"| {label} | {recalls.replace(' ', ' | ')} | {metrics['wall_s']:.0f} | {metrics['steps']} |"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--data", type=Path, default=None, help="folder with train/val/test.jsonl (default: dev set)"
+    )
+    parser.add_argument("--recipes", nargs="+", default=["lit"], help="configs/<name>.yaml to run")
+    parser.add_argument("--image_size", type=int, default=224)
+    parser.add_argument("--epochs", type=int, default=None, help="default: each recipe's trainer.max_epochs")
+    parser.add_argument("--max_steps", type=int, default=-1, help="cap on a recipe's optimizer steps")
+    parser.add_argument("--baseline_steps", type=int, default=600)
+    parser.add_argument("--baseline_lr", type=float, default=1e-3)
+    parser.add_argument("--batch_size", type=int, default=None, help="default: each recipe's data.batch_size")
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument(
+        "--runs_dir", type=Path, default=CACHE / "recipes_runs", help="the recipes' checkpoints"
+    )
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    data = args.data or split_dev_set(DEV_SET, CACHE / "coco_mini_split")
+    counts = {s: sum(1 for _ in (data / f"{s}.jsonl").open()) for s in ("train", "val", "test")}
+    print(f"data {data}: images train {counts['train']}, val {counts['val']}, test {counts['test']}")
+    results = {"baseline": run_baseline(args.recipes[0], data, args)}
+    for name in args.recipes:
+        results[name] = run_recipe(name, data, args, args.runs_dir)
+    print("| run | " + " | ".join(f"R@{k} {d}" for d in ("t2i", "i2t") for k in KS) + " | wall s | steps |")
+    print("|---" * (2 + 2 * len(KS) + 1) + "|")
+    print(row(f"frozen towers + linear heads ({args.recipes[0]}'s towers)", results["baseline"]))
+    for name in args.recipes:
+        print(row(f"configs/{name}.yaml", results[name]))
+    base = results["baseline"]
+    ratios = {
+        name: min(results[name][f"r1_{d}"] / max(base[f"r1_{d}"], 1e-9) for d in ("t2i", "i2t"))
+        for name in args.recipes
+    }
+    best = max(ratios, key=ratios.get)
+    print(
+        f"RESULT recipes ratio={ratios[best]:.3f} (best recipe {best}: test R@1 t2i {results[best]['r1_t2i']:.3f} "
+        f"i2t {results[best]['r1_i2t']:.3f} vs baseline {base['r1_t2i']:.3f} / {base['r1_i2t']:.3f}; "
+        f"{counts['test']} test images, {args.image_size} px, {data})"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,238 @@
+"""A locked image tower's output, computed once per distinct image (and view) and served instead of pixels.
+
+A tower whose weights never change gives the same features for the same pixels at every step, so a LiT-style
+run (locked image tower, trained text tower) can compute them once and train on them: the loader then reads a
+row per sample instead of decoding and cropping a photo, and the step runs the text tower only.
+
+What a cached row depends on is its key: the *table* (a folder) is named by a fingerprint of the tower's
+weights and class, the transform (crop, size, resize, normalization, reduced decode) and the views; a *row* by
+the image's bytes (SHA-1) and the view. So changing the weights, the transform or an image never serves a stale
+row: a new table is made, or the changed image gets a row of its own. Tables live in a folder beside the run
+(or one the user names) as ``.npy`` parts, written atomically and kept across restarts; with several processes
+each computes its share of the missing rows into a part of its own.
+
+Views: ``views = 0`` caches the evaluation crop (no augmentation of the locked tower); ``views = K`` caches K
+random training crops per image, view ``v`` of an image drawn from a generator seeded by the run's seed, the
+image's key and ``v``; each visit of an image then draws one of its K views (seeded per batch, like the caption).
+
+The model side only needs to accept a (B, D) batch of features where it takes (B, 3, H, W) images
+(:meth:`mm_lightning.models.DualEncoder.encode_images` does).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from mm_lightning.data.images import ImageDecodeError, read_image_bytes
+from mm_lightning.data.records import Record, RecordError
+from mm_lightning.seeding import derive_seed
+
+Encoder = Callable[[torch.Tensor], torch.Tensor]  # normalized (B, 3, H, W) images -> (B, D) features
+
+
+def image_key(record: Record) -> str:
+    """SHA-1 of the record's image bytes (file or shard member); a ``RecordError`` if it cannot be read."""
+    try:
+        return hashlib.sha1(read_image_bytes(record.image)).hexdigest()
+    except ImageDecodeError as err:
+        raise record.error(str(err), "missing_image") from err
+
+
+def view_seed(seed: int, key: str, view: int) -> int:
+    """The crop seed of view ``view`` of the image with key ``key``: the same in every run with this seed."""
+    return derive_seed(seed, [int(key[:15], 16), view])
+
+
+def fingerprint(**parts: Any) -> str:
+    """SHA-256 of JSON-able parts and tensors (a tower's state dict): the name of a feature table."""
+    digest = hashlib.sha256()
+    for name in sorted(parts):
+        value = parts[name]
+        digest.update(name.encode())
+        if isinstance(value, dict) and all(isinstance(v, torch.Tensor) for v in value.values()):
+            for key in sorted(value):
+                tensor = value[key].detach().to("cpu").contiguous()
+                digest.update(f"{key}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+                digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+        else:
+            digest.update(json.dumps(value, sort_keys=True, default=str).encode())
+    return digest.hexdigest()[:32]
+
+
+class FeatureTable:
+    """Rows of features by ``"<image key>:<view>"``, stored in a folder as ``.npy`` parts with their key lists.
+
+    Args:
+        folder: the table's folder (created if missing); every part in it is loaded.
+    """
+
+    def __init__(self, folder: str | os.PathLike) -> None:
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.rows: dict[str, tuple[int, int]] = {}
+        self.parts: list[np.ndarray] = []
+        self.reload()
+
+    def reload(self) -> None:
+        """Reads every complete part of the folder (memory-mapped)."""
+        self.rows, self.parts = {}, []
+        for keys_file in sorted(self.folder.glob("part-*.json")):
+            array_file = keys_file.with_suffix(".npy")
+            if not array_file.is_file():
+                continue  # a part being written (its keys are renamed in last)
+            keys = json.loads(keys_file.read_text())
+            self.parts.append(np.load(array_file, mmap_mode="r"))
+            for row, key in enumerate(keys):
+                self.rows.setdefault(key, (len(self.parts) - 1, row))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "folder": str(self.folder)
+        }  # a loader worker maps the parts itself instead of receiving copies
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["folder"])  # type: ignore[misc]
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def get(self, key: str) -> torch.Tensor:
+        """The row of ``key`` as a float32 tensor (a copy: the loader may pin or send it)."""
+        part, row = self.rows[key]
+        return torch.from_numpy(np.array(self.parts[part][row], dtype=np.float32))
+
+    def add(self, keys: list[str], features: np.ndarray, writer: str) -> None:
+        """Writes a part atomically (array, then its key list, each renamed into place) and loads it.
+
+        Args:
+            keys: the rows' keys.
+            features: (len(keys), D) float32.
+            writer: what names the part (e.g. the rank); a random suffix keeps parts of restarts apart.
+        """
+        if not keys:
+            return
+        stem = self.folder / f"part-{writer}-{uuid.uuid4().hex[:8]}"
+        for suffix, write in ((".npy", lambda f: np.save(f, features.astype(np.float32))),
+                              (".json", lambda f: f.write(json.dumps(keys).encode()))):  # fmt: skip
+            fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".tmp-")
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+            os.replace(tmp, stem.with_suffix(suffix))
+        self.reload()
+
+
+class CachedFeatures:
+    """What a sample builder serves in place of an image: the cached row of the record's image (and a view).
+
+    Args:
+        table: the split's feature table.
+        views: 0: the one evaluation-crop row; K: one of the image's K training views, drawn from torch's RNG
+            (seeded per batch by the dataset).
+    """
+
+    def __init__(self, table: FeatureTable, views: int) -> None:
+        self.table, self.views = table, views
+
+    def __call__(self, record: Record) -> torch.Tensor:
+        key = image_key(record)
+        view = int(torch.randint(self.views, ()).item()) if self.views else 0
+        row = f"{key}:{view}"
+        if row not in self.table:
+            raise record.error("no cached feature for this image (it failed when the cache was built)",
+                               "undecodable_image")  # fmt: skip
+        return self.table.get(row)
+
+
+def build_rows(
+    records: list[Record],
+    pixels: Callable[[Record], torch.Tensor],
+    encode: Encoder,
+    table: FeatureTable,
+    views: int,
+    seed: int,
+    share: tuple[int, int] = (0, 1),
+    batch_size: int = 64,
+    on_error: Callable[[RecordError], None] | None = None,
+) -> int:
+    """Computes the rows of ``records`` that ``table`` lacks (this process's share of them) and adds them.
+
+    Args:
+        records: one record per distinct image.
+        pixels: record -> its normalized (3, H, W) image as the split's transform makes it.
+        encode: the locked tower, normalized images -> features.
+        table: the split's table.
+        views: see :class:`CachedFeatures`.
+        seed: the run's seed (view crops).
+        share: ``(rank, world size)``: this process computes every ``world``-th missing row from ``rank``.
+        batch_size: images per tower call.
+        on_error: what to do with an image that fails (default: raise its ``RecordError``).
+
+    Returns:
+        The rows this process computed.
+    """
+    wanted: dict[str, Record] = {}
+    for record in records:
+        try:
+            key = image_key(record)
+        except RecordError as err:
+            if on_error is None:
+                raise
+            on_error(err)
+            continue
+        for view in range(max(views, 1)):
+            if f"{key}:{view}" not in table:
+                wanted.setdefault(f"{key}:{view}", record)
+    rank, world = share
+    mine = sorted(wanted)[rank::world]
+    keys: list[str] = []
+    chunks: list[np.ndarray] = []
+    for batch_keys, images in _batches(mine, wanted, pixels, seed, views, batch_size, on_error):
+        with torch.no_grad():
+            chunks.append(encode(images).float().cpu().numpy())
+        keys += batch_keys
+    table.add(keys, np.concatenate(chunks) if chunks else np.zeros((0, 0), np.float32), f"r{rank}")
+    return len(keys)
+
+
+def _batches(
+    keys: list[str],
+    records: dict[str, Record],
+    pixels: Callable[[Record], torch.Tensor],
+    seed: int,
+    views: int,
+    batch_size: int,
+    on_error: Callable[[RecordError], None] | None,
+) -> Iterator[tuple[list[str], torch.Tensor]]:
+    done: list[str] = []
+    images: list[torch.Tensor] = []
+    for row in keys:
+        key, view = row.rsplit(":", 1)
+        try:
+            with torch.random.fork_rng(devices=[]):
+                if views:
+                    torch.manual_seed(view_seed(seed, key, int(view)))
+                images.append(pixels(records[row]))
+        except RecordError as err:
+            if on_error is None:
+                raise
+            on_error(err)
+            continue
+        done.append(row)
+        if len(done) == batch_size:
+            yield done, torch.stack(images)
+            done, images = [], []
+    if done:
+        yield done, torch.stack(images)
