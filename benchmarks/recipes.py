@@ -65,10 +65,23 @@ def split_dev_set(source: Path, out: Path, seed: int = 0) -> Path:
     return out
 
 
-def recipe_config(name: str, image_size: int) -> dict[str, Any]:
-    """``configs/<name>.yaml`` with the image tower at ``image_size``."""
+def recipe_config(name: str, image_size: int, overrides: list[str] | None = None) -> dict[str, Any]:
+    """``configs/<name>.yaml`` with the image tower at ``image_size`` and ``KEY=VALUE`` overrides applied.
+
+    Args:
+        name: the recipe.
+        image_size: the image tower's input size.
+        overrides: dotted keys and YAML values, e.g. ``model.text.lr=1e-5`` (a sweep's candidates).
+    """
     config = yaml.safe_load((REPO / "configs" / f"{name}.yaml").read_text())
     config["model"]["image"]["image_size"] = image_size
+    for item in overrides or []:
+        key, _, value = item.partition("=")
+        *parents, leaf = key.split(".")
+        node = config
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
     return config
 
 
@@ -100,7 +113,7 @@ def recipe_callbacks(config: dict[str, Any]) -> list[Any]:
 
 def run_recipe(name: str, data: Path, args: argparse.Namespace, root: Path) -> dict[str, float]:
     """Trains ``configs/<name>.yaml`` on ``data``; test metrics of the checkpoint with the best ``val/r1_t2i``."""
-    config = recipe_config(name, args.image_size)
+    config = recipe_config(name, args.image_size, args.set)
     seed_everything(config.get("seed_everything", 0), workers=True)
     model = MultimodalModule(**config["model"])
     dm = datamodule(
@@ -213,19 +226,27 @@ def main() -> None:
         "--runs_dir", type=Path, default=CACHE / "recipes_runs", help="the recipes' checkpoints"
     )
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--no_baseline", action="store_true", help="run the recipes only (a sweep's candidates)"
+    )
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a recipe option, e.g. model.text.lr=1e-5 (repeatable)")  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     data = args.data or split_dev_set(DEV_SET, CACHE / "coco_mini_split")
     counts = {s: sum(1 for _ in (data / f"{s}.jsonl").open()) for s in ("train", "val", "test")}
     print(f"data {data}: images train {counts['train']}, val {counts['val']}, test {counts['test']}")
-    results = {"baseline": run_baseline(args.recipes[0], data, args)}
+    results = {} if args.no_baseline else {"baseline": run_baseline(args.recipes[0], data, args)}
     for name in args.recipes:
         results[name] = run_recipe(name, data, args, args.runs_dir)
     print("| run | " + " | ".join(f"R@{k} {d}" for d in ("t2i", "i2t") for k in KS) + " | wall s | steps |")
     print("|---" * (2 + 2 * len(KS) + 1) + "|")
-    print(row(f"frozen towers + linear heads ({args.recipes[0]}'s towers)", results["baseline"]))
+    if "baseline" in results:
+        print(row(f"frozen towers + linear heads ({args.recipes[0]}'s towers)", results["baseline"]))
     for name in args.recipes:
-        print(row(f"configs/{name}.yaml", results[name]))
+        print(row(" ".join([f"configs/{name}.yaml", *args.set]), results[name]))
+    if "baseline" not in results:
+        return
     base = results["baseline"]
     ratios = {
         name: min(results[name][f"r1_{d}"] / max(base[f"r1_{d}"], 1e-9) for d in ("t2i", "i2t"))
