@@ -71,7 +71,7 @@ def recipe_config(name: str, image_size: int, overrides: list[str] | None = None
     Args:
         name: the recipe.
         image_size: the image tower's input size.
-        overrides: dotted keys and YAML values, e.g. ``model.text.lr=1e-5`` (a sweep's candidates).
+        overrides: dotted keys (a list's items by index) and YAML values, e.g. ``model.text.lr=1e-5``.
     """
     config = yaml.safe_load((REPO / "configs" / f"{name}.yaml").read_text())
     config["model"]["image"]["image_size"] = image_size
@@ -79,9 +79,15 @@ def recipe_config(name: str, image_size: int, overrides: list[str] | None = None
         key, _, value = item.partition("=")
         *parents, leaf = key.split(".")
         node = config
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = yaml.safe_load(value)
+        for part in parents:  # a list's item by its index: trainer.callbacks.0.init_args.views=4
+            node = node[int(part)] if isinstance(node, list) else node.setdefault(part, {})
+        parsed = yaml.safe_load(value)
+        if isinstance(parsed, str):  # YAML 1.1 reads 2e-5 as a string; the command line means a number
+            try:
+                parsed = float(parsed)
+            except ValueError:
+                pass
+        node[leaf] = parsed
     return config
 
 

@@ -11,7 +11,7 @@ import yaml
 from mm_lightning.cli import cli_main
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-OVERLAYS = {"ddp.yaml", "ddp_explicit.yaml", "fsdp.yaml"}
+OVERLAYS = {"ddp.yaml", "ddp_explicit.yaml", "fsdp.yaml", "demo_data.yaml"}
 
 
 def _print_config(capsys: pytest.CaptureFixture[str], *args: str) -> dict:

@@ -35,6 +35,9 @@ class ImageTowerConfig:
         image_size: input resolution the tower is built for; the data follows it (unless ``data.image_size`` is
             set).
         freeze: keep the tower's weights fixed (and the tower in eval mode, LiT-style).
+        train_last: train only the tower's last N layer groups (its ``layer_groups()``, input to output; timm
+            towers: the stem, each stage, the final layers), the earlier ones locked with their BatchNorm layers
+            in eval mode: fine-tuning the top of a pretrained tower (null: the whole tower trains).
         freeze_batchnorm: keep the tower's BatchNorm layers in eval mode (their running statistics normalize,
             and are not updated; their affine weights still train). Makes gradient caching exact for a
             BatchNorm tower, and suits small per-device batches.
@@ -49,6 +52,7 @@ class ImageTowerConfig:
     kwargs: dict[str, Any] = field(default_factory=dict)
     image_size: int = 224
     freeze: bool = False
+    train_last: int | None = None
     freeze_batchnorm: bool = False
     lr: float | None = None
     clip_norm: float | None = None
@@ -71,6 +75,8 @@ class TextTowerConfig:
         pooling: ``cls`` (first token) or masked ``mean`` pooling of the tokens.
         trust_remote_code: allow model code shipped with the weights.
         freeze: keep the tower's weights fixed (and the tower in eval mode).
+        train_last: train only the tower's last N layer groups (Hugging Face towers: the embeddings, each
+            transformer layer, what follows them), the earlier ones locked (null: the whole tower trains).
         freeze_batchnorm: keep the tower's BatchNorm layers (if any) in eval mode, as for the image tower.
         lr: learning rate of the tower (null: ``optim.lr``).
         clip_norm: max gradient norm of the tower (null: no per-tower clipping).
@@ -83,6 +89,7 @@ class TextTowerConfig:
     pooling: Literal["cls", "mean"] = "cls"
     trust_remote_code: bool = False
     freeze: bool = False
+    train_last: int | None = None
     freeze_batchnorm: bool = False
     lr: float | None = None
     clip_norm: float | None = None

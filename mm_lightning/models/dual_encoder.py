@@ -45,8 +45,10 @@ from mm_lightning.models.towers.contract import (
     call_text_tower,
     data_config_of,
     encoder_output,
+    keep_locked_layers_in_eval,
     set_gradient_checkpointing,
     takes_token_type_ids,
+    train_last_groups,
 )
 from mm_lightning.models.towers.pretrained import projection_for, take_over_logit_scale
 
@@ -125,6 +127,14 @@ class DualEncoder(nn.Module):
         )
         self.image_encoder.requires_grad_(not ic.freeze)
         self.text_encoder.requires_grad_(not tc.freeze)
+        for kind, tower, config in (("image", self.image_encoder, ic), ("text", self.text_encoder, tc)):
+            if config.train_last is not None:
+                if config.freeze:
+                    raise ValueError(
+                        f"model.{kind}.train_last trains part of the tower, model.{kind}.freeze locks all of it: "
+                        "set one"
+                    )
+                train_last_groups(kind, tower, config.train_last)
         # Lightning keeps each submodule's mode as found, so frozen towers must start in eval mode
         self.train()
 
@@ -175,7 +185,10 @@ class DualEncoder(nn.Module):
         for tower, config in ((self.image_encoder, self.image_config), (self.text_encoder, self.text_config)):
             if config.freeze:  # frozen towers keep BatchNorm statistics and dropout off (LiT)
                 tower.eval()
-            elif config.freeze_batchnorm:
+                continue
+            if config.train_last is not None:  # the locked lower layers, as above
+                keep_locked_layers_in_eval(tower)
+            if config.freeze_batchnorm:
                 for module in batchnorm_layers(tower).values():
                     module.eval()
         return self

@@ -11,12 +11,14 @@ from mm_lightning.cli import cli_main
 from tests.conftest import REPO, tiny_demo_args
 
 LIT = REPO / "configs" / "lit.yaml"
+DEMO_DATA = REPO / "configs" / "demo_data.yaml"  # the recipe reads the user's JSONL; the demo is an overlay
 
 
 def _lit_args(root: Path, *extra: str) -> list[str]:
     # the demo's tiny text encoder keeps the test fast; the recipe itself trains all-MiniLM-L6-v2
     args = tiny_demo_args(root, *extra, max_steps=30)
-    args[args.index("--config") + 1] = str(LIT)
+    at = args.index("--config") + 1
+    args[at : at + 1] = [str(LIT), "--config", str(DEMO_DATA)]
     return [
         *args,
         "--model.text.name", "mm-lightning/demo-bert",

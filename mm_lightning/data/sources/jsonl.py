@@ -181,6 +181,11 @@ class JsonlIndex:
         self.lines = 0
         offsets, lines, cap_line, cap_pos = array("q"), array("i"), array("i"), array("i")
         hashes, words = array("q"), array("h")
+        if not os.path.isfile(self.file):
+            raise FileNotFoundError(
+                f"{self.file}: no such JSONL file (from the data section: train_file / val_file / test_file); point "
+                "it at your records (docs/data.md), or try the recipe on the demo with --config configs/demo_data.yaml"
+            )
         with open(self.file, "rb") as f:
             check_utf8(self.file, f.read(4))
             f.seek(0)

@@ -25,6 +25,7 @@ The contract, all of it:
   ``data.std`` that differs is warned about); defaults: ImageNet statistics at ``model.image.image_size``,
   bilinear, not pretrained. A text tower's tokenizer
   is ``model.text.name``. ``set_gradient_checkpointing(enabled)`` for ``model.gradient_checkpointing``.
+  ``layer_groups()``: the tower's parameter names in groups from input to output, for ``model.image.train_last``.
 
 A tower that breaks the contract is refused when the model is built, with an error that names its class and
 what is wrong, instead of a shape error deep inside a training step.
@@ -224,3 +225,42 @@ def set_gradient_checkpointing(kind: Kind, tower: nn.Module, enabled: bool) -> N
             "torch.utils.checkpoint) or set model.gradient_checkpointing false"
         )
     method(enabled)
+
+
+def train_last_groups(kind: Kind, tower: nn.Module, count: int) -> None:
+    """Locks all but the tower's last ``count`` layer groups (``tower.layer_groups()``, input to output).
+
+    Raises:
+        TowerContractError: the tower has no ``layer_groups()``.
+        ValueError: ``count`` is not between 1 and the number of groups.
+    """
+    method = getattr(tower, "layer_groups", None)
+    if method is None:
+        raise TowerContractError(
+            f"{kind} tower {class_path_of(tower)} has no layer_groups(), which model.{kind}.train_last needs (the "
+            "parameter names in groups from input to output; timm towers have it); add it or train the whole tower"
+        )
+    groups = method()
+    if not 1 <= count <= len(groups):
+        raise ValueError(
+            f"model.{kind}.train_last must be between 1 and {len(groups)} (the layer groups of "
+            f"{class_path_of(tower)}), got {count}"
+        )
+    parameters = dict(tower.named_parameters())
+    unknown = sorted({name for group in groups for name in group} - set(parameters))
+    if unknown:
+        raise TowerContractError(
+            f"{kind} tower {class_path_of(tower)}: layer_groups() names no parameter {unknown[:3]}"
+        )
+    tower.requires_grad_(False)
+    for group in groups[-count:]:
+        for name in group:
+            parameters[name].requires_grad_(True)
+
+
+def keep_locked_layers_in_eval(tower: nn.Module) -> None:
+    """Eval mode for every layer whose own parameters are all locked (BatchNorm statistics stay as trained)."""
+    for module in tower.modules():
+        own = list(module.parameters(recurse=False))
+        if own and not any(p.requires_grad for p in own):
+            module.eval()

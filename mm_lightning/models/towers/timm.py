@@ -141,6 +141,12 @@ class TimmTower(ConfiguredTower):
         """timm's own per-block activation checkpointing."""
         self.model.set_grad_checkpointing(enabled)
 
+    def layer_groups(self) -> list[list[str]]:
+        """timm's coarse parameter groups (stem, each stage, the final layers), input to output."""
+        model = self.model
+        grouped = _timm().models.group_parameters(model, model.group_matcher(coarse=True))
+        return [[f"model.{name}" for name in grouped[key]] for key in sorted(grouped)]
+
     def forward(self, images: Tensor) -> EncoderOutput:
         """Encodes (B, 3, H, W) normalized images into pooled (B, D) and token (B, N, D) features."""
         features = self.model.forward_features(images)
