@@ -9,6 +9,7 @@ and data options) trains on the same files, same towers and image size, its chec
     python benchmarks/recipes.py                                # the dev set (../shared/devdata/coco_mini)
     python benchmarks/recipes.py --data DIR                     # DIR/{train,val,test}.jsonl of your own
     python benchmarks/recipes.py --recipes lit --epochs 15      # more epochs than the recipe's own
+    python benchmarks/recipes.py --recipes lit finetune --logs benchmarks/_cache/tb --curves docs/recipes.png
 
 The dev set (239 COCO-2017 photos x 5 human captions) is re-split by image with a fixed seed into
 150 train / 30 val / 59 test under ``benchmarks/_cache/`` (the photos stay where they are). The last line is
@@ -31,6 +32,7 @@ import torch
 import yaml
 from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import TensorBoardLogger
 
 from mm_lightning.data import MultimodalDataModule
 from mm_lightning.metrics import retrieval_metrics
@@ -135,7 +137,8 @@ def run_recipe(name: str, data: Path, args: argparse.Namespace, root: Path) -> d
         precision=trainer_options.get("precision", "32-true"),
         max_epochs=args.epochs or trainer_options.get("max_epochs", 4),
         max_steps=args.max_steps,
-        logger=False,
+        logger=TensorBoardLogger(str(args.logs), name=name) if args.logs else False,
+        log_every_n_steps=trainer_options.get("log_every_n_steps", 10),
         callbacks=[best, *recipe_callbacks(config)],
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -206,8 +209,40 @@ def run_baseline(name: str, data: Path, args: argparse.Namespace) -> dict[str, f
                 best, best_state = val["r1_t2i"], copy.deepcopy(heads.state_dict())
     heads.load_state_dict(best_state)
     with torch.no_grad():
-        out = scores("test")
-    return {**out, "wall_s": time.perf_counter() - start, "steps": args.baseline_steps}
+        out, val = scores("test"), scores("val")
+    wall = time.perf_counter() - start
+    return {**out, "wall_s": wall, "steps": args.baseline_steps, "val": val}
+
+
+def draw_curves(logs: Path, out: Path, baseline: dict[str, Any] | None) -> None:
+    """Training loss and validation R@1 against the step, from each recipe's TensorBoard events under ``logs``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags = ("train/loss", "val/r1_t2i", "val/r1_i2t")
+    fig, axes = plt.subplots(1, len(tags), figsize=(14, 3.6))
+    for run in sorted(logs.glob("*/version_*")):
+        events = EventAccumulator(str(run))
+        events.Reload()
+        for ax, tag in zip(axes, tags, strict=True):
+            if tag in events.Tags()["scalars"]:
+                points = events.Scalars(tag)
+                label = f"{run.parent.name} ({run.name})"
+                ax.plot([p.step for p in points], [p.value for p in points], marker=".", label=label)
+    for ax, tag in zip(axes, tags, strict=True):
+        if baseline and tag.startswith("val/"):
+            value = baseline["val"][tag.removeprefix("val/")]
+            ax.axhline(value, color="gray", linestyle="--", label="baseline (best val)")
+        ax.set_title(tag)
+        ax.set_xlabel("optimizer step")
+    axes[-1].legend(fontsize=7)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    print(f"curves: {out}")
 
 
 def row(label: str, metrics: dict[str, float]) -> str:
@@ -232,6 +267,10 @@ def main() -> None:
         "--runs_dir", type=Path, default=CACHE / "recipes_runs", help="the recipes' checkpoints"
     )
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--logs", type=Path, default=None, help="TensorBoard logs of the recipes' runs")
+    parser.add_argument(
+        "--curves", type=Path, default=None, help="draw the runs' curves (from --logs) to a PNG"
+    )
     parser.add_argument(
         "--no_baseline", action="store_true", help="run the recipes only (a sweep's candidates)"
     )
@@ -251,6 +290,8 @@ def main() -> None:
         print(row(f"frozen towers + linear heads ({args.recipes[0]}'s towers)", results["baseline"]))
     for name in args.recipes:
         print(row(" ".join([f"configs/{name}.yaml", *args.set]), results[name]))
+    if args.curves and args.logs:
+        draw_curves(args.logs, args.curves, results.get("baseline"))
     if "baseline" not in results:
         return
     base = results["baseline"]

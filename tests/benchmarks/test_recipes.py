@@ -29,7 +29,8 @@ def test_recipes_benchmark_prints_the_table_and_the_result(tmp_path: Path) -> No
         _split(tmp_path, split, images, offset)
     done = subprocess.run(
         [sys.executable, "benchmarks/recipes.py", "--data", str(tmp_path), "--image_size", "32", "--epochs", "1",
-         "--baseline_steps", "20", "--workers", "0", "--batch_size", "4", "--runs_dir", str(tmp_path / "runs")],
+         "--baseline_steps", "20", "--workers", "0", "--batch_size", "4", "--runs_dir", str(tmp_path / "runs"),
+         "--logs", str(tmp_path / "tb"), "--curves", str(tmp_path / "curves.png")],
         cwd=REPO, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
@@ -40,3 +41,6 @@ def test_recipes_benchmark_prints_the_table_and_the_result(tmp_path: Path) -> No
     assert result is not None, lines[-1]
     recalls = [float(v) for line in lines if line.startswith("| frozen") for v in line.split("|")[2:8]]
     assert len(recalls) == 6 and all(0.0 <= r <= 1.0 for r in recalls)
+    # the learning curves come from the run's own TensorBoard events
+    assert list((tmp_path / "tb" / "lit").glob("version_0/events.out.tfevents.*"))
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

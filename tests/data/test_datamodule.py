@@ -179,5 +179,7 @@ def test_workers_with_spawn_and_fork(tmp_path: Path, context: str) -> None:
 def test_a_missing_jsonl_file_is_named_with_what_to_do(tmp_path: Path) -> None:
     missing = tmp_path / "my_dataset" / "train.jsonl"
     dm = MultimodalDataModule(train_file=str(missing), tokenizer=TOKENIZER, batch_size=2)
-    with pytest.raises(FileNotFoundError, match=r"my_dataset/train.jsonl: no such JSONL file .*demo_data.yaml"):
+    with pytest.raises(
+        FileNotFoundError, match=r"my_dataset/train.jsonl: no such JSONL file .*demo_data.yaml"
+    ):
         dm.setup("fit")
