@@ -25,7 +25,7 @@ The contract, all of it:
   ``data.std`` that differs is warned about); defaults: ImageNet statistics at ``model.image.image_size``,
   bilinear, not pretrained. A text tower's tokenizer
   is ``model.text.name``. ``set_gradient_checkpointing(enabled)`` for ``model.gradient_checkpointing``.
-  ``layer_groups()``: the tower's parameter names in groups from input to output, for ``model.image.train_last``.
+  ``layer_groups()``: the tower's parameter names in groups from input to output, for ``train_last``.
 
 A tower that breaks the contract is refused when the model is built, with an error that names its class and
 what is wrong, instead of a shape error deep inside a training step.
