@@ -89,7 +89,12 @@ def recipe_config(name: str, image_size: int, overrides: list[str] | None = None
                 parsed = float(parsed)
             except ValueError:
                 pass
-        node[leaf] = parsed
+        if isinstance(node, list) and int(leaf) == len(node):  # one more list item (e.g. a callback)
+            node.append(parsed)
+        elif isinstance(node, list):
+            node[int(leaf)] = parsed
+        else:
+            node[leaf] = parsed
     return config
 
 

@@ -41,6 +41,9 @@ class ImageTowerConfig:
         freeze_batchnorm: keep the tower's BatchNorm layers in eval mode (their running statistics normalize,
             and are not updated; their affine weights still train). Makes gradient caching exact for a
             BatchNorm tower, and suits small per-device batches.
+        project: learn a linear projection of the tower's pooled output into the shared space; false uses the
+            pooled output itself as the shared space (``embed_dim`` must equal its width) and the other tower's
+            projection maps onto it -- LiT's locked image tower without a head, as in big_vision's LiT configs.
         lr: learning rate of the tower (null: ``optim.lr``; 0 is a valid choice).
         clip_norm: max gradient norm of the tower (null: no per-tower clipping).
         strict: with a weights file, fail on missing or unexpected keys.
@@ -54,6 +57,7 @@ class ImageTowerConfig:
     freeze: bool = False
     train_last: int | None = None
     freeze_batchnorm: bool = False
+    project: bool = True
     lr: float | None = None
     clip_norm: float | None = None
     strict: bool = True
@@ -78,6 +82,8 @@ class TextTowerConfig:
         train_last: train only the tower's last N layer groups (Hugging Face towers: the embeddings, each
             transformer layer, what follows them), the earlier ones locked (null: the whole tower trains).
         freeze_batchnorm: keep the tower's BatchNorm layers (if any) in eval mode, as for the image tower.
+        project: learn a linear projection into the shared space; false uses the pooled output itself, as for
+            the image tower.
         lr: learning rate of the tower (null: ``optim.lr``).
         clip_norm: max gradient norm of the tower (null: no per-tower clipping).
     """
@@ -91,6 +97,7 @@ class TextTowerConfig:
     freeze: bool = False
     train_last: int | None = None
     freeze_batchnorm: bool = False
+    project: bool = True
     lr: float | None = None
     clip_norm: float | None = None
 

@@ -98,8 +98,12 @@ class DualEncoder(nn.Module):
             )
         self._text_takes_types = takes_token_type_ids(self.text_encoder)
         # towers cut from a pretrained dual encoder (clip:, open_clip:) bring their projections
-        self.image_proj = projection_for(self.image_encoder, self.image_encoder.pooled_dim, embed_dim)
-        self.text_proj = projection_for(self.text_encoder, self.text_encoder.pooled_dim, embed_dim)
+        self.image_proj = projection_for(
+            self.image_encoder, self.image_encoder.pooled_dim, embed_dim, ic.project, "image"
+        )
+        self.text_proj = projection_for(
+            self.text_encoder, self.text_encoder.pooled_dim, embed_dim, tc.project, "text"
+        )
         if lc.itc is not None:  # a user's loss, checked against the pair-loss contract (losses/base.py)
             check_loss(lc.itc, embed_dim, needs_logits=lc.itm_weight > 0)
             self.contrastive = lc.itc

@@ -50,8 +50,11 @@ def load_directory_weights(weights: str | None, family: str) -> bool:
     )
 
 
-def projection_for(tower: nn.Module, pooled_dim: int, embed_dim: int) -> nn.Module:
-    """Takes the tower's source projection when it has one (output width must be ``embed_dim``), else a new Linear.
+def projection_for(
+    tower: nn.Module, pooled_dim: int, embed_dim: int, project: bool = True, kind: str = "image"
+) -> nn.Module:
+    """Takes the tower's source projection when it has one (output width must be ``embed_dim``), else a new Linear;
+    with ``project`` false, no projection at all (``nn.Identity``: the pooled output is the shared space).
 
     The projection moves out of the tower into the module, so freezing the tower (LiT) leaves it trainable and
     checkpoints hold it once.
@@ -60,8 +63,22 @@ def projection_for(tower: nn.Module, pooled_dim: int, embed_dim: int) -> nn.Modu
         tower: an image or text tower.
         pooled_dim: width of the tower's pooled vector.
         embed_dim: the module's shared embedding width.
+        project: the tower config's ``project``.
+        kind: ``image`` or ``text``, for the error messages.
     """
     projection = getattr(tower, "projection", None)
+    if not project:
+        if projection is not None:
+            raise ValueError(
+                f"model.{kind}.project is false but {type(tower).__name__} brings its pretrained projection to "
+                f"{tower.embed_dim} dimensions, which would be dropped: leave model.{kind}.project true"
+            )
+        if pooled_dim != embed_dim:
+            raise ValueError(
+                f"model.{kind}.project false makes the {kind} tower's pooled output ({pooled_dim} dimensions) the "
+                f"shared space: set model.embed_dim to {pooled_dim} (got {embed_dim})"
+            )
+        return nn.Identity()
     if projection is None:
         return nn.Linear(pooled_dim, embed_dim)
     if tower.embed_dim != embed_dim:
