@@ -1,7 +1,7 @@
 """Train-loader throughput on real camera photos: a naive baseline pipeline vs MultimodalDataModule.
 
     python benchmarks/data_pipeline.py [--images DIR_OR_JSONL] [--sets coco,phone4032] [--workers 2]
-                                       [--batch-size 32] [--rounds 3] [--synthetic] [--gpu]
+                                       [--batch-size 32] [--rounds 3] [--synthetic] [--gpu [--skip-cpu]]
 
 Images: by default JPEGs derived from real photographs shipped in scikit-image's and matplotlib's wheels
 (``benchmarks/real_photos.py``: crops and mosaics of the photos, re-encoded at COCO-like 640x480 q90-95 and
@@ -199,6 +199,9 @@ def main() -> None:
     parser.add_argument("--synthetic", action="store_true", help="add generated images as a secondary row")
     parser.add_argument(
         "--gpu", action="store_true", help="also time nvJPEG decoding and the base recipe's step"
+    )
+    parser.add_argument(
+        "--skip-cpu", action="store_true", help="with --gpu: only the GPU figures (no CPU loader rounds)"
     )
     parser.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "mm_lightning_real_photos")
     args = parser.parse_args()

@@ -94,6 +94,18 @@ def writes_logs_this_step(trainer: Trainer | None) -> bool:
     return bool(trainer.fast_dev_run) or trainer._logger_connector.should_update_logs
 
 
+def ends_training_or_epoch(trainer: Trainer) -> bool:
+    """Whether this training batch is the epoch's last or the run's last optimizer step (``max_steps``).
+
+    Why: Lightning keeps ``is_last_batch`` on the training loop's private batch progress (set after the batch is
+    fetched, before ``training_step``); values logged only on logging steps are also logged here, so that what
+    reads ``trainer.callback_metrics`` at an epoch's or the run's end sees them current.
+    """
+    if 0 < trainer.max_steps <= trainer.global_step + 1:
+        return True
+    return bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
+
+
 def every_n_train_steps(checkpoint: ModelCheckpoint) -> int:
     """The callback's ``every_n_train_steps`` (0 when unset).
 

@@ -73,8 +73,10 @@ def clip_grouped(groups: dict[str, tuple[Iterable[nn.Parameter], float | None]])
     """
     norms = {}
     for name, (params, max_norm) in groups.items():
+        if max_norm is None:
+            continue
         params = [p for p in params if p.grad is not None]
-        if max_norm is not None and params:
+        if params:
             norms[name] = torch.nn.utils.clip_grad_norm_(params, max_norm)
     return norms
 
@@ -119,6 +121,8 @@ def clip_towers_and_heads(
         towers: name -> (tower, max gradient norm; None: not clipped).
         heads_norm: max gradient norm of the parameters outside the towers (None: not clipped).
     """
+    if heads_norm is None and all(norm is None for _, norm in towers.values()):
+        return {}  # nothing to clip: no walk over the parameters every step
     in_towers = {id(p) for tower, _ in towers.values() for p in tower.parameters()}
     heads = [p for p in module.parameters() if id(p) not in in_towers]
     return clip_grouped(
