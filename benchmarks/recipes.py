@@ -1,8 +1,9 @@
 """The shipped recipes against the baseline a reviewer writes first, on real photos: test retrieval both ways.
 
 Baseline: both towers of the recipe frozen, their features computed once (the evaluation crop), two linear
-projections and the CLIP temperature trained with the contrastive loss on the whole training set as one batch
-(AdamW), the heads picked on validation text-to-image R@1. Each recipe (``configs/<name>.yaml``: its model, optimizer, trainer
+projections (to 256 dimensions) and the CLIP temperature trained with the contrastive loss on the whole training
+set as one batch (AdamW), from 5 initializations; the step and the initialization are picked on validation
+text-to-image R@1. Each recipe (``configs/<name>.yaml``: its model, optimizer, trainer
 and data options) trains on the same files, same towers and image size, its checkpoint picked on validation
 ``val/r1_t2i``. Both are scored on the test split under the multi-caption protocol (``mm_lightning.metrics``).
 
@@ -13,7 +14,9 @@ and data options) trains on the same files, same towers and image size, its chec
 
 The dev set (239 COCO-2017 photos x 5 human captions) is re-split by image with a fixed seed into
 150 train / 30 val / 59 test under ``benchmarks/_cache/`` (the photos stay where they are). The last line is
-``RESULT recipes ratio=<best recipe's R@1 / the baseline's, the worse of the two directions>``.
+``RESULT recipes ratio=<best recipe's R@1 / the baseline's, the worse of the two directions>``, the baseline's R@1
+being the best test figure any of its initializations reached (conservative: the table shows the one validation
+picked).
 """
 
 from __future__ import annotations
@@ -185,11 +188,40 @@ def run_baseline(name: str, data: Path, args: argparse.Namespace) -> dict[str, f
         dm.follow_image_tower(model.data_config["image"])  # size, mean/std and resize the tower expects
         dm.setup("test")
         features[split] = tower_features(model, dm)
-    embed_dim = config["model"].get("embed_dim", 256)
+    runs = [train_heads(features, args, seed) for seed in range(args.baseline_seeds)]
+    best = max(runs, key=lambda run: run["val"]["r1_t2i"])  # the initialization is picked on validation too
+    spread = ", ".join(
+        f"{d} {min(r['test'][f'r1_{d}'] for r in runs):.3f}-{max(r['test'][f'r1_{d}'] for r in runs):.3f}"
+        for d in ("t2i", "i2t")
+    )
+    print(
+        f"baseline: test R@1 over {len(runs)} initializations of the heads: {spread}; seed {best['seed']} picked"
+    )
+    wall = time.perf_counter() - start
+    # the RESULT ratio is taken against the best test R@1 any initialization reached (each direction): 30
+    # validation photos pick an initialization no better than chance, so the conservative figure is the one kept
+    best_test = {f"r1_{d}": max(r["test"][f"r1_{d}"] for r in runs) for d in ("t2i", "i2t")}
+    return {
+        **best["test"],
+        "wall_s": wall,
+        "steps": args.baseline_steps,
+        "val": best["val"],
+        "best_test": best_test,
+    }
+
+
+def train_heads(
+    features: dict[str, dict[str, torch.Tensor]], args: argparse.Namespace, seed: int
+) -> dict[str, Any]:
+    """Linear heads (width ``--baseline_dim``) + the CLIP temperature on the frozen features, one initialization.
+
+    Full-batch AdamW for ``--baseline_steps`` steps; the step with the best validation text-to-image R@1 is kept.
+    """
+    torch.manual_seed(seed)
     heads = torch.nn.ModuleDict(
         {
-            "image": torch.nn.Linear(features["train"]["image"].shape[1], embed_dim),
-            "text": torch.nn.Linear(features["train"]["text"].shape[1], embed_dim),
+            "image": torch.nn.Linear(features["train"]["image"].shape[1], args.baseline_dim),
+            "text": torch.nn.Linear(features["train"]["text"].shape[1], args.baseline_dim),
             "loss": ContrastiveLoss(),
         }
     )
@@ -214,9 +246,7 @@ def run_baseline(name: str, data: Path, args: argparse.Namespace) -> dict[str, f
                 best, best_state = val["r1_t2i"], copy.deepcopy(heads.state_dict())
     heads.load_state_dict(best_state)
     with torch.no_grad():
-        out, val = scores("test"), scores("val")
-    wall = time.perf_counter() - start
-    return {**out, "wall_s": wall, "steps": args.baseline_steps, "val": val}
+        return {"test": scores("test"), "val": scores("val"), "seed": seed}
 
 
 def draw_curves(logs: Path, out: Path, baseline: dict[str, Any] | None) -> None:
@@ -266,6 +296,13 @@ def main() -> None:
     parser.add_argument("--max_steps", type=int, default=-1, help="cap on a recipe's optimizer steps")
     parser.add_argument("--baseline_steps", type=int, default=600)
     parser.add_argument("--baseline_lr", type=float, default=1e-3)
+    parser.add_argument("--baseline_dim", type=int, default=256, help="the baseline heads' output width")
+    parser.add_argument(
+        "--baseline_seeds",
+        type=int,
+        default=5,
+        help="initializations of the baseline's heads (best on val kept)",
+    )
     parser.add_argument("--batch_size", type=int, default=None, help="default: each recipe's data.batch_size")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument(
@@ -299,7 +336,7 @@ def main() -> None:
         draw_curves(args.logs, args.curves, results.get("baseline"))
     if "baseline" not in results:
         return
-    base = results["baseline"]
+    base = results["baseline"]["best_test"]
     ratios = {
         name: min(results[name][f"r1_{d}"] / max(base[f"r1_{d}"], 1e-9) for d in ("t2i", "i2t"))
         for name in args.recipes
@@ -307,7 +344,8 @@ def main() -> None:
     best = max(ratios, key=ratios.get)
     print(
         f"RESULT recipes ratio={ratios[best]:.3f} (best recipe {best}: test R@1 t2i {results[best]['r1_t2i']:.3f} "
-        f"i2t {results[best]['r1_i2t']:.3f} vs baseline {base['r1_t2i']:.3f} / {base['r1_i2t']:.3f}; "
+        f"i2t {results[best]['r1_i2t']:.3f} vs the baseline's best initialization on test {base['r1_t2i']:.3f} / "
+        f"{base['r1_i2t']:.3f}; "
         f"{counts['test']} test images, {args.image_size} px, {data})"
     )
 
