@@ -26,7 +26,7 @@ and timer cost). Median step wall times are printed too.
 Attribution: one more default run under Lightning's ``SimpleProfiler`` gives the time of every callback hook per
 step (the callbacks' own code, nothing else), plus the TensorBoard logger's ``log_metrics`` and the module's
 ``self.log`` calls, timed by wrapping them. Last line: ``RESULT lightning_overhead ratio=<default/plain>``;
-target <= 1.05.
+target <= 1.02.
 """
 
 from __future__ import annotations
