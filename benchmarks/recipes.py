@@ -190,17 +190,15 @@ def run_baseline(name: str, data: Path, args: argparse.Namespace) -> dict[str, f
         features[split] = tower_features(model, dm)
     runs = [train_heads(features, args, seed) for seed in range(args.baseline_seeds)]
     best = max(runs, key=lambda run: run["val"]["r1_t2i"])  # the initialization is picked on validation too
-    spread = ", ".join(
-        f"{d} {min(r['test'][f'r1_{d}'] for r in runs):.3f}-{max(r['test'][f'r1_{d}'] for r in runs):.3f}"
-        for d in ("t2i", "i2t")
-    )
+    test_r1 = {d: [r["test"][f"r1_{d}"] for r in runs] for d in ("t2i", "i2t")}
+    spread = ", ".join(f"{d} {min(values):.3f}-{max(values):.3f}" for d, values in test_r1.items())
     print(
         f"baseline: test R@1 over {len(runs)} initializations of the heads: {spread}; seed {best['seed']} picked"
     )
     wall = time.perf_counter() - start
     # the RESULT ratio is taken against the best test R@1 any initialization reached (each direction): 30
     # validation photos pick an initialization no better than chance, so the conservative figure is the one kept
-    best_test = {f"r1_{d}": max(r["test"][f"r1_{d}"] for r in runs) for d in ("t2i", "i2t")}
+    best_test = {f"r1_{d}": max(values) for d, values in test_r1.items()}
     return {
         **best["test"],
         "wall_s": wall,
