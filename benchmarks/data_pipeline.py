@@ -1,25 +1,29 @@
 """Train-loader throughput on real camera photos: a naive baseline pipeline vs MultimodalDataModule.
 
-    python benchmarks/data_pipeline.py [--images DIR_OR_JSONL] [--sets coco,phone4032] [--workers 2]
-                                       [--batch-size 32] [--rounds 3] [--synthetic] [--gpu [--skip-cpu]]
+    python benchmarks/data_pipeline.py [--images DIR_OR_JSONL] [--downscale 500] [--sets coco,flickr500]
+                                       [--workers 2] [--batch-size 32] [--rounds 3] [--synthetic] [--gpu [--skip-cpu]]
 
 Images: by default JPEGs derived from real photographs shipped in scikit-image's and matplotlib's wheels
-(``benchmarks/real_photos.py``: crops and mosaics of the photos, re-encoded at COCO-like 640x480 q90-95 and
-phone sizes up to 4032x3024, baseline/progressive, 4:2:0/4:4:4; cached under the system temp folder), or your
-own (``--images``: a folder of images or a JSONL with ``image``/``text`` keys). ``--synthetic`` adds generated
-images as a clearly labelled secondary row: they decode much faster than photos and flatter every loader.
+(``benchmarks/real_photos.py``: crops and mosaics of the photos, re-encoded at COCO-like 640x480 q90-95,
+Flickr-like 500x375 and phone sizes up to 4032x3024, baseline/progressive, 4:2:0/4:4:4; cached under the
+system temp folder), or your own (``--images``: a folder of images or a JSONL with ``image``/``text`` keys);
+``--downscale 500`` adds a copy of them resized to 500 px on the long side (Flickr8k/30k's and many web
+datasets' size; Lanczos, re-encoded q90 4:2:0). A set with fewer than ``--epoch-images`` images is listed
+several times under distinct paths (symbolic links), so an epoch is long enough that the workers' start of
+epoch does not dominate, as in a real dataset. ``--synthetic`` adds generated images as a clearly labelled
+secondary row: they decode much faster than photos and flatter every loader.
 
-Pipelines (same images, batch size and workers; the model-ready output counted for both):
+Pipelines (same images, batch size and workers; the model-ready output counted for all):
   naive: PIL open + convert("RGB"), Resize((224, 224)), ToTensor, Normalize, per-sample tokenizer call padded
          to 512 tokens, stacking collate;
   ours:  MultimodalDataModule's train loader (RandomResizedCrop on, uint8 through the workers, batch-tokenized
-         captions padded to the longest): normalized in the workers (its CPU default), and normalized in the
-         main process (what a GPU run does after transfer, counted here on the CPU);
+         captions padded to the longest), normalized after the handover as a Trainer does (on CPU in the main
+         process, counted here); also normalized in the workers (``normalize_on="worker"``);
   decode-only: full-size decode of each file with the fastest decoder (simplejpeg), nothing else -- the
-         per-core decode limit a loader that decodes at full size cannot pass.
-Per set it prints samples/s per core (one process, one thread) for each; for the main set (the first) also the
-multi-worker loaders, rounds alternating so load from other processes hits all alike (best round counts).
-The last line is ``RESULT data_pipeline ratio=<ours/naive>`` on the main set with ``--workers`` workers.
+         limit a loader that decodes at full size cannot pass (with workers, the pixels stay in the workers).
+Per set it prints samples/s per core (one process, one thread) and with ``--workers`` workers, rounds
+alternating so load from other processes hits all alike (best round counts). The last line is
+``RESULT data_pipeline ratio=<ours/naive>`` with workers on the first set, the other sets in parentheses.
 """
 
 from __future__ import annotations
@@ -96,17 +100,70 @@ class NaiveDataset(Dataset):
 
 
 class DecodeOnly(Dataset):
-    """Full-size decode of each file, nothing else (the per-core limit of a full-size-decoding loader)."""
+    """Full-size decode of each file, nothing else (the limit of a full-size-decoding loader).
 
-    def __init__(self, jsonl: Path) -> None:
+    Args:
+        keep_pixels: return the decoded image; ``False`` returns only its shape (in workers: no pixels cross
+            to the main process, so the figure is the decoders' own limit).
+    """
+
+    def __init__(self, jsonl: Path, keep_pixels: bool = True) -> None:
         self.paths = [str(jsonl.parent / row["image"]) for row in rows_of(jsonl)]
+        self.keep_pixels = keep_pixels
 
     def __len__(self) -> int:
         return len(self.paths)
 
     def __getitem__(self, i: int) -> torch.Tensor:
         with EncodedImage(read_image_bytes(self.paths[i])) as image:
-            return image.decode(1)
+            pixels = image.decode(1)
+            return pixels if self.keep_pixels else torch.tensor(pixels.shape)
+
+
+def downscaled(jsonl: Path, long_side: int, out: Path) -> Path:
+    """A copy of ``jsonl``'s images resized to ``long_side`` px on the long side (Lanczos, q90 4:2:0)."""
+    out_jsonl = out / "train.jsonl"
+    rows = rows_of(jsonl)
+    if out_jsonl.exists() and sum(1 for _ in open(out_jsonl)) == len(rows):
+        return out_jsonl
+    (out / "images").mkdir(parents=True, exist_ok=True)
+    with open(out_jsonl, "w") as f:
+        for i, row in enumerate(rows):
+            with Image.open(jsonl.parent / row["image"]) as img:
+                img = img.convert("RGB")
+                factor = long_side / max(img.size)
+                if factor < 1:
+                    img = img.resize((round(img.width * factor), round(img.height * factor)), Image.LANCZOS)
+                name = f"images/{i:06d}.jpg"
+                img.save(out / name, "JPEG", quality=90, subsampling=2)
+            f.write(json.dumps({**row, "image": name}) + "\n")
+    return out_jsonl
+
+
+def repeated(jsonl: Path, min_images: int, out: Path) -> Path:
+    """``jsonl`` with every image listed ``ceil(min_images / n)`` times under distinct paths (symbolic links).
+
+    The loaders index records by image path, so a plain repetition of the lines would collapse into one
+    epoch of the same length.
+    """
+    rows = rows_of(jsonl)
+    copies = -(-min_images // len(rows))
+    if copies <= 1:
+        return jsonl
+    out.mkdir(parents=True, exist_ok=True)
+    out_jsonl = out / "train.jsonl"
+    with open(out_jsonl, "w") as f:
+        for k in range(copies):
+            (out / str(k)).mkdir(exist_ok=True)
+            for i, row in enumerate(rows):
+                target = (jsonl.parent / row["image"]).resolve()
+                link = out / str(k) / f"{i:06d}{target.suffix}"
+                if link.is_symlink() and link.resolve() != target:
+                    link.unlink()
+                if not link.is_symlink():
+                    link.symlink_to(target)
+                f.write(json.dumps({**row, "image": f"{k}/{link.name}"}) + "\n")
+    return out_jsonl
 
 
 def stack_collate(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -142,7 +199,7 @@ class Bench:
     def loaders(self, workers: int) -> dict[str, tuple[DataLoader, object]]:
         common = {"batch_size": self.batch_size, "num_workers": workers, "persistent_workers": workers > 0}
 
-        def ours(normalize_on: str) -> tuple[DataLoader, object]:
+        def ours(normalize_on: str) -> tuple[DataLoader, object]:  # "device": what a Trainer does
             dm = MultimodalDataModule(
                 train_file=str(self.jsonl),
                 tokenizer=self.tokenizer,
@@ -160,11 +217,13 @@ class Bench:
             collate_fn=stack_collate,
             **common,
         )
-        decode = DataLoader(DecodeOnly(self.jsonl), shuffle=True, collate_fn=list_collate, **common)
+        decode = DataLoader(
+            DecodeOnly(self.jsonl, keep_pixels=workers == 0), shuffle=True, collate_fn=list_collate, **common
+        )
         return {
             "naive": (naive, None),
-            "ours": ours("worker"),
-            "ours_normalize_in_main": ours("device"),
+            "ours": ours("device"),
+            "ours_normalize_in_workers": ours("worker"),
             "decode_only": (decode, None),
         }
 
@@ -190,12 +249,20 @@ def main() -> None:
         "--images", type=Path, help="folder of images or JSONL (default: the real-photo sets)"
     )
     parser.add_argument(
-        "--sets", default=",".join(PHOTO_SETS), help="real-photo sets; the first is the main one"
+        "--downscale", type=int, help="also measure the images resized to this many px on the long side"
+    )
+    parser.add_argument(
+        "--sets",
+        default="coco,flickr500",
+        help=f"real-photo sets, the first is the main one: {','.join(PHOTO_SETS)}",
     )
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=3.0, help="minimum timed seconds per measurement")
+    parser.add_argument(
+        "--epoch-images", type=int, default=1024, help="list smaller sets several times to reach this"
+    )
     parser.add_argument("--synthetic", action="store_true", help="add generated images as a secondary row")
     parser.add_argument(
         "--gpu", action="store_true", help="also time nvJPEG decoding and the base recipe's step"
@@ -218,6 +285,9 @@ def main() -> None:
         source = args.images
         jsonl = source if source.is_file() else jsonl_for_folder(source, args.data / "user_images")
         sets = {"your-images": jsonl}
+        if args.downscale:
+            name = f"your-images-{args.downscale}px"
+            sets[name] = downscaled(jsonl, args.downscale, args.data / f"user_images_{args.downscale}px")
         print(f"images: {source}")
     else:
         names = [n for n in args.sets.split(",") if n]
@@ -246,25 +316,27 @@ def main() -> None:
         )
         return
     per_core: dict[str, dict[str, float]] = {}
+    with_workers: dict[str, dict[str, float]] = {}
     for name, jsonl in sets.items():
         print(f"set {describe(name, jsonl)}", flush=True)
-        per_core[name] = Bench(jsonl, tokenizer, args.batch_size).run(0, args.rounds, args.seconds, "1 core")
-    main_name, main_jsonl = next(iter(sets.items()))
-    print(f"main set {main_name}: {args.workers} workers, batch {args.batch_size}", flush=True)
-    loaders = Bench(main_jsonl, tokenizer, args.batch_size).run(
-        args.workers, args.rounds, args.seconds, "workers"
-    )
+        bench = Bench(
+            repeated(jsonl, args.epoch_images, args.data / "epochs" / name), tokenizer, args.batch_size
+        )
+        per_core[name] = bench.run(0, args.rounds, args.seconds, "1 core")
+        with_workers[name] = bench.run(args.workers, args.rounds, args.seconds, f"{args.workers} workers")
 
     print(
-        "\nper core (samples/s, one process): naive | ours (normalize in workers / main) | decode-only full size"
+        f"\nsamples/s, per core (one process) and with {args.workers} workers, batch {args.batch_size}: naive | ours"
+        " (normalized after the handover / in the workers) | decode-only at full size"
     )
-    for name, best in per_core.items():
+    for name in sets:
         label = "SYNTHETIC (generated, not photos)" if name == "SYNTHETIC" else name
-        print(
-            f"  {label:36s} naive {best['naive']:6.0f} | ours {best['ours']:6.0f} / {best['ours_normalize_in_main']:6.0f}"
-            f" ({best['ours'] / best['naive']:.2f}x naive, {best['ours'] / best['decode_only']:.2f} of decode limit)"
-            f" | decode-only {best['decode_only']:6.0f}"
-        )
+        for how, best in (("1 core", per_core[name]), (f"{args.workers} workers", with_workers[name])):
+            print(
+                f"  {label:34s} {how:9s} naive {best['naive']:5.0f} | ours {best['ours']:5.0f} /"
+                f" {best['ours_normalize_in_workers']:5.0f} ({best['ours'] / best['naive']:.2f}x naive,"
+                f" {best['ours'] / best['decode_only']:.2f} of decode-only) | decode-only {best['decode_only']:5.0f}"
+            )
     extra = ""
     if args.gpu:
         from gpu_recipe import gpu_report
@@ -272,11 +344,22 @@ def main() -> None:
         extra = "; " + gpu_report(
             {k: v for k, v in sets.items() if k != "SYNTHETIC"}, args.batch_size, args.workers
         )
-    a, b, c = loaders["naive"], loaders["ours"], loaders["decode_only"]
+
+    def summary(name: str) -> str:
+        w, c = with_workers[name], per_core[name]
+        return (
+            f"{name}: ours {w['ours']:.0f} vs naive {w['naive']:.0f} samples/s = {w['ours'] / w['naive']:.2f}x"
+            f" (normalized in the workers {w['ours_normalize_in_workers'] / w['naive']:.2f}x), decode-only"
+            f" {w['decode_only']:.0f} (ours {w['ours'] / w['decode_only']:.2f} of it); per core"
+            f" {c['ours'] / c['naive']:.2f}x, decode-only {c['decode_only']:.0f}/s (ours {c['ours'] / c['decode_only']:.2f} of it)"
+        )
+
+    main_name = next(iter(sets))
+    others = "; ".join(summary(n) for n in sets if n != main_name)
     print(
-        f"RESULT data_pipeline ratio={b / a:.2f} (ours {b:.0f} vs naive {a:.0f} samples/s on {describe(main_name, main_jsonl)}; "
-        f"normalized in main process {loaders['ours_normalize_in_main']:.0f}; decode-only full size {c:.0f} "
-        f"(ours/decode-only {b / c:.2f}); {args.workers} workers, batch {args.batch_size}{extra})"
+        f"RESULT data_pipeline ratio={with_workers[main_name]['ours'] / with_workers[main_name]['naive']:.2f}"
+        f" ({args.workers} workers, batch {args.batch_size}; {summary(main_name)}; {describe(main_name, sets[main_name])}"
+        f"{'; ' + others if others else ''}{extra})"
     )
 
 

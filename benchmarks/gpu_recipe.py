@@ -3,7 +3,7 @@
 Called by ``python benchmarks/data_pipeline.py --gpu`` (needs a CUDA device; nothing is downloaded):
   * nvJPEG: ``torchvision.io.decode_jpeg(list_of_tensors, device="cuda")`` on the benchmark photos, batches of
     ``--batch-size``, vs one CPU core decoding the same files;
-  * GPU crops: the same RandomResizedCrop boxes (torchvision's sampler) cut and resized on the device after
+  * GPU crops: the same RandomResizedCrop boxes (the loader's sampler) cut and resized on the device after
     nvJPEG, normalized, channels-last bf16 -- model-ready batches with no CPU pixel work at all;
   * the base recipe (``configs/base.yaml``: ResNet-50 + a BERT-base-sized text tower, random init from
     configs, 224 px, bf16-mixed, channels-last) under ``Trainer.fit`` on in-memory device batches: samples/s

@@ -62,6 +62,7 @@ class PhotoSet:
 PHOTO_SETS = {
     "coco": PhotoSet("coco", (640, 480), (90, 95), 2, 0.0, 400),
     "coco444p": PhotoSet("coco444p", (640, 480), (90, 90), 0, 1.0, 200),
+    "flickr500": PhotoSet("flickr500", (500, 375), (85, 92), 2, 0.0, 400),
     "phone1280": PhotoSet("phone1280", (1280, 960), (90, 90), 2, 0.0, 120),
     "phone2048": PhotoSet("phone2048", (2048, 1536), (90, 95), 2, 0.5, 64),
     "phone4032": PhotoSet("phone4032", (4032, 3024), (88, 92), 2, 0.0, 64),

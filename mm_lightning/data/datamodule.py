@@ -78,8 +78,8 @@ class MultimodalDataModule(pl.LightningDataModule):
         std: normalization std per channel; null follows the image tower like ``mean``.
         normalize_on: where uint8 images become normalized float32. ``"device"``: after the host-to-device
             copy (``on_after_batch_transfer``; 4x fewer bytes through worker queues, pinned memory and PCIe);
-            ``"worker"``: in the collate. ``"auto"``: device when training on an accelerator, workers on CPU
-            and outside a Trainer (measured in ``benchmarks/data_pipeline.py``).
+            ``"worker"``: in the collate. ``"auto"``: device whenever a Trainer runs the loaders (a CPU run
+            too), the collate outside a Trainer (measured in ``benchmarks/data_pipeline.py``).
         reduced_decode: let JPEGs decode at 1/2, 1/4 or 1/8 size when the crop still needs no upsampling.
         confine_to_root: reject image paths (absolute, ``..``, links) that leave ``image_root``.
         max_image_pixels: refuse images above this many pixels (decompression bombs); ``None`` disables.
@@ -294,9 +294,10 @@ class MultimodalDataModule(pl.LightningDataModule):
         ``on_after_batch_transfer`` (``True``: in the collate, in the workers; ``False``: on the device)."""
         if self.hparams.normalize_on != "auto":
             return self.hparams.normalize_on == "worker"
-        # On CPU "the device" is the training process itself: normalizing there (~tens of ms per batch of
-        # 224 px images) stalls the step, while workers run in parallel. On a GPU it is nearly free.
-        return self.trainer is None or self.trainer.strategy.root_device.type == "cpu"
+        # Also on CPU: a worker hands each batch over in a fresh shared-memory segment, whose page faults for
+        # float32 (32x3x224x224: ~14 ms) cost far more than normalizing uint8 after the handover (~3 ms).
+        # Outside a Trainer nothing runs on_after_batch_transfer, so the collate normalizes.
+        return self.trainer is None
 
     def _collate(self) -> MultimodalCollate:
         in_workers = self.normalizes_in_workers()

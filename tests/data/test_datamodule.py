@@ -134,7 +134,7 @@ def test_model_receives_normalized_float_images(tmp_path: Path, normalize_on: st
     )
     assert pixels.min() >= -1e-5 and pixels.max() <= 1 + 1e-5
     assert torch.allclose(pixels * 255, (pixels * 255).round(), atol=1e-3)
-    assert dm.normalizes_in_workers() == (normalize_on != "device")  # auto on a CPU trainer: workers
+    assert dm.normalizes_in_workers() == (normalize_on == "worker")  # auto under a Trainer: after transfer
 
 
 @pytest.mark.parametrize("normalize_on", ["device", "worker", "auto"])
