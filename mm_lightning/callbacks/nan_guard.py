@@ -36,19 +36,32 @@ class NaNGuard(Callback):
     Under a 16-bit ``GradScaler`` inf gradients are expected while the scale is calibrated and the scaler
     already skips those steps, so only the loss is checked there.
 
+    Without a host sync: when the optimizer is fused (``torch.optim.AdamW(..., fused=True)``, the project's
+    default on CUDA) the decision never leaves the device. The flag goes to the optimizer as ``found_inf``, as
+    ``GradScaler`` hands it over, and the fused kernel leaves parameters and state untouched on a bad step; the
+    counts stay device tensors and are read on the steps the loggers write, at each epoch's end, at a checkpoint
+    and when training ends. A run of ``max_consecutive`` bad steps then stops training at the next such read
+    (the skipped steps changed nothing); the error names the steps where the run reached the limit.
+
     Args:
         max_consecutive: Number of consecutive non-finite steps after which training stops with
             :class:`NonFiniteTrainingError`.
+        defer: read the decision lazily when the optimizer can apply it itself (fused): ``None`` (default) on
+            accelerators, ``True`` also on CPU, ``False`` never (decide on the host every step).
     """
 
-    def __init__(self, max_consecutive: int = 3) -> None:
+    def __init__(self, max_consecutive: int = 3, defer: bool | None = None) -> None:
         if max_consecutive < 1:
             raise ValueError(f"max_consecutive must be >= 1, got {max_consecutive}")
-        self.max_consecutive = max_consecutive
+        self.max_consecutive, self.defer = max_consecutive, defer
         self.skipped_steps = 0
         self.consecutive = 0
         self._loss_nonfinite: torch.Tensor | None = None
         self._logged: int | None = None  # the count last given to self.log (None: not yet in this epoch)
+        # deferred mode: [skipped since the last read, consecutive, tripped, step reached] on the device, and
+        # the gathered per-rank flags of the step that reached the limit
+        self._pending: torch.Tensor | None = None
+        self._trip_flags: torch.Tensor | None = None
 
     @override
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -77,6 +90,9 @@ class NaNGuard(Callback):
                 grad_bad = ~torch.isfinite(total).to(device)
         local = torch.stack([loss_bad, grad_bad]).float()
         flags = self._gather_flags(trainer, local).reshape(-1, 2).bool()
+        if self._defers(trainer, optimizer):
+            self._decide_on_device(trainer, optimizer, flags)
+            return
         if flags.any():
             optimizer.zero_grad(set_to_none=True)
             self.skipped_steps += 1
@@ -94,16 +110,84 @@ class NaNGuard(Callback):
             )
             self._logged = self.skipped_steps
 
+    def _defers(self, trainer: Trainer, optimizer: Optimizer) -> bool:
+        """Whether this step's decision stays on the device (the optimizer applies ``found_inf`` itself)."""
+        if self.defer is False or getattr(trainer.precision_plugin, "scaler", None) is not None:
+            return False
+        if self.defer is None and trainer.strategy.root_device.type == "cpu":
+            return False
+        return bool(getattr(optimizer, "defaults", {}).get("fused"))
+
+    def _decide_on_device(self, trainer: Trainer, optimizer: Optimizer, flags: torch.Tensor) -> None:
+        bad = flags.any()
+        # As GradScaler does for fused optimizers: the kernel skips the update (parameters, moments, step count)
+        # where found_inf is nonzero; on_train_batch_end removes the attribute again.
+        optimizer.found_inf = bad.float()  # type: ignore[attr-defined]
+        if self._pending is None:
+            self._pending = torch.zeros(4, dtype=torch.long, device=flags.device)
+            self._pending[1] = self.consecutive
+            self._trip_flags = torch.zeros_like(flags)
+        skipped, consecutive, tripped, at = self._pending.unbind()
+        bad_long = bad.long()
+        consecutive = (consecutive + 1) * bad_long
+        trips_now = (consecutive >= self.max_consecutive) & (tripped == 0)
+        self._trip_flags = torch.where(trips_now, flags, self._trip_flags)
+        step = torch.full_like(at, trainer.global_step)  # numbered as the host path's message numbers it
+        self._pending = torch.stack(
+            [skipped + bad_long, consecutive, tripped | trips_now.long(), torch.where(trips_now, step, at)]
+        )
+        if compat.writes_logs_this_step(trainer) or compat.ends_training_or_epoch(trainer):
+            self._read(trainer)
+            if self.skipped_steps != self._logged or compat.writes_logs_this_step(trainer):
+                pl_module = trainer.lightning_module
+                pl_module.log(
+                    "train/skipped_steps",
+                    float(self.skipped_steps),
+                    on_step=True,
+                    on_epoch=False,
+                    batch_size=1,
+                )
+                self._logged = self.skipped_steps
+
+    def _read(self, trainer: Trainer) -> None:
+        """Bring the device counts to the host (one sync); raise if a run of bad steps reached the limit."""
+        if self._pending is None:
+            return
+        skipped, consecutive, tripped, at = self._pending.tolist()
+        self.skipped_steps += skipped
+        self.consecutive = consecutive
+        self._pending[0] = 0
+        if tripped:
+            flags = self._trip_flags
+            self._pending = None
+            self.consecutive = self.max_consecutive
+            raise NonFiniteTrainingError(self._message(trainer, flags, at))
+
+    @override
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+        for optimizer in trainer.optimizers:
+            if hasattr(optimizer, "found_inf"):
+                del optimizer.found_inf
+
+    @override
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._read(trainer)
+
+    @override
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._read(trainer)
+
     def _gather_flags(self, trainer: Trainer, local: torch.Tensor) -> torch.Tensor:
         """All ranks' ``[loss_bad, grad_bad]`` flags; every rank receives the same tensor."""
         return trainer.strategy.all_gather(local)
 
-    def _message(self, trainer: Trainer, flags: torch.Tensor) -> str:
+    def _message(self, trainer: Trainer, flags: torch.Tensor, last: int | None = None) -> str:
         loss_ranks = flags[:, 0].nonzero().flatten().tolist()
         grad_ranks = flags[:, 1].nonzero().flatten().tolist()
-        first = trainer.global_step - self.consecutive + 1
+        last = trainer.global_step if last is None else last
+        first = last - self.consecutive + 1
         return (
-            f"NaNGuard: {self.consecutive} consecutive optimizer steps (global steps {first}..{trainer.global_step})"
+            f"NaNGuard: {self.consecutive} consecutive optimizer steps (global steps {first}..{last})"
             f" had a non-finite loss or gradient norm; at the last one the loss was non-finite on rank(s)"
             f" {loss_ranks} and the gradient norm on rank(s) {grad_ranks}. {self.skipped_steps} steps were skipped"
             f" in total. Lower the learning rate or enable gradient clipping, check the data"
@@ -112,9 +196,13 @@ class NaNGuard(Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
+        if self._pending is not None:  # a checkpoint holds the current counts (one read)
+            skipped, consecutive = self._pending[:2].tolist()
+            return {"skipped_steps": self.skipped_steps + skipped, "consecutive": consecutive}
         return {"skipped_steps": self.skipped_steps, "consecutive": self.consecutive}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.skipped_steps = state_dict["skipped_steps"]
         self.consecutive = state_dict["consecutive"]
+        self._pending = None

@@ -182,6 +182,8 @@ class OptimConfig:
         warmup_steps: linear warmup steps.
         min_lr_ratio: final LR / peak LR of the cosine decay.
         clip_heads: max gradient norm of the parameters outside the towers (null: none).
+        fused: AdamW's fused kernel (one kernel per step; it also lets ``NaNGuard`` skip a step without a
+            per-step host sync). Null: fused when every parameter is on a CUDA device.
     """
 
     lr: float = 1e-4
@@ -189,6 +191,7 @@ class OptimConfig:
     warmup_steps: int = 0
     min_lr_ratio: float = 0.0
     clip_heads: float | None = None
+    fused: bool | None = None
 
 
 # shared defaults of MultimodalModule's arguments (frozen, so sharing them is safe)

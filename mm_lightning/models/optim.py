@@ -97,7 +97,11 @@ def optimizer_and_schedule(
     """
     rates = {name: (tower, optim.lr if lr is None else lr) for name, (tower, lr) in towers.items()}
     groups = param_groups({**rates, "heads": (module, optim.lr)}, optim.weight_decay)
-    optimizer = torch.optim.AdamW(groups, lr=optim.lr)
+    fused = optim.fused
+    if fused is None:
+        trainable = [p for p in module.parameters() if p.requires_grad]
+        fused = bool(trainable) and all(p.is_cuda for p in trainable)
+    optimizer = torch.optim.AdamW(groups, lr=optim.lr, fused=fused)
     bounded = math.isfinite(total_steps)
     if not bounded:
         rank_zero_warn(

@@ -148,6 +148,16 @@ def test_every_parameter_gets_a_gradient_with_itm() -> None:
     assert [n for n, p in model.named_parameters() if p.grad is None] == []
 
 
+def test_adamw_is_fused_on_cuda_parameters_or_when_asked(tmp_path: Path) -> None:
+    fused = []
+    for optim in ({}, {"fused": True}):
+        trainer = _trainer(tmp_path, max_steps=1)
+        trainer.fit(tiny_module(optim=optim), pair_loader())
+        fused.append(trainer.optimizers[0].defaults["fused"])
+    # null: fused only when every trainable parameter is on CUDA; CPU has a fused AdamW kernel too
+    assert fused == [False, True]
+
+
 def test_param_groups_lrs_and_no_weight_decay_sets(tmp_path: Path) -> None:
     model = tiny_module(
         optim={"lr": 1e-3, "weight_decay": 0.1}, image={"lr": 1e-4}, text={"lr": 5e-5, "freeze": True}

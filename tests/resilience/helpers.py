@@ -26,6 +26,7 @@ class TinyModule(LightningModule):
         poison_graph: NaN through the graph (gradients become NaN) instead of through a constant term
             (loss NaN, gradients finite).
         dropout: Dropout probability (exercises RNG state on resume).
+        fused: use AdamW's fused kernel.
     """
 
     def __init__(
@@ -33,6 +34,7 @@ class TinyModule(LightningModule):
         poison: dict[int, list[int]] | None = None,
         poison_graph: bool = False,
         dropout: float = 0.0,
+        fused: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -62,7 +64,7 @@ class TinyModule(LightningModule):
 
     @override
     def configure_optimizers(self) -> Any:
-        optimizer = torch.optim.AdamW(self.parameters(), lr=0.05, weight_decay=0.1)
+        optimizer = torch.optim.AdamW(self.parameters(), lr=0.05, weight_decay=0.1, fused=self.hparams.fused)
         # Like MultimodalModule's warmup/cosine: reading estimated_stepping_batches here makes Lightning set up
         # the train loader before a checkpoint's loader position is known (see ExactResume).
         total = self.trainer.estimated_stepping_batches
