@@ -114,10 +114,11 @@ class DecodeOnly(Dataset):
     def __len__(self) -> int:
         return len(self.paths)
 
-    def __getitem__(self, i: int) -> torch.Tensor:
+    def __getitem__(self, i: int) -> torch.Tensor | tuple[int, ...]:
         with EncodedImage(read_image_bytes(self.paths[i])) as image:
             pixels = image.decode(1)
-            return pixels if self.keep_pixels else torch.tensor(pixels.shape)
+            # a tuple travels inside the pickle; even a tiny tensor would cost a shared-memory segment
+            return pixels if self.keep_pixels else tuple(pixels.shape)
 
 
 def downscaled(jsonl: Path, long_side: int, out: Path) -> Path:
