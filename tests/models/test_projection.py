@@ -60,3 +60,27 @@ def test_the_checkpointed_module_rebuilds_without_the_projection(tmp_path) -> No
     again = MultimodalModule(**checkpoint["hyper_parameters"])
     again.load_state_dict(checkpoint["state_dict"])  # strict: same keys, no image head
     assert isinstance(again.model.image_proj, nn.Identity)
+
+
+class _TowerWithProjection(nn.Module):
+    """Stands in for a tower cut out of a dual encoder (clip:, open_clip:): it brings its projection."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed_dim = 8
+        self.projection = nn.Linear(16, 8)
+
+
+def test_a_tower_bringing_its_own_projection_is_refused_with_project_false() -> None:
+    from mm_lightning.models.towers.pretrained import projection_for
+
+    tower = _TowerWithProjection()
+    with pytest.raises(
+        ValueError, match=r"model.text.project is false but _TowerWithProjection brings .* dropped"
+    ):
+        projection_for(tower, pooled_dim=16, embed_dim=16, project=False, kind="text")
+    assert hasattr(tower, "projection")  # nothing was taken from it
+    # control: with project true the tower's own projection moves into the module
+    projection = tower.projection
+    assert projection_for(tower, pooled_dim=16, embed_dim=8, project=True) is projection
+    assert not hasattr(tower, "projection")
