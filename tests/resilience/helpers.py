@@ -152,8 +152,8 @@ def fit_tiny(module: TinyModule, callbacks: list[Callback], steps: int = 5, **tr
     """
     has_checkpoint = any(isinstance(c, ModelCheckpoint) for c in callbacks)
     trainer_kwargs.setdefault("plugins", [AtomicCheckpointIO()])  # as the CLI installs it
+    trainer_kwargs.setdefault("accelerator", "cpu")
     trainer = Trainer(
-        accelerator="cpu",
         max_steps=steps,
         logger=False,
         enable_checkpointing=has_checkpoint,

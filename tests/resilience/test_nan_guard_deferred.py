@@ -114,3 +114,35 @@ def test_deferred_counts_are_in_checkpoints_and_not_used_without_a_fused_optimiz
     plain = ProbedGuard(defer=True)  # a for-loop AdamW cannot take the flag: the host path decides
     fit_tiny(TinyModule(poison={0: [3]}), [plain], steps=5, log_every_n_steps=50)
     assert all(read for read, _ in plain.steps) and plain.skipped_steps == 1
+
+
+class SyncCheckedGuard(ProbedGuard):
+    """On CUDA: any host sync inside the guard's hook on a step where it need not read raises (torch's check)."""
+
+    @override
+    def on_before_optimizer_step(
+        self, trainer: Trainer, pl_module: LightningModule, optimizer: Optimizer
+    ) -> None:
+        may_read = compat.writes_logs_this_step(trainer) or compat.ends_training_or_epoch(trainer)
+        torch.cuda.set_sync_debug_mode("warn" if may_read else "error")
+        try:
+            super().on_before_optimizer_step(trainer, pl_module, optimizer)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a host sync only exists with a CUDA device")
+def test_no_host_sync_per_step_on_cuda() -> None:
+    guard = SyncCheckedGuard(
+        max_consecutive=3
+    )  # defer=None: deferred on an accelerator with a fused optimizer
+    trainer = fit_tiny(
+        TinyModule(poison={0: [2]}, fused=True),
+        [guard],
+        steps=11,
+        log_every_n_steps=4,
+        accelerator="gpu",
+        devices=1,
+    )
+    assert guard.skipped_steps == 1 and trainer.callback_metrics["train/skipped_steps"].item() == 1.0
+    assert not all(read for read, _ in guard.steps)  # the deferred path ran (the host path reads every step)
