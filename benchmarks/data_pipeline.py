@@ -9,7 +9,7 @@ Flickr-like 500x375 and phone sizes up to 4032x3024, baseline/progressive, 4:2:0
 system temp folder), or your own (``--images``: folders of images and/or JSONLs with ``image``/``text`` keys, merged into one set);
 ``--downscale 500`` adds a copy of them resized to 500 px on the long side (Flickr8k/30k's and many web
 datasets' size; Lanczos, re-encoded q90 4:2:0). A set with fewer than ``--epoch-images`` images is listed
-several times under distinct paths (symbolic links), so an epoch is long enough that the workers' start of
+several times under distinct paths (hard links, else symbolic links), so an epoch is long enough that the workers' start of
 epoch does not dominate, as in a real dataset. ``--synthetic`` adds generated images as a clearly labelled
 secondary row: they decode much faster than photos and flatter every loader.
 
@@ -29,6 +29,7 @@ alternating so load from other processes hits all alike (best round counts). The
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -137,9 +138,13 @@ class DecodeOnly(Dataset):
 
 
 def downscaled(jsonl: Path, long_side: int, out: Path) -> Path:
-    """A copy of ``jsonl``'s images resized to ``long_side`` px on the long side (Lanczos, q90 4:2:0)."""
-    out_jsonl = out / "train.jsonl"
+    """A copy of ``jsonl``'s images resized to ``long_side`` px on the long side (Lanczos, q90 4:2:0).
+
+    Cached under ``out`` per source list (a digest of the JSONL), so another set is never served stale copies.
+    """
     rows = rows_of(jsonl)
+    out = out / hashlib.sha256(jsonl.read_bytes()).hexdigest()[:16]
+    out_jsonl = out / "train.jsonl"
     if out_jsonl.exists() and sum(1 for _ in open(out_jsonl)) == len(rows):
         return out_jsonl
     (out / "images").mkdir(parents=True, exist_ok=True)
@@ -160,8 +165,8 @@ def repeated(jsonl: Path, min_images: int, out: Path) -> Path:
     """``jsonl`` with every image listed ``ceil(min_images / n)`` times under distinct paths.
 
     The loaders index records by image path, so a plain repetition of the lines would collapse into one
-    epoch of the same length. Hard links where the file system allows (a symbolic link costs every open a
-    second path lookup, ~0.08 ms per file here), else symbolic links.
+    epoch of the same length. Hard links where the file system allows (no second path lookup per open),
+    else symbolic links.
     """
     rows = rows_of(jsonl)
     copies = -(-min_images // len(rows))
