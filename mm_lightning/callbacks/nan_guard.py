@@ -101,9 +101,12 @@ class NaNGuard(Callback):
                 raise NonFiniteTrainingError(self._message(trainer, flags))
         else:
             self.consecutive = 0
-        # Logged when the count changes, on the steps the loggers write and at the first step, so that
-        # trainer.callback_metrics always holds the current count and TensorBoard gets the same points as if
-        # logged every step, without Lightning's ~0.5-1 ms per self.log on every other step.
+        self._log_count(trainer, pl_module)
+
+    def _log_count(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Logged when the count changes, on the steps the loggers write and at the first step, so that
+        trainer.callback_metrics holds the current count and TensorBoard gets the same points as if logged every
+        step, without Lightning's ~0.5-1 ms per self.log on every other step."""
         if self.skipped_steps != self._logged or compat.writes_logs_this_step(trainer):
             pl_module.log(
                 "train/skipped_steps", float(self.skipped_steps), on_step=True, on_epoch=False, batch_size=1
@@ -138,16 +141,7 @@ class NaNGuard(Callback):
         )
         if compat.writes_logs_this_step(trainer) or compat.ends_training_or_epoch(trainer):
             self._read(trainer)
-            if self.skipped_steps != self._logged or compat.writes_logs_this_step(trainer):
-                pl_module = trainer.lightning_module
-                pl_module.log(
-                    "train/skipped_steps",
-                    float(self.skipped_steps),
-                    on_step=True,
-                    on_epoch=False,
-                    batch_size=1,
-                )
-                self._logged = self.skipped_steps
+            self._log_count(trainer, trainer.lightning_module)
 
     def _read(self, trainer: Trainer) -> None:
         """Bring the device counts to the host (one sync); raise if a run of bad steps reached the limit."""
