@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from mm_lightning.assets import resolve_pretrained
+from mm_lightning.data.batch_slots import BatchSlots
 from mm_lightning.data.records import FATAL, RecordError, describe
 from mm_lightning.data.samples import ORIGIN_KEY
 from mm_lightning.data.skips import SKIPPED_KEY, STAND_IN_KEY
@@ -88,6 +89,7 @@ class MultimodalCollate:
     ) -> None:
         self.tokenizer_name, self.max_length = tokenizer, max_length
         self.pad_to_multiple_of, self.normalize = pad_to_multiple_of, normalize
+        self.slots: BatchSlots | None = None
         self._tokenizer: Any = None
 
     @property
@@ -100,6 +102,12 @@ class MultimodalCollate:
         """A copy that normalizes with ``normalize`` (shares the loaded tokenizer; this one is unchanged)."""
         other = copy.copy(self)
         other.normalize = normalize
+        return other
+
+    def with_slots(self, slots: BatchSlots | None) -> MultimodalCollate:
+        """A copy whose workers stack uint8 images into ``slots`` (one loader's; see ``batch_slots``)."""
+        other = copy.copy(self)
+        other.slots = slots
         return other
 
     def _tokenize(self, captions: list[str]) -> Any:
@@ -130,14 +138,15 @@ class MultimodalCollate:
 
     def __call__(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
         images = [s["image"] for s in samples]
+        first = images[0]
+        # normalized pixels are float32; cached features (B, D) keep their dtype
+        dtype = torch.float32 if self.normalize is not None and first.dim() == 3 else first.dtype
+        reserved = self.slots.reserve(len(images), first.shape, dtype) if self.slots is not None else None
+        out = reserved[1] if reserved else batch_buffer((len(images), *first.shape), dtype)
         if self.normalize is not None:
-            first = images[0]
-            out = batch_buffer(
-                (len(images), *first.shape), torch.float32 if first.dim() == 3 else first.dtype
-            )
             images = self.normalize(torch.stack(images), out=out)
         else:
-            images = torch.stack(images, out=batch_buffer((len(images), *images[0].shape), images[0].dtype))
+            images = torch.stack(images, out=out)
         try:
             tokens = self._tokenize([s["caption"] for s in samples])
         except FATAL:
@@ -155,6 +164,8 @@ class MultimodalCollate:
             values["token_type_ids"] = tokens["token_type_ids"]
         dtypes = {name: torch.bool if name == STAND_IN_KEY else torch.long for name in values}
         small = shared_tensors({name: (tuple(v.shape), dtypes[name]) for name, v in values.items()})
+        if reserved:  # complete: the slot is handed over, and crosses the queue as its number
+            images = self.slots.hand_over(reserved[0], len(samples))
         batch = {"image": images} | {name: small[name].copy_(value) for name, value in values.items()}
         batch[SKIPPED_KEY] = [err for s in samples for err in s.get(SKIPPED_KEY, ())]
         return batch

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 from typing_extensions import override
 
+from mm_lightning.data.batch_slots import slots_for
 from mm_lightning.data.collate import MultimodalCollate
 from mm_lightning.data.dataset import CaptionSampling, ImageTextDataset
 from mm_lightning.data.images import DEFAULT_MAX_PIXELS, decode_image_bytes
@@ -60,7 +61,7 @@ class MultimodalDataModule(pl.LightningDataModule):
         batch_size: batch size per device.
         num_workers: DataLoader worker processes per device.
         pin_memory: pin host memory for faster host-to-device copies.
-        persistent_workers: keep workers alive across epochs (only with ``num_workers > 0``).
+        persistent_workers: keep workers alive across epochs; they also reuse shared-memory image slots.
         prefetch_factor: batches each worker prepares ahead (only with ``num_workers > 0``).
         multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or ``None`` (platform default).
         on_bad_record: ``"raise"`` stops with file, line, image and reason; ``"skip"`` replaces the bad sample
@@ -233,9 +234,7 @@ class MultimodalDataModule(pl.LightningDataModule):
         side = int(data_config["input_size"][-1]) if data_config.get("input_size") else None
         interpolation = data_config.get("interpolation", "bilinear")
         if interpolation not in INTERPOLATIONS:
-            rank_zero_warn(
-                f"the image tower asks for {interpolation!r} resizing; images are resized bilinear"
-            )
+            rank_zero_warn(f"the image tower asks for {interpolation!r} resizing; resizing bilinear instead")
             interpolation = "bilinear"
         if interpolation != self.interpolation:
             self.datasets.clear()  # built with the previous resize
@@ -307,11 +306,12 @@ class MultimodalDataModule(pl.LightningDataModule):
 
     def _loader_kwargs(self) -> dict[str, Any]:
         hp = self.hparams
+        slots = slots_for(hp, self.image_size, self.normalizes_in_workers())  # see batch_slots
         kwargs: dict[str, Any] = {
             "batch_size": hp.batch_size,
             "num_workers": hp.num_workers,
             "pin_memory": hp.pin_memory,
-            "collate_fn": self._collate(),
+            "collate_fn": self._collate().with_slots(slots),
         }
         if hp.num_workers > 0:
             kwargs["persistent_workers"] = hp.persistent_workers
@@ -362,9 +362,8 @@ class MultimodalDataModule(pl.LightningDataModule):
             )
             self.check_a_batch(len(sampler), where)
             return StatefulDataLoader(dataset, sampler=sampler, drop_last=True, **kwargs)
-        self.check_a_batch(
-            -(-len(dataset) // world), where
-        )  # Lightning's DistributedSampler: ceil(N / world)
+        per_rank = -(-len(dataset) // world)  # Lightning's DistributedSampler: ceil(N / world)
+        self.check_a_batch(per_rank, where)
         if world > 1:
             # A plain torch RandomSampler is what Lightning replaces by its DistributedSampler (seeded by
             # PL_GLOBAL_SEED, reshuffled by set_epoch: same order on every rank, replayable on resume). With

@@ -170,10 +170,28 @@ def test_workers_with_spawn_and_fork(tmp_path: Path, context: str) -> None:
         multiprocessing_context=context,
         persistent_workers=True,
         prefetch_factor=2,
+        normalize_on="device",
     )
     dm.setup("fit")
-    indices = sorted(i for b in dm.val_dataloader() for i in b["index"].tolist())
-    assert indices == list(range(8))
+    loader = dm.val_dataloader()
+    batches = list(loader)
+    assert sorted(i for b in batches for i in b["index"].tolist()) == list(range(8))
+    # the workers (spawned too) stacked the images into the loader's shared slots
+    assert all(loader.collate_fn.slots.owns(b["image"]) for b in batches)
+
+
+def test_loaders_with_persistent_workers_have_slots_of_their_own(tmp_path: Path) -> None:
+    train = coco_style(tmp_path, num_images=8, captions_per_image=1)
+    dm = _dm(train, num_workers=2, persistent_workers=True, normalize_on="device")
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    batches = list(loader)
+    assert len(batches) == 2 and all(loader.collate_fn.slots.owns(b["image"]) for b in batches)
+    assert dm.val_dataloader().collate_fn.slots is not loader.collate_fn.slots  # workers alive side by side
+    # control: workers restarted every epoch get none
+    dm = _dm(train, num_workers=2, persistent_workers=False, normalize_on="device")
+    dm.setup("fit")
+    assert dm.train_dataloader().collate_fn.slots is None
 
 
 def test_a_missing_jsonl_file_is_named_with_what_to_do(tmp_path: Path) -> None:
