@@ -11,11 +11,18 @@ its slot whose memory is owned by a lease; the slot is handed back to its worker
 view of that memory is freed (the lease's finalizer). A worker never waits for a slot: when all of its slots
 are still held (a user keeping batches in a list, say), it falls back to a fresh segment, as torch does.
 Only loaders with persistent workers use slots: then one set of workers serves the loader, and the batches a
-restarted epoch discards are still unpickled in the main process, which hands their slots back.
+restarted epoch discards are still unpickled in the main process, which hands their slots back. Only workers
+started by the process that made the slots fill them: a copy of the loader iterated in another process (a
+pickled loader in a spawned rank, say) falls back, so two sets of workers never write the same slots.
+
+torch's DataLoader has no such reuse (each batch's storage is shared anew; ``pin_memory`` only covers the
+host-to-device copy), hence this module.
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import uuid
 import weakref
 from typing import Any
@@ -51,7 +58,7 @@ class BatchSlots:
         # Sparse until used: a tmpfs segment takes memory only for the pages a worker writes.
         self.pixels = torch.empty((workers * per_worker, *self.shape), dtype=dtype).share_memory_()
         self.flags = torch.zeros(workers * per_worker, dtype=torch.uint8).share_memory_()
-        self.token = uuid.uuid4().hex
+        self.token, self.owner = uuid.uuid4().hex, os.getpid()
         self._views()
         _OWNED[self.token] = self
 
@@ -59,9 +66,8 @@ class BatchSlots:
         self._pixels_np, self._flags_np = self.pixels.numpy(), self.flags.numpy()
         self._next = 0
 
-    def __getstate__(
-        self,
-    ) -> dict[str, Any]:  # to spawn/forkserver workers: the segments travel by descriptor
+    def __getstate__(self) -> dict[str, Any]:
+        """For spawn/forkserver workers: the segments travel by descriptor, the numpy views are rebuilt."""
         state = self.__dict__.copy()
         del state["_pixels_np"], state["_flags_np"]
         return state
@@ -73,11 +79,11 @@ class BatchSlots:
     def reserve(self, rows: int, shape: torch.Size, dtype: torch.dtype) -> tuple[int, torch.Tensor] | None:
         """In a worker: a free slot of its own and the (rows, *shape) tensor of it to fill, or ``None``.
 
-        ``None`` (fall back to a fresh segment) also outside a worker, for images of another shape or dtype,
-        or a batch longer than a slot.
+        ``None`` (fall back to a fresh segment) also outside a worker, in a worker of another process than the
+        one that made the slots, for images of another shape or dtype, or a batch longer than a slot.
         """
-        info = torch.utils.data.get_worker_info()
-        if info is None or info.id >= self.workers:
+        info, parent = torch.utils.data.get_worker_info(), multiprocessing.parent_process()
+        if info is None or info.id >= self.workers or parent is None or parent.pid != self.owner:
             return None
         if rows > self.shape[0] or tuple(shape) != self.shape[1:] or dtype != self.dtype:
             return None

@@ -4,6 +4,7 @@ every tensor over it is gone (batches kept by the user stay intact), discarded b
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import pickle
 from types import SimpleNamespace
 
@@ -135,3 +136,23 @@ def test_a_slot_batch_from_a_loader_this_process_does_not_own_is_refused() -> No
     blob = pickle.dumps({"image": SlotImages("not-a-loader-of-this-process", 0, 4)})
     with pytest.raises(RuntimeError, match="shared batch slots this process does not own"):
         pickle.loads(blob)
+
+
+def _iterate_in_a_child(slots: BatchSlots, samples: list[dict], results: multiprocessing.Queue) -> None:
+    batches = list(_loader(samples, slots))  # this process's workers; the slots' maker is the parent
+    results.put((any(slots.owns(b["image"]) for b in batches), slots.free_slots(), len(batches)))
+
+
+@pytest.mark.timeout(120)
+def test_a_copy_of_the_loader_in_another_process_does_not_fill_the_slots() -> None:
+    samples = _samples(4 * BATCH)
+    slots = BatchSlots(2, 2, (BATCH, 3, SIDE, SIDE))
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    child = context.Process(target=_iterate_in_a_child, args=(slots, samples, results))
+    child.start()
+    in_slots, free, n = results.get(timeout=100)
+    child.join(timeout=30)
+    assert n == 4 and not in_slots and free == 4  # fell back: the parent's workers could be writing them
+    # control: the maker's own workers do fill them
+    assert all(slots.owns(b["image"]) for b in _loader(samples, slots))
