@@ -293,8 +293,8 @@ class MultimodalDataModule(pl.LightningDataModule):
         ``on_after_batch_transfer`` (``True``: in the collate, in the workers; ``False``: on the device)."""
         if self.hparams.normalize_on != "auto":
             return self.hparams.normalize_on == "worker"
-        # Also on CPU: a worker hands each batch over in a fresh shared-memory segment, whose page faults for
-        # float32 (32x3x224x224: ~14 ms) cost far more than normalizing uint8 after the handover (~3 ms).
+        # Also on CPU: without slots (non-persistent workers) each batch crosses in a fresh segment, whose page
+        # faults for float32 (32x3x224x224: ~14 ms) cost far more than normalizing uint8 after it (~3 ms).
         # Outside a Trainer nothing runs on_after_batch_transfer, so the collate normalizes.
         return self.trainer is None
 
@@ -311,7 +311,7 @@ class MultimodalDataModule(pl.LightningDataModule):
             "batch_size": hp.batch_size,
             "num_workers": hp.num_workers,
             "pin_memory": hp.pin_memory,
-            "collate_fn": self._collate().with_slots(slots),
+            "collate_fn": self._collate().for_queue(slots),
         }
         if hp.num_workers > 0:
             kwargs["persistent_workers"] = hp.persistent_workers

@@ -34,7 +34,7 @@ def _samples(n: int) -> list[dict]:
 
 
 def _loader(samples: list[dict], slots: BatchSlots | None) -> DataLoader:
-    collate = MultimodalCollate(TOKENIZER).with_slots(slots)
+    collate = MultimodalCollate(TOKENIZER).for_queue(slots)
     return DataLoader(
         samples,
         batch_size=BATCH,
@@ -103,7 +103,7 @@ def test_discarded_and_dropped_batches_hand_their_slots_back() -> None:
 def test_no_slots_outside_workers_or_without_persistent_workers() -> None:
     slots = BatchSlots(1, 2, (BATCH, 3, SIDE, SIDE))
     assert slots.reserve(BATCH, (3, SIDE, SIDE), torch.uint8) is None  # main process: nothing crosses a queue
-    batch = MultimodalCollate(TOKENIZER).with_slots(slots)(_samples(BATCH))
+    batch = MultimodalCollate(TOKENIZER).for_queue(slots)(_samples(BATCH))
     assert torch.is_tensor(batch["image"]) and not slots.owns(batch["image"])
     hp = SimpleNamespace(num_workers=2, persistent_workers=False, prefetch_factor=None, batch_size=4)
     assert slots_for(hp, SIDE, normalized=False) is None  # workers restarted every epoch: no slots
@@ -124,7 +124,7 @@ def test_workers_fill_slots_only_with_their_shape_and_dtype() -> None:
         ((BATCH, 3, SIDE + 1, SIDE), torch.float32, False),  # control: another image size
     ]:
         slots = BatchSlots(2, 2, shape, dtype)
-        collate = MultimodalCollate(TOKENIZER, normalize=normalize).with_slots(slots)
+        collate = MultimodalCollate(TOKENIZER, normalize=normalize).for_queue(slots)
         loader = DataLoader(samples, batch_size=BATCH, num_workers=2, collate_fn=collate)
         batches = list(loader)
         assert all(slots.owns(b["image"]) == expected for b in batches), (shape, dtype)

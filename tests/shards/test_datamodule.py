@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from mm_lightning.data import ShardDataModule, Source
 from tests.data.helpers import TOKENIZER, coco_style
 from tests.shards.helpers import uneven_shards
@@ -31,3 +33,26 @@ def test_mix_of_shards_and_jsonl_with_weights(tmp_path: Path) -> None:
     assert all(ids[i] >= 8 for i in indices if i >= 8)  # JSONL image ids shifted past the shards'
     val = next(iter(dm.val_dataloader()))
     assert val["image"].shape == (4, 3, 32, 32)  # validation from JSONL while training from shards
+
+
+def test_shard_batches_in_slots_equal_the_ones_without(tmp_path: Path) -> None:
+    pattern = uneven_shards(tmp_path / "shards", sizes=(6, 6))
+    runs = {}
+    for persistent in (True, False):
+        dm = ShardDataModule(
+            sources=[Source(shards=pattern)],
+            tokenizer=TOKENIZER,
+            image_size=32,
+            batch_size=3,
+            num_workers=2,
+            persistent_workers=persistent,
+            normalize_on="device",
+        )
+        dm.setup("fit")
+        loader = dm.train_dataloader()
+        batches = list(loader)
+        slots = loader.collate_fn.slots
+        assert (slots is not None and all(slots.owns(b["image"]) for b in batches)) == persistent
+        runs[persistent] = {tuple(b["index"].tolist()): b["image"] for b in batches}
+    assert runs[True].keys() == runs[False].keys() and len(runs[True]) == 4
+    assert all(torch.equal(runs[True][k], runs[False][k]) for k in runs[True])
