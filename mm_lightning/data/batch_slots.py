@@ -55,7 +55,8 @@ class BatchSlots:
         if workers < 1 or per_worker < 1:
             raise ValueError(f"workers and per_worker must be >= 1, got {workers} and {per_worker}")
         self.workers, self.per_worker, self.shape, self.dtype = workers, per_worker, tuple(shape), dtype
-        # Sparse until used: a tmpfs segment takes memory only for the pages a worker writes.
+        # torch reserves the whole segment at once (workers x per_worker x one batch of shared memory), so a
+        # /dev/shm too small for it fails here, not with a SIGBUS in a worker later.
         self.pixels = torch.empty((workers * per_worker, *self.shape), dtype=dtype).share_memory_()
         self.flags = torch.zeros(workers * per_worker, dtype=torch.uint8).share_memory_()
         self.token, self.owner = uuid.uuid4().hex, os.getpid()
