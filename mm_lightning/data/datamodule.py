@@ -18,13 +18,13 @@ from typing import Any, Literal
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, RandomSampler
-from torchdata.stateful_dataloader import StatefulDataLoader
 from typing_extensions import override
 
 from mm_lightning.data.batch_slots import slots_for
 from mm_lightning.data.collate import MultimodalCollate
 from mm_lightning.data.dataset import CaptionSampling, ImageTextDataset
 from mm_lightning.data.images import DEFAULT_MAX_PIXELS, decode_image_bytes
+from mm_lightning.data.loader import ResumableDataLoader
 from mm_lightning.data.samplers import LengthGroupedSampler
 from mm_lightning.data.samples import BadRecordPolicy, SampleBuilder
 from mm_lightning.data.skips import SkipLog
@@ -340,8 +340,8 @@ class MultimodalDataModule(pl.LightningDataModule):
             raise NoTrainingBatch(where, per_rank, self.hparams.batch_size, self._rank_info()[0])
 
     @override
-    def train_dataloader(self) -> StatefulDataLoader:
-        """Shuffled, ``drop_last``; a StatefulDataLoader so Lightning checkpoints its position mid-epoch."""
+    def train_dataloader(self) -> ResumableDataLoader:
+        """Shuffled, ``drop_last``; a stateful loader so Lightning checkpoints its position (mid-epoch and at the end)."""
         dataset, hp = self._dataset("train"), self.hparams
         kwargs = self._loader_kwargs()
         world, rank = self._rank_info()
@@ -361,7 +361,7 @@ class MultimodalDataModule(pl.LightningDataModule):
                 window_batches=hp.length_window,
             )
             self.check_a_batch(len(sampler), where)
-            return StatefulDataLoader(dataset, sampler=sampler, drop_last=True, **kwargs)
+            return ResumableDataLoader(dataset, sampler=sampler, drop_last=True, **kwargs)
         per_rank = -(-len(dataset) // world)  # Lightning's DistributedSampler: ceil(N / world)
         self.check_a_batch(per_rank, where)
         if world > 1:
@@ -369,9 +369,9 @@ class MultimodalDataModule(pl.LightningDataModule):
             # PL_GLOBAL_SEED, reshuffled by set_epoch: same order on every rank, replayable on resume). With
             # shuffle=True the loader would make torchdata's RandomSampler, which Lightning only wraps, and
             # ranks whose global RNGs differ would then draw overlapping samples.
-            return StatefulDataLoader(dataset, sampler=RandomSampler(dataset), drop_last=True, **kwargs)
+            return ResumableDataLoader(dataset, sampler=RandomSampler(dataset), drop_last=True, **kwargs)
         # Single process: torchdata's stateful RandomSampler checkpoints its generator.
-        return StatefulDataLoader(dataset, shuffle=True, drop_last=True, **kwargs)
+        return ResumableDataLoader(dataset, shuffle=True, drop_last=True, **kwargs)
 
     @override
     def val_dataloader(self) -> DataLoader | list:

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from torch.utils.data import Dataset
-from torchdata.stateful_dataloader import StatefulDataLoader
 from typing_extensions import override
 
 from mm_lightning.data.datamodule import MultimodalDataModule
 from mm_lightning.data.demo import demo_generator_args, generate_demo_dataset
+from mm_lightning.data.loader import ResumableDataLoader
 from mm_lightning.data.shard_writer import DESCRIPTOR, write_shards
 from mm_lightning.data.sources.mixing import MixedDataset, ShardOrderSampler, SourcePlan
 from mm_lightning.data.sources.shard_dataset import ShardDataset
@@ -169,7 +169,7 @@ class ShardDataModule(MultimodalDataModule):
         return plans
 
     @override
-    def train_dataloader(self) -> StatefulDataLoader:
+    def train_dataloader(self) -> ResumableDataLoader:
         dataset = self._dataset("train")
         if not isinstance(dataset, MixedDataset):
             return super().train_dataloader()
@@ -184,7 +184,7 @@ class ShardDataModule(MultimodalDataModule):
         )
         self.check_a_batch(len(sampler), f"{len(dataset)} samples")
         # Every rank's sampler has the same length, so drop_last gives every rank the same number of batches.
-        return StatefulDataLoader(dataset, sampler=sampler, drop_last=True, **self._loader_kwargs())
+        return ResumableDataLoader(dataset, sampler=sampler, drop_last=True, **self._loader_kwargs())
 
 
 class DemoShardDataModule(ShardDataModule):

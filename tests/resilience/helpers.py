@@ -164,3 +164,20 @@ def fit_tiny(module: TinyModule, callbacks: list[Callback], steps: int = 5, **tr
     )
     trainer.fit(module, random_loader())
     return trainer
+
+
+class StopAfterEpoch(Callback):
+    """Stops training at the end of one epoch, after that epoch's ``last.ckpt`` (what a kill right then leaves).
+
+    Args:
+        epoch: The epoch (0-based) after which to stop.
+    """
+
+    def __init__(self, epoch: int = 0) -> None:
+        self.epoch = epoch
+
+    @override
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # Checkpoint callbacks run after all others at this hook, so last.ckpt is still written this epoch.
+        if trainer.current_epoch == self.epoch:
+            trainer.should_stop = True

@@ -1,0 +1,79 @@
+"""The training loader: a ``StatefulDataLoader`` whose state saved at an epoch's end resumes at the next epoch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from torchdata.stateful_dataloader import StatefulDataLoader
+from typing_extensions import override
+
+
+class ResumableDataLoader(StatefulDataLoader):
+    """``StatefulDataLoader`` that also resumes exactly from a state saved after an epoch's last batch.
+
+    Lightning ends an epoch after ``len(loader)`` batches without asking the iterator for one more, so torchdata's
+    state saved there still reads "iterator not finished, every batch yielded"; loaded, it makes the next epoch
+    yield nothing (meta-pytorch/data#1437) and a resume from an end-of-epoch ``last.ckpt`` silently skips an epoch.
+    This loader counts the batches its iterator yields and stores the count with the state; loading a state whose
+    epoch was complete runs the (empty) rest of that epoch at once, so the next ``iter`` starts the next epoch
+    with the sampler's state as an uninterrupted run has it.
+
+    It also stores the epoch of a sampler that has one (``DistributedSampler`` and its subclasses, whose order is
+    a function of the epoch) and sets it on load: on a resume Lightning creates the iterator before it calls
+    ``set_epoch``, so the saved position would otherwise be replayed in epoch 0's order.
+
+    Takes exactly ``StatefulDataLoader``'s arguments (Lightning rebuilds the loader from them to add a
+    distributed sampler).
+    """
+
+    BATCHES_KEY = "mm_lightning_batches_yielded"
+    EPOCH_KEY = "mm_lightning_sampler_epoch"
+    _yielded = (
+        0  # batches the current epoch's iterator has yielded (including those before a resume), if not ended
+    )
+    _resumed_at = 0  # batches already yielded in the epoch a loaded state resumes
+
+    @override
+    def __iter__(self) -> Iterator[Any]:
+        batches = super().__iter__()
+        self._yielded, self._resumed_at = self._resumed_at, 0
+        return self._counted(batches)
+
+    def _counted(self, batches: Iterator[Any]) -> Iterator[Any]:
+        for batch in batches:
+            self._yielded += 1
+            yield batch
+        self._yielded = 0  # the iterator ended by itself: torchdata's own state then starts the next epoch
+
+    def _epoch_samplers(self) -> list[Any]:
+        samplers = (self.sampler, getattr(self.batch_sampler, "sampler", None))
+        return [s for s in samplers if hasattr(s, "set_epoch") and isinstance(getattr(s, "epoch", None), int)]
+
+    def _set_epoch(self, epoch: int) -> None:
+        for sampler in self._epoch_samplers():
+            sampler.set_epoch(epoch)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        state = {**super().state_dict(), self.BATCHES_KEY: self._yielded}
+        for sampler in self._epoch_samplers()[:1]:
+            state[self.EPOCH_KEY] = sampler.epoch
+        return state
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state = dict(state_dict)
+        yielded = state.pop(self.BATCHES_KEY, 0)
+        epoch = state.pop(self.EPOCH_KEY, None)
+        super().load_state_dict(state)
+        if epoch is not None:
+            self._set_epoch(epoch)
+        if yielded and yielded >= len(self):
+            for _ in super().__iter__():  # the epoch's rest: nothing left, only the iterator's end is reached
+                pass
+            self._resumed_at = 0
+            if epoch is not None:
+                self._set_epoch(epoch + 1)
+        else:
+            self._resumed_at = yielded
