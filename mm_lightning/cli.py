@@ -94,7 +94,7 @@ CALLBACK_GROUPS: dict[str, type] = {
     "model_summary": ModelSummary,
     # skip non-finite steps, stop after K in a row
     "nan_guard": NaNGuard,
-    # SIGTERM / SIGUSR1 -> save last.ckpt after this batch, exit 0
+    # SIGTERM / SIGUSR1 / Ctrl-C -> save last.ckpt after this batch, exit 0
     "preemption": PreemptionCheckpoint,
     # RNG states and loader position, so a resumed run continues bit for bit
     "exact_resume": ExactResume,

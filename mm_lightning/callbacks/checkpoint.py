@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import sys
 import threading
 from types import FrameType
 from typing import Any
@@ -215,24 +216,26 @@ def _only_cpu_or_cuda() -> bool:
 
 
 class PreemptionCheckpoint(Callback):
-    """Save ``last.ckpt`` and exit cleanly (code 0) when the job is told to stop (SIGTERM, SIGUSR1).
+    """Save ``last.ckpt`` and exit cleanly (code 0) when the job is told to stop (SIGTERM, SIGUSR1, Ctrl-C).
 
     Lightning 2.6 on SIGTERM only sets ``trainer.received_sigterm`` and raises ``SIGTERMException`` after the
     current batch (or in the middle of validation) *without* saving; SIGUSR1 is handled only under SLURM with
     auto-requeue, and that handler saves an ``hpc_ckpt`` from inside the signal handler, i.e. at an arbitrary
-    point of a step. This callback replaces the SIGTERM / SIGUSR1 handlers while fitting with one that only sets
-    a flag; after each training batch and after each validation batch the ranks agree (one all-reduce of an integer
-    on CPU, none on a single process) whether any
+    point of a step; Ctrl-C (SIGINT) stops at once and saves nothing. This callback replaces these signals'
+    handlers while fitting with one that only sets a flag; after each training batch and after each validation
+    batch the ranks agree (one all-reduce of an integer on CPU, none on a single process) whether any
     received a signal, and if so all save ``last.ckpt`` through the first ``ModelCheckpoint`` (so
     ``--ckpt_path last`` finds it) at that consistent point and raise ``SIGTERMException`` (exit status 0), which
-    lets SLURM's ``--requeue`` or any scheduler restart the job. Lightning restores the previous handlers at
-    teardown.
+    lets SLURM's ``--requeue`` or any scheduler restart the job. A second Ctrl-C stops at once, without saving.
+    Lightning restores the previous handlers at teardown. Data-loader workers of the built-in data modules ignore
+    these signals (:func:`mm_lightning.data.loader.ignore_stop_signals`), so a signal sent to the whole process
+    group (``kill -- -PGID``, ``timeout``, a terminal's Ctrl-C) stops the run the same way.
 
     Args:
         signals: Names of the signals that mean "save and stop".
     """
 
-    def __init__(self, signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1")) -> None:
+    def __init__(self, signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1", "SIGINT")) -> None:
         self.signals = tuple(signal.Signals[name] for name in signals)
         self.received: signal.Signals | None = None
         self._active = False
@@ -241,8 +244,18 @@ class PreemptionCheckpoint(Callback):
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self._active:
+            if signum == signal.SIGINT and self.received == signal.SIGINT:
+                self._active = False
+                raise KeyboardInterrupt  # the second Ctrl-C: stop now
             # Only a flag: the handler runs between two bytecodes of whatever is executing, so it must not save.
             self.received = signal.Signals(signum)
+            if signum == signal.SIGINT:
+                print(
+                    "Ctrl-C: saving last.ckpt after this batch, then stopping (Ctrl-C again to stop at once,"
+                    " without saving).",
+                    file=sys.stderr,
+                    flush=True,
+                )
             return
         # Outside fit (Lightning may reinstall this handler at its teardown): behave as before we were installed.
         previous = self._previous.get(signal.Signals(signum), signal.SIG_DFL)

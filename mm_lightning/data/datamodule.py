@@ -24,7 +24,7 @@ from mm_lightning.data.batch_slots import slots_for
 from mm_lightning.data.collate import MultimodalCollate
 from mm_lightning.data.dataset import CaptionSampling, ImageTextDataset
 from mm_lightning.data.images import DEFAULT_MAX_PIXELS, decode_image_bytes
-from mm_lightning.data.loader import ResumableDataLoader
+from mm_lightning.data.loader import ResumableDataLoader, ignore_stop_signals
 from mm_lightning.data.samplers import LengthGroupedSampler
 from mm_lightning.data.samples import BadRecordPolicy, SampleBuilder
 from mm_lightning.data.skips import SkipLog
@@ -314,6 +314,7 @@ class MultimodalDataModule(pl.LightningDataModule):
             "collate_fn": self._collate().for_queue(slots),
         }
         if hp.num_workers > 0:
+            kwargs["worker_init_fn"] = ignore_stop_signals
             kwargs["persistent_workers"] = hp.persistent_workers
             kwargs["multiprocessing_context"] = hp.multiprocessing_context
             if hp.prefetch_factor is not None:

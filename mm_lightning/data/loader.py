@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Iterator
 from typing import Any
 
+from lightning.fabric.utilities.seed import pl_worker_init_function
 from torchdata.stateful_dataloader import StatefulDataLoader
 from typing_extensions import override
 
@@ -77,3 +80,22 @@ class ResumableDataLoader(StatefulDataLoader):
                 self._set_epoch(epoch + 1)
         else:
             self._resumed_at = yielded
+
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """``worker_init_fn`` of the built-in loaders: a worker leaves the run's process group and ignores Ctrl-C, then is
+    seeded as Lightning seeds workers (``seed_everything(workers=True)``, what LightningCLI does) when it adds its own.
+
+    A signal sent to the whole process group (a terminal's Ctrl-C, ``kill -- -PGID``, ``timeout``) would otherwise
+    kill the workers first, and the main process would fail with "DataLoader worker ... killed by signal" before it
+    could save. In a group of its own a worker gets only what is sent to it: its main process still stops it
+    (queues, then SIGTERM), and it exits by itself when the main process is gone.
+
+    Args:
+        worker_id: The worker's number.
+    """
+    os.setpgid(0, 0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Lightning adds its own worker_init_fn only to loaders without one.
+    if int(os.environ.get("PL_SEED_WORKERS", 0)):
+        pl_worker_init_function(worker_id)

@@ -120,9 +120,9 @@ def assert_bit_equal(resumed: dict, uninterrupted: dict) -> None:
     ("workers", "shards"), [(0, False), (2, False), (0, True)], ids=["jsonl", "jsonl_2_workers", "shards"]
 )
 def test_epoch_end_resume_trains_the_next_epoch_and_ends_bit_equal(
-    tmp_path: Path, workers: int, shards: bool, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, demo_data: Path, workers: int, shards: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    data = tmp_path / "demo"
+    data = demo_data
     cli_main(["fit", *run_args(data, tmp_path / "full", workers, shards)])
     uninterrupted = last_checkpoint(tmp_path / "full")
     assert uninterrupted["global_step"] == 32
@@ -148,8 +148,8 @@ def test_epoch_end_resume_trains_the_next_epoch_and_ends_bit_equal(
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_epoch_end_resume_on_two_processes_ends_bit_equal(tmp_path: Path) -> None:
-    data = tmp_path / "demo"
+def test_epoch_end_resume_on_two_processes_ends_bit_equal(tmp_path: Path, demo_data: Path) -> None:
+    data = demo_data
     two = ["--trainer.devices", "2", "--trainer.strategy", "ddp"]
 
     def fit(run: Path, *extra: str) -> None:

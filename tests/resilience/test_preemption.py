@@ -106,7 +106,7 @@ def test_sigterm_during_a_long_validation_stops_it_and_the_resume_is_exact(tmp_p
 
 
 def test_signal_handlers_are_restored_after_fit() -> None:
-    watched = (signal.SIGTERM, signal.SIGUSR1)
+    watched = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
     before = {s: signal.getsignal(s) for s in watched}
     seen_during_fit = {}
 

@@ -1,0 +1,73 @@
+"""A signal to the whole process group (a terminal's Ctrl-C, ``kill -- -PGID``, ``timeout``) with loader workers
+running: ``last.ckpt`` is saved after the current batch, the run exits with 0, no worker traceback, no process
+left behind. A second Ctrl-C stops at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from mm_lightning.callbacks import PreemptionCheckpoint
+from tests.conftest import REPO, tiny_demo_args
+from tests.resilience.test_checkpointing import wait_for
+
+
+@pytest.fixture(scope="module")
+def demo_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One generated demo dataset for the runs of this module."""
+    return tmp_path_factory.mktemp("group_signals") / "demo"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_to_the_process_group_saves_and_exits_cleanly(
+    tmp_path: Path, demo_data: Path, signum: signal.Signals
+) -> None:
+    markers = {
+        "class_path": "tests.resilience.train_script.StepMarkers",
+        "init_args": {"root": str(tmp_path), "sleep": 0.05},
+    }
+    args = tiny_demo_args(
+        tmp_path,
+        "--data.init_args.num_workers", "2",
+        "--trainer.max_epochs", "3",
+        "--checkpoint.every_n_train_steps", "1000",  # any last.ckpt comes from the signal
+        "--trainer.callbacks+", json.dumps(markers),
+        max_steps=-1,
+    )  # fmt: skip
+    args[args.index("--data.init_args.data_dir") + 1] = str(demo_data)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "mm_lightning", "fit", *args],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    wait_for(tmp_path / "step3", process)
+    workers = psutil.Process(process.pid).children()
+    assert len(workers) >= 2  # training (and validation) loader workers
+    os.killpg(
+        process.pid, signum
+    )  # the process group the run was started in, as a terminal or `timeout` does
+    output, _ = process.communicate(timeout=120)
+
+    assert process.returncode == 0, output[-5000:]
+    assert f"Received {signum.name}: saved" in output
+    assert "killed by signal" not in output and "Traceback" not in output
+    assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] >= 3
+    assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
+
+
+def test_second_ctrl_c_stops_at_once() -> None:
+    callback = PreemptionCheckpoint()
+    callback._active = True
+    callback._on_signal(signal.SIGINT, None)
+    assert callback.received == signal.SIGINT  # the first one: save after this batch
+    with pytest.raises(KeyboardInterrupt):
+        callback._on_signal(signal.SIGINT, None)
