@@ -11,15 +11,18 @@ from __future__ import annotations
 import os
 import re
 
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+
 from mm_lightning.callbacks.nan_guard import NonFiniteTrainingError
 from mm_lightning.callbacks.prediction import OutputFolderError
 from mm_lightning.data.records import RecordError
 from mm_lightning.data.samples import TooManyBadRecords
 from mm_lightning.data.sources.shards import ShardError
-from mm_lightning.data.splits import EmptySplitError, NoTrainingBatch
+from mm_lightning.data.splits import EmptySplitError, MissingTrainingFile, NoTrainingBatch
 from mm_lightning.distributed import CollectiveError
 from mm_lightning.models.losses.base import LossContractError
 from mm_lightning.models.towers.contract import TowerContractError
+from mm_lightning.offline import PretrainedUnavailable
 from mm_lightning.plugins.io import CheckpointFileError
 
 TRACEBACK_ENV = "MM_LIGHTNING_TRACEBACK"
@@ -28,6 +31,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     TooManyBadRecords,
     EmptySplitError,
     NoTrainingBatch,
+    MissingTrainingFile,
     ShardError,
     CheckpointFileError,
     CollectiveError,
@@ -35,12 +39,29 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     OutputFolderError,
     TowerContractError,
     LossContractError,
+    PretrainedUnavailable,
 )
 # what to do, for errors whose message says what is wrong but not how to go on
 FIXES = {
     "RecordError": "Fix or remove that record, or skip bad records with --data.init_args.on_bad_record skip (each "
     "one counted and logged); `python -m mm_lightning audit --config <your config>` lists every bad record first.",
 }
+
+
+# Library errors whose message is clear but whose fix is ours to say: (type, part of the message, what to do).
+LIBRARY_ERRORS: tuple[tuple[type[BaseException], str, str], ...] = (
+    (
+        MisconfigurationException,
+        "No supported gpu backend found",
+        "This machine has no GPU Lightning can use: for a CPU run pass --trainer.accelerator cpu"
+        " --trainer.devices 1 (configs/demo.yaml and configs/lit.yaml are CPU recipes).",
+    ),
+    (
+        TypeError,
+        "`devices` selected with `CPUAccelerator` should be an int > 0",
+        "On CPU, --trainer.devices is the number of processes: pass --trainer.devices 1 (or up to the CPU cores).",
+    ),
+)
 
 
 def show_traceback() -> bool:
@@ -67,14 +88,17 @@ def _from_worker(err: BaseException) -> tuple[str, str] | None:
 
 def cli_message(err: BaseException) -> str | None:
     """What the command line prints for ``err`` (``None``: not one of the project's errors, show a traceback)."""
-    if isinstance(err, USER_ERRORS):
+    library_fix = next(
+        (f for cls, text, f in LIBRARY_ERRORS if isinstance(err, cls) and text in str(err)), None
+    )
+    if isinstance(err, USER_ERRORS) or library_fix:
         kind, message = type(err).__name__, str(err)
     else:
         unwrapped = _from_worker(err)
         if unwrapped is None:
             return None
         kind, message = unwrapped
-    fix = FIXES.get(kind)
+    fix = library_fix or FIXES.get(kind)
     lines = [f"error: {kind}: {message}"]
     if fix:
         lines.append(fix)

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
+from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.cli import instantiate_class
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 
 @dataclass
@@ -34,7 +36,19 @@ class AuditOptions:
 
 
 class MultimodalTrainer(Trainer):
-    """``Trainer`` with :meth:`audit`; constructed with exactly ``Trainer``'s arguments."""
+    """``Trainer`` with :meth:`audit`; constructed with exactly ``Trainer``'s arguments.
+
+    Warns when a CPU run starts more processes than the machine has cores (each then gets a fraction of one).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        if isinstance(self.accelerator, CPUAccelerator) and self.num_devices * self.num_nodes > cores:
+            rank_zero_warn(
+                f"{self.num_devices} processes on {cores} CPU cores: they share the cores and every step waits for"
+                f" the slowest; --trainer.devices {cores} or fewer runs faster."
+            )
 
     def audit(
         self,
@@ -57,7 +71,12 @@ class MultimodalTrainer(Trainer):
         """
         from mm_lightning.data.audit import run_audit
 
-        options = audit if isinstance(audit, AuditOptions) else AuditOptions(**dict(vars(audit or {})))
+        if audit is None:  # no --audit.* option given
+            options = AuditOptions()
+        elif isinstance(audit, AuditOptions):
+            options = audit
+        else:  # the parsed group (a Namespace or a dict)
+            options = AuditOptions(**(audit if isinstance(audit, dict) else vars(audit)))
         if datamodule is None:
             raise ValueError("audit needs the data section of a config (--config ... or --data ...).")
         report = run_audit(

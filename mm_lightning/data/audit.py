@@ -30,6 +30,7 @@ from mm_lightning.data.pools import process_pool
 from mm_lightning.data.records import Record, RecordError
 from mm_lightning.data.samples import SampleBuilder
 from mm_lightning.data.sources.jsonl import check_utf8
+from mm_lightning.data.splits import splits_with_files
 
 SIZE_BUCKETS = (0, 32, 64, 128, 224, 384, 512, 1024, 2048)
 TOKEN_BUCKETS = (0, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512)
@@ -151,7 +152,8 @@ def audit(dm: MultimodalDataModule, splits: list[str], workers: int, progress: b
     hp = dm.hparams
     # Splits read from WebDataset shards have their own scan (mm_lightning.data.sources.shard_audit).
     shard_splits = [s for s in splits if getattr(dm, "shard_specs", {}).get(s) is not None]
-    scans = {s: scan_lines(dm, s) for s in splits if dm.files.get(s) and s not in shard_splits}
+    jsonl_splits = splits_with_files(dm.files, [s for s in splits if s not in shard_splits], "audit")
+    scans = {s: scan_lines(dm, s) for s in jsonl_splits}
     # Each split checks its images with its own builder (its own image_root confinement).
     jobs = sorted({(p, s) for s, scan in scans.items() for p in scan.images})
     with process_pool(workers) as pool:

@@ -16,6 +16,7 @@ from functools import partial
 from typing import Any, Literal
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 from typing_extensions import override
@@ -310,7 +311,7 @@ class MultimodalDataModule(pl.LightningDataModule):
         kwargs: dict[str, Any] = {
             "batch_size": hp.batch_size,
             "num_workers": hp.num_workers,
-            "pin_memory": hp.pin_memory,
+            "pin_memory": hp.pin_memory and torch.accelerator.is_available(),  # nothing to pin for on a CPU
             "collate_fn": self._collate().for_queue(slots),
         }
         if hp.num_workers > 0:
@@ -366,10 +367,9 @@ class MultimodalDataModule(pl.LightningDataModule):
         per_rank = -(-len(dataset) // world)  # Lightning's DistributedSampler: ceil(N / world)
         self.check_a_batch(per_rank, where)
         if world > 1:
-            # A plain torch RandomSampler is what Lightning replaces by its DistributedSampler (seeded by
-            # PL_GLOBAL_SEED, reshuffled by set_epoch: same order on every rank, replayable on resume). With
-            # shuffle=True the loader would make torchdata's RandomSampler, which Lightning only wraps, and
-            # ranks whose global RNGs differ would then draw overlapping samples.
+            # Lightning replaces a plain RandomSampler by its DistributedSampler (seeded, reshuffled by set_epoch:
+            # same order on every rank, replayable); torchdata's RandomSampler (shuffle=True) it only wraps, and
+            # ranks whose global RNGs differ would draw overlapping samples.
             return ResumableDataLoader(dataset, sampler=RandomSampler(dataset), drop_last=True, **kwargs)
         # Single process: torchdata's stateful RandomSampler checkpoints its generator.
         return ResumableDataLoader(dataset, shuffle=True, drop_last=True, **kwargs)

@@ -34,6 +34,7 @@ from mm_lightning.data.images import DEFAULT_MAX_PIXELS, ImageDecodeError, decod
 from mm_lightning.data.pools import process_pool
 from mm_lightning.data.records import RecordError
 from mm_lightning.data.sources.jsonl import RecordParser
+from mm_lightning.data.splits import splits_with_files
 
 ImageFormat = Literal["copy", "jpg"]
 DESCRIPTOR = "shards.json"
@@ -294,9 +295,7 @@ def shard_datamodule(dm: Any, options: ShardOptions) -> dict[str, ShardSummary]:
     so the demo generates its data) with the datamodule's own parser, image root and ``on_bad_record``."""
     dm.prepare_data()
     summaries = {}
-    for split in options.splits:
-        if dm.files.get(split) is None:
-            continue
+    for split in splits_with_files(dm.files, options.splits, "shard"):
         summary = write_shards(
             dm.record_parser(split),
             os.path.join(options.out, split),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable, Mapping
 from typing import Literal
 
 from mm_lightning.data.sources.jsonl import JsonlIndex
@@ -15,6 +17,42 @@ STAGE_SPLITS: dict[str, tuple[str, ...]] = {
     "test": ("test",),
     "predict": ("predict",),
 }
+
+
+class MissingTrainingFile(FileNotFoundError):
+    """The training JSONL named in the config does not exist."""
+
+    def __init__(self, command: str, path: str) -> None:
+        super().__init__(
+            f"{command}: train: {path} does not exist. Set --data.init_args.train_file to your JSONL."
+        )
+
+
+def splits_with_files(files: Mapping[str, str | None], splits: Iterable[str], command: str) -> list[str]:
+    """The splits among ``splits`` whose JSONL file exists, for commands that read whole splits (audit, shard).
+
+    A recipe names val and test files a user's data may not have: such a split is left out with a line saying so.
+    A missing training file is an error.
+
+    Args:
+        files: split -> JSONL path (``None``: no file).
+        splits: the splits asked for.
+        command: the command's name, for the messages.
+    """
+    chosen = []
+    for split in splits:
+        path = files.get(split)
+        if path is None:
+            continue
+        if not os.path.exists(path):
+            if split == "train":
+                raise MissingTrainingFile(command, path)
+            print(
+                f"{command}: {split}: {path} does not exist: left out (--data.init_args.{split}_file sets it)"
+            )
+            continue
+        chosen.append(split)
+    return chosen
 
 
 class NoTrainingBatch(ValueError):

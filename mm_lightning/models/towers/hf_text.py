@@ -12,6 +12,7 @@ from transformers import AutoConfig, AutoModel
 
 from mm_lightning.assets import resolve_pretrained
 from mm_lightning.models.towers.base import EncoderOutput, Tower
+from mm_lightning.offline import LOCAL_TEXT, PretrainedUnavailable
 
 # a transformer layer's parameters: encoder.layer.3.*, layers.3.*, h.3.* (BERT, most encoders, GPT-2)
 _LAYER = re.compile(r"\.(?:layer|layers|h)\.(\d+)\.")
@@ -39,10 +40,9 @@ def load_hf(loader: Any, name: str, path: str, **kwargs: Any) -> Any:
     try:
         return loader.from_pretrained(os.path.expanduser(path), **kwargs)
     except OSError as error:
-        raise OSError(
+        raise PretrainedUnavailable(
             f"text tower {name!r} could not be loaded: it is not a local directory and not in the Hugging Face "
-            "cache (downloads need internet access). Pass a local directory holding the model "
-            f"(config.json, weights, tokenizer files) instead. Cause: {error}"
+            f"cache, and downloading it failed ({str(error).splitlines()[0]}). Set --model.text.name to {LOCAL_TEXT}."
         ) from error
 
 

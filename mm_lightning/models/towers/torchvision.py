@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any
+from urllib.error import URLError
 
 import torch
 import torchvision
@@ -25,6 +26,7 @@ from mm_lightning.models.towers.base import (
     is_weights_file,
     load_weights_file,
 )
+from mm_lightning.offline import LOCAL_IMAGE, PretrainedUnavailable
 
 CUSTOM_IMAGE_ENCODERS = ("resnet_custom", "vit_custom")
 
@@ -114,9 +116,15 @@ class TorchvisionTower(Tower):
         else:
             if name.startswith("vit_"):
                 kwargs.setdefault("image_size", image_size)
-            self.backbone = torchvision.models.get_model(
-                name, weights=None if from_file else weights, **kwargs
-            )
+            try:
+                self.backbone = torchvision.models.get_model(
+                    name, weights=None if from_file else weights, **kwargs
+                )
+            except URLError as error:
+                raise PretrainedUnavailable(
+                    f"image tower {name!r}: weights {weights!r} are not in the torch hub cache and downloading"
+                    f" them failed ({error.reason}). Use {LOCAL_IMAGE}."
+                ) from error
         full_keys = set(self.backbone.state_dict())
         self._forward_impl, self.pooled_dim, self.token_dim = self._adapt(name)
         if from_file:
