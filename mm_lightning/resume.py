@@ -36,6 +36,32 @@ def _differences(given: dict[str, Any], saved: dict[str, Any]) -> list[tuple[str
     return [(k, given[k], saved[k]) for k in sorted(given.keys() & saved.keys()) if given[k] != saved[k]]
 
 
+def refuse_earlier_checkpoints(dirpath: str | None, parser: Any) -> None:
+    """A new ``fit`` never replaces another run's checkpoints: refuse a checkpoint folder that already holds some.
+
+    Checkpoint names repeat from run to run (``last.ckpt``, ``best-{epoch}-{step}.ckpt``), so a second run into the
+    same folder would overwrite the first one's, and ``predict`` or ``--ckpt_path last`` would then silently use
+    another model. The message says how to resume that run or where to start this one.
+
+    Args:
+        dirpath: The checkpoint folder (``None``: not known here, nothing to check).
+        parser: The parser, for a clean error exit.
+    """
+    if not dirpath or not os.path.isdir(dirpath):
+        return
+    found = sorted(name for name in os.listdir(dirpath) if name.endswith(".ckpt"))
+    if not found:
+        return
+    run_dir = os.path.dirname(os.path.normpath(dirpath))
+    free = next(f"{run_dir}-{n}" for n in range(2, 10_000) if not os.path.exists(f"{run_dir}-{n}"))
+    shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+    parser.error(
+        f"{dirpath} already holds an earlier run's checkpoints ({shown}); this run would replace them. Resume that"
+        f" run with --ckpt_path last, start this one in its own folder with --trainer.default_root_dir {free},"
+        " or delete the folder first."
+    )
+
+
 class ResumeOverrides:
     """Checks ``--ckpt_path`` right after parsing and warns, before instantiation, about overridden options."""
 
@@ -56,11 +82,12 @@ class ResumeOverrides:
             return
         config = cli.config[subcommand]
         ckpt_path = config.get("ckpt_path")
+        dirpath = ((config.get("checkpoint") or {}).get("init_args") or {}).get("dirpath")
+        if subcommand == "fit" and not ckpt_path:
+            refuse_earlier_checkpoints(dirpath, parser)
         if not ckpt_path or ckpt_path in SPECIAL_CKPT_PATHS:
             return
         if ckpt_path == "last":
-            checkpoint = config.get("checkpoint") or {}
-            dirpath = (checkpoint.get("init_args") or {}).get("dirpath")
             last = os.path.join(dirpath, "last.ckpt") if dirpath else None
             if last is None or not os.path.exists(last):
                 return  # Lightning looks for it and says so when there is none

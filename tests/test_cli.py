@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import warnings
@@ -123,12 +124,30 @@ def test_resume_with_other_options_warns_listing_them(tiny_run: TinyRun) -> None
     assert cli.model.hparams["fusion"]["heads"] == 4 and cli.datamodule.hparams.batch_size == 8
 
 
-def test_fit_twice_in_one_run_dir_keeps_one_last_checkpoint(tiny_run: TinyRun) -> None:
-    cli_main(["fit", *tiny_demo_args(tiny_run.root, max_steps=2), "--trainer.val_check_interval", "2"])
-    assert [p.name for p in tiny_run.checkpoint_dir.glob("last*.ckpt")] == ["last.ckpt"]
-    assert torch.load(tiny_run.checkpoint_dir / "last.ckpt", weights_only=True)["global_step"] == 2
-    # each fit logs into its own version folder of the run dir, next to the shared checkpoints/ folder
-    assert {p.name for p in tiny_run.root.glob("version_*")} >= {"version_0", "version_1"}
+def test_a_second_run_into_the_same_folder_is_refused(
+    tiny_run: TinyRun, capsys: pytest.CaptureFixture
+) -> None:
+    before = {p.name: p.stat().st_mtime_ns for p in tiny_run.checkpoint_dir.iterdir()}
+    assert "last.ckpt" in before
+
+    with pytest.raises(SystemExit) as refused:
+        cli_main(["fit", *tiny_demo_args(tiny_run.root)])
+    assert refused.value.code == 2
+    message = " ".join(capsys.readouterr().err.split())
+    assert f"{tiny_run.checkpoint_dir} already holds an earlier run's checkpoints (" in message
+    assert "last.ckpt" in message and "--ckpt_path last" in message
+    assert f"--trainer.default_root_dir {tiny_run.root}-2" in message
+    assert {p.name: p.stat().st_mtime_ns for p in tiny_run.checkpoint_dir.iterdir()} == before
+
+
+def test_resuming_the_run_is_not_refused(tiny_run: TinyRun, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run.checkpoint_dir, run / "checkpoints")
+    cli = cli_main(["fit", *tiny_demo_args(run), "--ckpt_path", "last"])  # already at max_steps: ends at once
+    assert (
+        cli.trainer.global_step
+        == torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+    )
 
 
 @pytest.mark.slow

@@ -10,7 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from mm_lightning.data.collate import load_tokenizer
 from mm_lightning.models import HFTextTower
+from mm_lightning.offline import PretrainedUnavailable
 
 
 def _tiny_text(pooling: str = "cls") -> HFTextTower:
@@ -68,8 +70,18 @@ def test_missing_local_folder_names_it_and_says_what_to_pass(tmp_path: Path) -> 
 
 def test_unknown_hub_name_offline_names_it_and_says_to_pass_a_directory(monkeypatch) -> None:
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # no network in tests
-    with pytest.raises(OSError, match=r"'no-such-org/no-such-model'.*Pass a local directory"):
+    with pytest.raises(
+        PretrainedUnavailable, match=r"'no-such-org/no-such-model'.*Set --model.text.name to a local"
+    ):
         HFTextTower("no-such-org/no-such-model", pretrained=False)
+
+
+def test_tokenizer_offline_names_it_and_what_to_pass(monkeypatch) -> None:
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(
+        PretrainedUnavailable, match=r"tokenizer 'no-such-org/no-such-model'.*--model.text.name"
+    ):
+        load_tokenizer("no-such-org/no-such-model")
 
 
 def test_data_config_names_the_tokenizer() -> None:

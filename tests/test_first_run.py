@@ -1,0 +1,115 @@
+"""What a new user meets first: the README's data commands on any config, offline failures in one line each, a
+warning for more CPU processes than cores."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+from urllib.error import URLError
+
+import pytest
+import torchvision
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+from mm_lightning.cli import main
+from mm_lightning.errors import cli_message
+from mm_lightning.models.towers.torchvision import TorchvisionTower
+from mm_lightning.offline import PretrainedUnavailable
+from mm_lightning.trainer import MultimodalTrainer
+from tests.conftest import DEMO_CONFIG, tiny_demo_args
+
+
+@pytest.fixture(scope="module")
+def demo_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny demo's generated JSONL files and images."""
+    root = tmp_path_factory.mktemp("first_run")
+    assert main(["audit", *tiny_demo_args(root), "--audit.output", str(root / "report.json")]) == 0
+    return root / "demo"
+
+
+def jsonl_args(demo: Path, **files: str) -> list[str]:
+    """The demo config reading the generated demo files as a user's JSONL data, with ``files`` replaced."""
+    init_args = {
+        "train_file": str(demo / "train.jsonl"),
+        "val_file": str(demo / "val.jsonl"),
+        "test_file": str(demo / "test.jsonl"),
+        "batch_size": 16,
+        **files,
+    }
+    data = {"class_path": "mm_lightning.data.MultimodalDataModule", "init_args": init_args}
+    return ["--config", str(DEMO_CONFIG), "--data", json.dumps(data), "--model.image.image_size", "32"]
+
+
+def test_audit_without_options_writes_its_report(
+    demo_files: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # the report's default place is the working directory
+    assert main(["audit", *tiny_demo_args(demo_files.parent), "--audit.progress", "false"]) == 0
+    report = json.loads((tmp_path / "audit_report.json").read_text())
+    assert set(report["splits"]) == {"train", "val", "test"} and report["error_rate"] == 0
+
+
+@pytest.mark.parametrize("command", ["audit", "shard"])
+def test_a_recipes_test_file_that_does_not_exist_is_left_out_saying_so(
+    demo_files: Path, tmp_path: Path, command: str, capsys: pytest.CaptureFixture
+) -> None:
+    missing = tmp_path / "no" / "test.jsonl"
+    args = jsonl_args(demo_files, test_file=str(missing))
+    extra = (
+        ["--audit.output", str(tmp_path / "r.json")] if command == "audit" else ["--out", str(tmp_path / "s")]
+    )
+    assert main([command, *args, *extra]) == 0
+    out = capsys.readouterr().out
+    assert f"{command}: test: {missing} does not exist: left out (--data.init_args.test_file sets it)" in out
+    done = (
+        json.loads((tmp_path / "r.json").read_text())["splits"]
+        if command == "audit"
+        else os.listdir(tmp_path / "s")
+    )
+    assert set(done) == {"train", "val"}
+
+
+def test_a_missing_training_file_is_one_line(
+    demo_files: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    missing = tmp_path / "train.jsonl"
+    args = jsonl_args(demo_files, train_file=str(missing))
+    assert main(["audit", *args, "--audit.output", str(tmp_path / "r.json")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: MissingTrainingFile: audit: train: {missing} does not exist.")
+    assert "Traceback" not in err
+
+
+def test_torchvision_weights_without_internet_say_what_to_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    def offline(*args: object, **kwargs: object) -> None:
+        raise URLError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(torchvision.models, "get_model", offline)
+    with pytest.raises(
+        PretrainedUnavailable, match="'resnet50': weights 'IMAGENET1K_V2'.*--model.image.weights null"
+    ):
+        TorchvisionTower("resnet50", weights="IMAGENET1K_V2")
+    message = cli_message(PretrainedUnavailable("x"))
+    assert message is not None and message.startswith("error: PretrainedUnavailable: x")
+
+
+def test_a_gpu_recipe_on_a_cpu_machine_says_what_to_pass() -> None:
+    no_gpu = cli_message(MisconfigurationException("No supported gpu backend found!"))
+    assert no_gpu is not None and "--trainer.accelerator cpu --trainer.devices 1" in no_gpu
+    devices = cli_message(TypeError("`devices` selected with `CPUAccelerator` should be an int > 0."))
+    assert devices is not None and "--trainer.devices 1" in devices
+    # control: any other library error keeps its traceback
+    assert cli_message(TypeError("unsupported operand type(s)")) is None
+    assert cli_message(MisconfigurationException("something else")) is None
+
+
+def test_more_cpu_processes_than_cores_warns() -> None:
+    cores = len(os.sched_getaffinity(0))
+    with pytest.warns(UserWarning, match=f"{cores + 1} processes on {cores} CPU cores"):
+        MultimodalTrainer(accelerator="cpu", devices=cores + 1, strategy="ddp", logger=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        MultimodalTrainer(accelerator="cpu", devices=cores, strategy="ddp", logger=False)
+    assert not [w for w in caught if "CPU cores" in str(w.message)]
