@@ -46,8 +46,10 @@ from mm_lightning.callbacks import (
     NaNGuard,
     PeakMemoryMonitor,
     PreemptionCheckpoint,
+    ProgressLines,
     ResilientCheckpoint,
     RetrievalGridLogger,
+    RunSummary,
     StepTimeMonitor,
 )
 from mm_lightning.data import MultimodalDataModule
@@ -103,6 +105,10 @@ CALLBACK_GROUPS: dict[str, type] = {
     "peak_memory": PeakMemoryMonitor,
     "grad_norm": GradNormMonitor,
     "retrieval_grid": RetrievalGridLogger,
+    # what the run produced, printed when fit/validate/test ends
+    "run_summary": RunSummary,
+    # plain progress lines when the output goes to a file (nohup, SLURM, tee)
+    "progress_lines": ProgressLines,
 }
 
 

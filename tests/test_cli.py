@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 import sys
@@ -10,8 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning.pytorch import Trainer
 
-from mm_lightning.cli import cli_main
+from mm_lightning.callbacks import ProgressLines
+from mm_lightning.cli import cli_main, main
 from tests.conftest import REPO, TinyRun, tiny_demo_args
 
 
@@ -170,3 +173,33 @@ def test_module_entry_point_runs() -> None:
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert group.returncode == 0 and "--checkpoint.every_n_train_steps" in group.stdout, group.stderr[-2000:]
+
+
+def test_the_end_of_a_run_says_what_it_produced_and_the_printed_commands_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # Standard output is not a terminal here (captured), as under nohup or SLURM: plain progress lines.
+    cli_main(["fit", *tiny_demo_args(tmp_path, max_steps=4), "--progress_lines.every_s", "0"])
+    out = capsys.readouterr().out
+    assert "epoch 1/1 step 1/4 (25%)  train/loss " in out and "steps/s" in out and "left ~" in out
+    assert "epoch 1 step 3 validated: val/r1_t2i " in out
+    summary = out[out.index("Finished fit at step 4.") :].splitlines()
+    best = next(line for line in summary if line.startswith("  best val/r1_t2i: "))
+    best_path = best.split()[-1]
+    assert Path(best_path).exists() and Path(best_path).parent == tmp_path / "checkpoints"
+    assert f"  last checkpoint: {tmp_path / 'checkpoints' / 'last.ckpt'}" in summary
+    assert any(line.startswith(f"  logs: {tmp_path / 'version_0'}") for line in summary)
+    test_it = next(line for line in summary if line.startswith("  test it: python -m mm_lightning "))
+    assert main(shlex.split(test_it.split("python -m mm_lightning ", 1)[1])) == 0
+    assert "Finished test: test/r1_t2i " in capsys.readouterr().out
+
+
+def test_progress_lines_stay_quiet_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    trainer = Trainer(logger=False, accelerator="cpu", enable_progress_bar=False, enable_checkpointing=False)
+    lines = ProgressLines()
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    lines.setup(trainer, None, "fit")  # type: ignore[arg-type]
+    assert not lines._active
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
+    lines.setup(trainer, None, "fit")  # type: ignore[arg-type]
+    assert lines._active

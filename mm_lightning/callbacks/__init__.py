@@ -12,6 +12,7 @@ from mm_lightning.callbacks.monitors import (
 )
 from mm_lightning.callbacks.nan_guard import NaNGuard, NonFiniteTrainingError
 from mm_lightning.callbacks.prediction import EmbeddingWriter
+from mm_lightning.callbacks.run_report import ProgressLines, RunSummary
 from mm_lightning.callbacks.summary import ModelSummary
 
 __all__ = [
@@ -26,7 +27,9 @@ __all__ = [
     "NonFiniteTrainingError",
     "PeakMemoryMonitor",
     "PreemptionCheckpoint",
+    "ProgressLines",
     "ResilientCheckpoint",
     "RetrievalGridLogger",
+    "RunSummary",
     "StepTimeMonitor",
 ]

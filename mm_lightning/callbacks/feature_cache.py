@@ -119,6 +119,7 @@ class LockedImageFeatures(pl.Callback):
             self.computed[split] = build_rows(
                 records, pixels, encode, table, views, seed, (trainer.global_rank, trainer.world_size),
                 self.batch_size, on_error=(lambda err: None) if skip else None,
+                progress=f"caching {split} image features" if trainer.is_global_zero else None,
             )  # fmt: skip
             trainer.strategy.barrier("image_features")
             table.reload()  # every process's share

@@ -127,3 +127,7 @@ class EmbeddingWriter(BasePredictionWriter):
         else:
             np.savez(path, **{k: v.numpy() for k, v in data.items()})
         self._rows = {k: [] for k in FIELDS}
+        files = (
+            f"{self.path_for_rank(0).name}" if trainer.world_size == 1 else f"one file per rank, {path.name}"
+        )
+        print(f"predict: {len(data['index'])} rows written to {self.output_dir} ({files})", flush=True)

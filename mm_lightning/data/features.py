@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from mm_lightning.data.images import ImageDecodeError, read_image_bytes
 from mm_lightning.data.records import Record, RecordError
@@ -166,6 +167,7 @@ def build_rows(
     share: tuple[int, int] = (0, 1),
     batch_size: int = 64,
     on_error: Callable[[RecordError], None] | None = None,
+    progress: str | None = None,
 ) -> int:
     """Computes the rows of ``records`` that ``table`` lacks (this process's share of them) and adds them.
 
@@ -179,6 +181,7 @@ def build_rows(
         share: ``(rank, world size)``: this process computes every ``world``-th missing row from ``rank``.
         batch_size: images per tower call.
         on_error: what to do with an image that fails (default: raise its ``RecordError``).
+        progress: a progress bar's title (with the total and the time left), or ``None`` for none.
 
     Returns:
         The rows this process computed.
@@ -199,10 +202,13 @@ def build_rows(
     mine = sorted(wanted)[rank::world]
     keys: list[str] = []
     chunks: list[np.ndarray] = []
+    bar = tqdm(total=len(mine), desc=progress, unit=" images", disable=progress is None)
     for batch_keys, images in _batches(mine, wanted, pixels, seed, views, batch_size, on_error):
         with torch.no_grad():
             chunks.append(encode(images).float().cpu().numpy())
         keys += batch_keys
+        bar.update(len(batch_keys))
+    bar.close()
     table.add(keys, np.concatenate(chunks) if chunks else np.zeros((0, 0), np.float32), f"r{rank}")
     return len(keys)
 

@@ -150,6 +150,12 @@ def write_one_shard(job: ShardJob) -> dict[str, Any]:
     return {**stats, "reused": False}
 
 
+def _count_lines(path: str) -> int:
+    """Non-blank lines of a file (records before validation), for the progress bar's total."""
+    with open(path, "rb") as f:
+        return sum(1 for raw in f if raw.strip())
+
+
 def _chunks(
     parser: RecordParser, samples_per_shard: int, on_bad_record: str, skipped: list[str]
 ) -> Iterator[tuple[tuple[int, str, tuple[str, ...]], ...]]:
@@ -224,7 +230,12 @@ def write_shards(
     skipped: list[str] = []
     workers = workers or os.cpu_count() or 1
     results: dict[int, dict[str, Any]] = {}
-    bar = tqdm(desc=f"shard {os.path.basename(parser.file)}", unit=" shards", disable=not progress)
+    bar = tqdm(
+        desc=f"shard {os.path.basename(parser.file)}",
+        total=-(-_count_lines(parser.file) // samples_per_shard),  # bad lines may leave fewer
+        unit=" shards",
+        disable=not progress,
+    )
     with process_pool(workers) as pool:
         pending: dict[int, Future] = {}
         for number, records in enumerate(_chunks(parser, samples_per_shard, on_bad_record, skipped)):

@@ -19,6 +19,7 @@ from mm_lightning.cli import cli_main
 from mm_lightning.data.loader import ResumableDataLoader
 from tests.conftest import REPO, tiny_demo_args
 from tests.shards.helpers import shard_demo_args
+from tests.test_process_exit import exit_problems
 
 BATCHES = 6  # per epoch: 24 samples, batch 4
 
@@ -147,7 +148,7 @@ def test_epoch_end_resume_trains_the_next_epoch_and_ends_bit_equal(
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_epoch_end_resume_on_two_processes_ends_bit_equal(tmp_path: Path, demo_data: Path) -> None:
     data = demo_data
     two = ["--trainer.devices", "2", "--trainer.strategy", "ddp"]
@@ -155,7 +156,10 @@ def test_epoch_end_resume_on_two_processes_ends_bit_equal(tmp_path: Path, demo_d
     def fit(run: Path, *extra: str) -> None:
         cmd = [sys.executable, "-m", "mm_lightning", "fit", *run_args(data, run, 2), *two, *extra]
         result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+        output = result.stdout + result.stderr
+        # What a user runs on 2 processes also ends cleanly each time (a gloo race at exit once aborted 1 run in 3;
+        # test_process_exit.py repeats its trigger more often and more cheaply).
+        assert exit_problems(result.returncode, output) == [], output[-5000:]
 
     fit(tmp_path / "full")
     uninterrupted = last_checkpoint(tmp_path / "full")

@@ -1,0 +1,147 @@
+"""What a run says as it goes and when it ends, also when its output goes to a file (nohup, SLURM, ``tee``).
+
+* :class:`RunSummary` prints, when ``fit``, ``validate`` or ``test`` ends, what the run produced: the monitored
+  metric's best value, the best and last checkpoints, the log folder and the commands to go on from there.
+* :class:`ProgressLines` prints plain progress lines when standard output is not a terminal (where a progress bar
+  leaves nothing readable): every ``every_s`` seconds the step, loss, speed and time left, and each validation's
+  metrics.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from datetime import timedelta
+from typing import Any
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_only
+from typing_extensions import override
+
+
+def _duration(seconds: float) -> str:
+    return str(timedelta(seconds=round(seconds)))
+
+
+def _log_dir(trainer: Trainer) -> str | None:
+    """The logger's folder of this run (``trainer.log_dir`` is a collective: every rank would have to ask)."""
+    return trainer.logger.log_dir if trainer.logger is not None else None
+
+
+def _metrics(trainer: Trainer, prefix: str) -> str:
+    """``name value`` pairs of the logged metrics under ``prefix`` (recalls at 1 and the loss first)."""
+    values = {
+        k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(prefix) and v.numel() == 1
+    }
+    first = [k for k in (f"{prefix}r1_t2i", f"{prefix}r1_i2t", f"{prefix}loss") if k in values]
+    return "  ".join(f"{k} {values[k]:.4f}" for k in [*first, *sorted(values.keys() - set(first))])
+
+
+class RunSummary(Callback):
+    """Prints what the run produced when ``fit``, ``validate`` or ``test`` ends (rank 0)."""
+
+    @override
+    @rank_zero_only
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        lines = [f"Finished fit at step {trainer.global_step}."]
+        checkpoint = trainer.checkpoint_callback
+        log_dir = _log_dir(trainer)
+        config = os.path.join(log_dir, "config.yaml") if log_dir else None
+        if checkpoint is not None and getattr(checkpoint, "best_model_path", ""):
+            score = checkpoint.best_model_score
+            value = (
+                f"{checkpoint.monitor}: {float(score):.4f}  "
+                if score is not None and checkpoint.monitor
+                else ""
+            )
+            lines.append(f"  best {value}{checkpoint.best_model_path}")
+        if checkpoint is not None and getattr(checkpoint, "last_model_path", ""):
+            lines.append(f"  last checkpoint: {checkpoint.last_model_path}")
+        validated = _metrics(trainer, "val/")
+        if validated:
+            lines.append(f"  last validation: {validated}")
+        if log_dir:
+            lines.append(f"  logs: {log_dir}  (tensorboard --logdir {os.path.dirname(log_dir)})")
+        if config and os.path.exists(config):
+            best = getattr(checkpoint, "best_model_path", "") or getattr(checkpoint, "last_model_path", "")
+            lines.append(f"  train further: python -m mm_lightning fit --config {config} --ckpt_path last")
+            if best:
+                lines.append(f"  test it: python -m mm_lightning test --config {config} --ckpt_path {best}")
+        print("\n".join(lines), flush=True)
+
+    @override
+    @rank_zero_only
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.state.fn == "validate":
+            self._evaluated(trainer, "validate", "val/")
+
+    @override
+    @rank_zero_only
+    def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._evaluated(trainer, "test", "test/")
+
+    @staticmethod
+    def _evaluated(trainer: Trainer, stage: str, prefix: str) -> None:
+        lines = [f"Finished {stage}: {_metrics(trainer, prefix) or 'no metric logged'}"]
+        if trainer.ckpt_path:
+            lines.append(f"  checkpoint: {trainer.ckpt_path}")
+        if _log_dir(trainer):
+            lines.append(f"  logs: {_log_dir(trainer)}")
+        print("\n".join(lines), flush=True)
+
+
+class ProgressLines(Callback):
+    """Plain progress lines for output that is not a terminal (rank 0); silent on a terminal (the bar is there).
+
+    Args:
+        every_s: Seconds between two training progress lines.
+        force: Print them on a terminal too.
+    """
+
+    def __init__(self, every_s: float = 30.0, force: bool = False) -> None:
+        self.every_s = every_s
+        self.force = force
+        self._active = False
+        self._start_time = self._last_time = 0.0
+        self._start_step = 0
+
+    @override
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._active = trainer.is_global_zero and (self.force or not sys.stdout.isatty())
+
+    @override
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._start_time = self._last_time = time.monotonic()
+        self._start_step = trainer.global_step
+
+    @override
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        now = time.monotonic()
+        if not self._active or now - self._last_time < self.every_s:
+            return
+        self._last_time = now
+        step, total = trainer.global_step, trainer.estimated_stepping_batches
+        rate = (step - self._start_step) / max(now - self._start_time, 1e-9)
+        epochs = f"/{trainer.max_epochs}" if trainer.max_epochs and trainer.max_epochs > 0 else ""
+        line = f"epoch {trainer.current_epoch + 1}{epochs} step {step}"
+        if total != float("inf"):
+            line += f"/{int(total)} ({100 * step / total:.0f}%)"
+        loss = trainer.callback_metrics.get("train/loss")
+        if loss is not None:
+            line += f"  train/loss {float(loss):.4f}"
+        line += f"  {rate:.2f} steps/s  elapsed {_duration(now - self._start_time)}"
+        if total != float("inf") and rate > 0:
+            line += f"  left ~{_duration((total - step) / rate)}"
+        print(line, flush=True)
+
+    @override
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._active and trainer.state.fn == "fit" and not trainer.sanity_checking:
+            metrics = _metrics(trainer, "val/")
+            print(
+                f"epoch {trainer.current_epoch + 1} step {trainer.global_step} validated: {metrics}",
+                flush=True,
+            )
