@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+from typing import TypeVar
+
+Loaded = TypeVar("Loaded")
+
 # Local choices that work without internet access, named in the messages.
 LOCAL_TEXT = (
     "a local directory holding the model (config.json, weights, tokenizer files), or "
@@ -15,3 +21,24 @@ LOCAL_IMAGE = (
 
 class PretrainedUnavailable(OSError):
     """Pretrained weights or a tokenizer are neither local nor cached, and downloading them failed."""
+
+
+def load_pretrained(load: Callable[[str], Loaded], path: str, what: str) -> Loaded:
+    """``load(path)`` (a Hugging Face ``from_pretrained``); a failed download becomes one :class:`PretrainedUnavailable`.
+
+    Args:
+        load: The loader.
+        path: A hub name or a local folder.
+        what: What is loaded, for the message (e.g. "text tower 'bert-base-uncased'").
+    """
+    try:
+        return load(path)
+    except OSError as error:
+        if os.path.isdir(
+            os.path.expanduser(path)
+        ):  # a local folder with a problem of its own: its own message
+            raise
+        raise PretrainedUnavailable(
+            f"{what} could not be loaded: it is not a local directory and not in the Hugging Face cache, and"
+            f" downloading it failed ({str(error).splitlines()[0]}). Set --model.text.name to {LOCAL_TEXT}."
+        ) from error

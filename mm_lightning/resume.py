@@ -52,13 +52,16 @@ def refuse_earlier_checkpoints(dirpath: str | None, parser: Any) -> None:
     found = sorted(name for name in os.listdir(dirpath) if name.endswith(".ckpt"))
     if not found:
         return
-    run_dir = os.path.dirname(os.path.normpath(dirpath))
-    free = next(f"{run_dir}-{n}" for n in range(2, 10_000) if not os.path.exists(f"{run_dir}-{n}"))
+    folder = os.path.normpath(dirpath)
+    in_run_dir = os.path.basename(folder) == "checkpoints"  # <run dir>/checkpoints: the CLI's default
+    base = os.path.dirname(folder) if in_run_dir else folder
+    free = next(f"{base}-{n}" for n in range(2, 10_000) if not os.path.exists(f"{base}-{n}"))
+    option = "--trainer.default_root_dir" if in_run_dir else "--checkpoint.dirpath"
     shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
     parser.error(
         f"{dirpath} already holds an earlier run's checkpoints ({shown}); this run would replace them. Resume that"
-        f" run with --ckpt_path last, start this one in its own folder with --trainer.default_root_dir {free},"
-        " or delete the folder first."
+        f" run with --ckpt_path last, start this one in its own folder with {option} {free}, or delete the folder"
+        " first."
     )
 
 

@@ -44,7 +44,7 @@ class MultimodalTrainer(Trainer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        if isinstance(self.accelerator, CPUAccelerator) and self.num_devices * self.num_nodes > cores:
+        if isinstance(self.accelerator, CPUAccelerator) and self.num_devices > cores:  # processes per node
             rank_zero_warn(
                 f"{self.num_devices} processes on {cores} CPU cores: they share the cores and every step waits for"
                 f" the slowest; --trainer.devices {cores} or fewer runs faster."

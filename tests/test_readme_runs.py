@@ -41,11 +41,14 @@ def why_not_run(argv: list[str]) -> str | None:
     return None
 
 
-RUNNABLE = [(line, argv) for line, argv in COMMANDS if why_not_run(argv) is None]
+# each distinct command once (the README and docs repeat some)
+RUNNABLE = list(
+    {tuple(argv): (line, argv) for line, argv in reversed(COMMANDS) if why_not_run(argv) is None}.values()
+)
 
 
 def test_most_commands_run_and_the_others_say_why() -> None:
-    assert len(RUNNABLE) >= 14, [line for line, _ in RUNNABLE]
+    assert len(RUNNABLE) >= 12, [line for line, _ in RUNNABLE]
     reasons = {why_not_run(argv) for _, argv in COMMANDS} - {None}
     assert reasons <= {GPU_RECIPE, TWO_PROCESSES, USERS_FILES, HELP, HF_EXPORT}
 

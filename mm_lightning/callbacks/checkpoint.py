@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import sys
 import threading
 from types import FrameType
 from typing import Any
@@ -227,9 +226,10 @@ class PreemptionCheckpoint(Callback):
     received a signal, and if so all save ``last.ckpt`` through the first ``ModelCheckpoint`` (so
     ``--ckpt_path last`` finds it) at that consistent point and raise ``SIGTERMException`` (exit status 0), which
     lets SLURM's ``--requeue`` or any scheduler restart the job. A second Ctrl-C stops at once, without saving.
-    Lightning restores the previous handlers at teardown. Data-loader workers of the built-in data modules ignore
-    these signals (:func:`mm_lightning.data.loader.ignore_stop_signals`), so a signal sent to the whole process
-    group (``kill -- -PGID``, ``timeout``, a terminal's Ctrl-C) stops the run the same way.
+    Lightning restores the previous handlers at teardown. Data-loader workers of the built-in data modules run in
+    process groups of their own and ignore Ctrl-C and SIGUSR1 (:func:`mm_lightning.data.loader.ignore_stop_signals`),
+    so a signal sent to the whole process group (``kill -- -PGID``, ``timeout``, a terminal's Ctrl-C) or SLURM's
+    ``--signal=USR1`` stops the run the same way.
 
     Args:
         signals: Names of the signals that mean "save and stop".
@@ -250,11 +250,11 @@ class PreemptionCheckpoint(Callback):
             # Only a flag: the handler runs between two bytecodes of whatever is executing, so it must not save.
             self.received = signal.Signals(signum)
             if signum == signal.SIGINT:
-                print(
-                    "Ctrl-C: saving last.ckpt after this batch, then stopping (Ctrl-C again to stop at once,"
-                    " without saving).",
-                    file=sys.stderr,
-                    flush=True,
+                # os.write: a handler that prints could interrupt a write to the same stream (a reentrant call)
+                os.write(
+                    2,
+                    b"Ctrl-C: saving last.ckpt after this batch, then stopping (Ctrl-C again to stop at once,"
+                    b" without saving).\n",
                 )
             return
         # Outside fit (Lightning may reinstall this handler at its teardown): behave as before we were installed.

@@ -26,7 +26,8 @@ def _duration(seconds: float) -> str:
 
 def _log_dir(trainer: Trainer) -> str | None:
     """The logger's folder of this run (``trainer.log_dir`` is a collective: every rank would have to ask)."""
-    return trainer.logger.log_dir if trainer.logger is not None else None
+    logger = trainer.logger
+    return None if logger is None else getattr(logger, "log_dir", None) or logger.save_dir
 
 
 def _metrics(trainer: Trainer, prefix: str) -> str:

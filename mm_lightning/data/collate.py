@@ -13,7 +13,7 @@ from mm_lightning.data.batch_slots import BatchSlots
 from mm_lightning.data.records import FATAL, RecordError, describe
 from mm_lightning.data.samples import ORIGIN_KEY
 from mm_lightning.data.skips import SKIPPED_KEY, STAND_IN_KEY
-from mm_lightning.offline import LOCAL_TEXT, PretrainedUnavailable
+from mm_lightning.offline import load_pretrained
 
 
 def load_tokenizer(name_or_path: str) -> Any:
@@ -23,14 +23,8 @@ def load_tokenizer(name_or_path: str) -> Any:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from transformers import AutoTokenizer
 
-    try:
-        return AutoTokenizer.from_pretrained(resolve_pretrained(name_or_path))
-    except OSError as error:
-        raise PretrainedUnavailable(
-            f"tokenizer {name_or_path!r} could not be loaded: not a local directory, not in the Hugging Face cache,"
-            f" and downloading it failed ({str(error).splitlines()[0]}). It follows the text tower: set"
-            f" --model.text.name to {LOCAL_TEXT}."
-        ) from error
+    what = f"tokenizer {name_or_path!r} (it follows the text tower)"
+    return load_pretrained(AutoTokenizer.from_pretrained, resolve_pretrained(name_or_path), what)
 
 
 def in_worker() -> bool:

@@ -315,7 +315,7 @@ class MultimodalDataModule(pl.LightningDataModule):
             "collate_fn": self._collate().for_queue(slots),
         }
         if hp.num_workers > 0:
-            kwargs["worker_init_fn"] = ignore_stop_signals
+            kwargs["worker_init_fn"] = partial(ignore_stop_signals, rank=self._rank_info()[1])
             kwargs["persistent_workers"] = hp.persistent_workers
             kwargs["multiprocessing_context"] = hp.multiprocessing_context
             if hp.prefetch_factor is not None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
+import multiprocessing
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -64,10 +67,23 @@ class ResumableDataLoader(StatefulDataLoader):
             state[self.EPOCH_KEY] = sampler.epoch
         return state
 
+    @staticmethod
+    def _torchdata_count(state: dict[str, Any]) -> int:
+        """Batches yielded in the epoch by torchdata's state (0 once its iterator had ended by itself)."""
+        if state.get("_iterator_finished"):
+            return 0
+        if "_snapshot" in state:  # with workers
+            return int(state["_snapshot"].get("_snapshot_step", 0)) + int(
+                state.get("_steps_since_snapshot", 0)
+            )
+        return int(state.get("_num_yielded", 0))
+
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         state = dict(state_dict)
-        yielded = state.pop(self.BATCHES_KEY, 0)
+        yielded = state.pop(self.BATCHES_KEY, None)
+        if yielded is None:  # a state saved by a plain StatefulDataLoader: torchdata's own count
+            yielded = self._torchdata_count(state)
         epoch = state.pop(self.EPOCH_KEY, None)
         super().load_state_dict(state)
         if epoch is not None:
@@ -82,20 +98,39 @@ class ResumableDataLoader(StatefulDataLoader):
             self._resumed_at = yielded
 
 
-def ignore_stop_signals(worker_id: int) -> None:
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def ignore_stop_signals(worker_id: int, rank: int | None = None) -> None:
     """``worker_init_fn`` of the built-in loaders: a worker leaves the run's process group and ignores Ctrl-C, then is
     seeded as Lightning seeds workers (``seed_everything(workers=True)``, what LightningCLI does) when it adds its own.
 
     A signal sent to the whole process group (a terminal's Ctrl-C, ``kill -- -PGID``, ``timeout``) would otherwise
     kill the workers first, and the main process would fail with "DataLoader worker ... killed by signal" before it
     could save. In a group of its own a worker gets only what is sent to it: its main process still stops it
-    (queues, then SIGTERM), and it exits by itself when the main process is gone.
+    (queues, then SIGTERM), and it dies with the main process. SIGUSR1 (SLURM's warning signal) is ignored too.
 
     Args:
         worker_id: The worker's number.
+        rank: The process's global rank, for the seeds (Lightning passes its own the same way).
     """
     os.setpgid(0, 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(
+        signal.SIGUSR1, signal.SIG_IGN
+    )  # SLURM's --signal=USR1 reaches every process of the job step
+    _die_with_parent()
     # Lightning adds its own worker_init_fn only to loaders without one.
     if int(os.environ.get("PL_SEED_WORKERS", 0)):
-        pl_worker_init_function(worker_id)
+        pl_worker_init_function(worker_id, rank)
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this process when its parent dies (a SIGKILL to the main process no longer reaches
+    workers in their own group; torch's watchdog would only notice between two batches)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        parent = multiprocessing.parent_process()
+        if parent is not None and os.getppid() != parent.pid:  # it died before prctl took effect
+            os._exit(1)

@@ -232,7 +232,7 @@ def write_shards(
     results: dict[int, dict[str, Any]] = {}
     bar = tqdm(
         desc=f"shard {os.path.basename(parser.file)}",
-        total=-(-_count_lines(parser.file) // samples_per_shard),  # bad lines may leave fewer
+        total=-(-_count_lines(parser.file) // samples_per_shard) if progress else None,  # bad lines: fewer
         unit=" shards",
         disable=not progress,
     )

@@ -238,7 +238,8 @@ class MultimodalModule(LightningModule):
             return
         metrics = self.retrieval.compute()  # gathered over ranks by torchmetrics: identical on every rank
         self.retrieval.reset()
-        self.log_dict({f"{stage}/{k}": v for k, v in metrics.items()})
+        # plain numbers: already global, nothing to reduce (a tensor would make Lightning ask for sync_dist)
+        self.log_dict({f"{stage}/{k}": float(v) for k, v in metrics.items()})
 
     @override
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -166,18 +167,20 @@ def fit_tiny(module: TinyModule, callbacks: list[Callback], steps: int = 5, **tr
     return trainer
 
 
-class StopAfterEpoch(Callback):
-    """Stops training at the end of one epoch, after that epoch's ``last.ckpt`` (what a kill right then leaves).
+class KeepEpochEndCheckpoint(Callback):
+    """Copies ``last.ckpt`` as the first epoch left it to ``<to>/checkpoints/last.ckpt``: what a run killed right
+    after that epoch's end would have left, taken from an uninterrupted run.
 
     Args:
-        epoch: The epoch (0-based) after which to stop.
+        to: The run folder that receives the copy.
     """
 
-    def __init__(self, epoch: int = 0) -> None:
-        self.epoch = epoch
+    def __init__(self, to: str) -> None:
+        self.to = Path(to) / "checkpoints"
 
     @override
-    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # Checkpoint callbacks run after all others at this hook, so last.ckpt is still written this epoch.
-        if trainer.current_epoch == self.epoch:
-            trainer.should_stop = True
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # At the second epoch's start last.ckpt holds the end of the first (written after its validation).
+        if trainer.current_epoch == 1 and trainer.is_global_zero:
+            self.to.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(trainer.checkpoint_callback.last_model_path, self.to / "last.ckpt")

@@ -12,7 +12,7 @@ from transformers import AutoConfig, AutoModel
 
 from mm_lightning.assets import resolve_pretrained
 from mm_lightning.models.towers.base import EncoderOutput, Tower
-from mm_lightning.offline import LOCAL_TEXT, PretrainedUnavailable
+from mm_lightning.offline import load_pretrained
 
 # a transformer layer's parameters: encoder.layer.3.*, layers.3.*, h.3.* (BERT, most encoders, GPT-2)
 _LAYER = re.compile(r"\.(?:layer|layers|h)\.(\d+)\.")
@@ -37,13 +37,11 @@ def load_hf(loader: Any, name: str, path: str, **kwargs: Any) -> Any:
             f"text tower {name!r}: no such local directory; pass a folder holding the model's config.json "
             "(and weights), e.g. one written by save_pretrained"
         )
-    try:
-        return loader.from_pretrained(os.path.expanduser(path), **kwargs)
-    except OSError as error:
-        raise PretrainedUnavailable(
-            f"text tower {name!r} could not be loaded: it is not a local directory and not in the Hugging Face "
-            f"cache, and downloading it failed ({str(error).splitlines()[0]}). Set --model.text.name to {LOCAL_TEXT}."
-        ) from error
+    return load_pretrained(
+        lambda where: loader.from_pretrained(where, **kwargs),
+        os.path.expanduser(path),
+        f"text tower {name!r}",
+    )
 
 
 def set_hf_gradient_checkpointing(model: Any, enabled: bool) -> None:

@@ -120,10 +120,10 @@ class TorchvisionTower(Tower):
                 self.backbone = torchvision.models.get_model(
                     name, weights=None if from_file else weights, **kwargs
                 )
-            except URLError as error:
+            except (URLError, TimeoutError) as error:
                 raise PretrainedUnavailable(
                     f"image tower {name!r}: weights {weights!r} are not in the torch hub cache and downloading"
-                    f" them failed ({error.reason}). Use {LOCAL_IMAGE}."
+                    f" them failed ({getattr(error, 'reason', error)}). Use {LOCAL_IMAGE}."
                 ) from error
         full_keys = set(self.backbone.state_dict())
         self._forward_impl, self.pooled_dim, self.token_dim = self._adapt(name)
