@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from tests.resilience.test_checkpointing import REPO
 
 # The demo's defaults: a random caption per image and random crops, loaded in a DataLoader worker. The dataset
 # seeds those draws per batch from the batch's indices, so they replay exactly after the resume
-# (test_preemption.py holds the control: without ExactResume the resume is not exact).
+# (the control below: without ExactResume the resume is not exact).
 DATA_EXTRA = ["--data.init_args.num_workers", "1"]
 MAX_STEPS = 12  # the tiny demo has 64 training batches per epoch: every checkpoint here is mid-epoch
 
@@ -71,8 +72,17 @@ def test_sigkill_mid_epoch_then_resume_last_matches_uninterrupted_cli_run(tmp_pa
     killed_at = last_step(killed / "checkpoints")
     assert 4 <= killed_at < MAX_STEPS
 
+    control = tmp_path / "control"
+    shutil.copytree(killed, control)
+
     run_to_end(cli_args(tmp_path, killed, "--ckpt_path", "last"))
     resumed = final_state(killed)
     assert resumed.keys() == expected.keys()
     worst = max((resumed[k].double() - expected[k].double()).abs().max().item() for k in expected)
     assert worst <= 1e-6, f"resumed from step {killed_at}: max parameter difference {worst:.3g}"
+
+    # Control: the same resume without ExactResume (RNG states, loader position) ends elsewhere, and the check
+    # sees it.
+    run_to_end(cli_args(tmp_path, control, "--ckpt_path", "last", "--exact_resume", "null"))
+    uncontrolled = final_state(control)
+    assert max((uncontrolled[k].double() - expected[k].double()).abs().max().item() for k in expected) > 1e-6
