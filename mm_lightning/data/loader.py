@@ -35,10 +35,10 @@ class ResumableDataLoader(StatefulDataLoader):
 
     BATCHES_KEY = "mm_lightning_batches_yielded"
     EPOCH_KEY = "mm_lightning_sampler_epoch"
-    _yielded = (
-        0  # batches the current epoch's iterator has yielded (including those before a resume), if not ended
-    )
-    _resumed_at = 0  # batches already yielded in the epoch a loaded state resumes
+    # batches the current epoch's iterator has yielded (those before a resume included), 0 once it ended by itself
+    _yielded = 0
+    # batches already yielded in the epoch a loaded state resumes
+    _resumed_at = 0
 
     @override
     def __iter__(self) -> Iterator[Any]:
@@ -50,7 +50,7 @@ class ResumableDataLoader(StatefulDataLoader):
         for batch in batches:
             self._yielded += 1
             yield batch
-        self._yielded = 0  # the iterator ended by itself: torchdata's own state then starts the next epoch
+        self._yielded = 0  # ended by itself: torchdata's own state then starts the next epoch
 
     def _epoch_samplers(self) -> list[Any]:
         samplers = (self.sampler, getattr(self.batch_sampler, "sampler", None))
@@ -73,9 +73,8 @@ class ResumableDataLoader(StatefulDataLoader):
         if state.get("_iterator_finished"):
             return 0
         if "_snapshot" in state:  # with workers
-            return int(state["_snapshot"].get("_snapshot_step", 0)) + int(
-                state.get("_steps_since_snapshot", 0)
-            )
+            snapshot_step = int(state["_snapshot"].get("_snapshot_step", 0))
+            return snapshot_step + int(state.get("_steps_since_snapshot", 0))
         return int(state.get("_num_yielded", 0))
 
     @override
@@ -102,8 +101,9 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def ignore_stop_signals(worker_id: int, rank: int | None = None) -> None:
-    """``worker_init_fn`` of the built-in loaders: a worker leaves the run's process group and ignores Ctrl-C, then is
-    seeded as Lightning seeds workers (``seed_everything(workers=True)``, what LightningCLI does) when it adds its own.
+    """``worker_init_fn`` of the built-in loaders: a worker leaves the run's process group, ignores Ctrl-C and
+    SIGUSR1, dies with the main process, and is seeded as Lightning seeds workers (``seed_everything(workers=True)``,
+    what LightningCLI does) when it adds its own.
 
     A signal sent to the whole process group (a terminal's Ctrl-C, ``kill -- -PGID``, ``timeout``) would otherwise
     kill the workers first, and the main process would fail with "DataLoader worker ... killed by signal" before it
@@ -116,9 +116,8 @@ def ignore_stop_signals(worker_id: int, rank: int | None = None) -> None:
     """
     os.setpgid(0, 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(
-        signal.SIGUSR1, signal.SIG_IGN
-    )  # SLURM's --signal=USR1 reaches every process of the job step
+    # SLURM's --signal=USR1 reaches every process of the job step
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     _die_with_parent()
     # Lightning adds its own worker_init_fn only to loaders without one.
     if int(os.environ.get("PL_SEED_WORKERS", 0)):
