@@ -25,7 +25,7 @@ from mm_lightning.data.batch_slots import slots_for
 from mm_lightning.data.collate import MultimodalCollate
 from mm_lightning.data.dataset import CaptionSampling, ImageTextDataset
 from mm_lightning.data.images import DEFAULT_MAX_PIXELS, decode_image_bytes
-from mm_lightning.data.loader import ResumableDataLoader, ignore_stop_signals
+from mm_lightning.data.loader import ResumableDataLoader, WorkerSafeDataLoader, ignore_stop_signals
 from mm_lightning.data.samplers import LengthGroupedSampler
 from mm_lightning.data.samples import BadRecordPolicy, SampleBuilder
 from mm_lightning.data.skips import SkipLog
@@ -378,15 +378,15 @@ class MultimodalDataModule(pl.LightningDataModule):
     def val_dataloader(self) -> DataLoader | list:
         if not self.has_split("val"):
             return []  # Lightning skips validation when there is no loader
-        return DataLoader(self._dataset("val"), shuffle=False, **self._loader_kwargs())
+        return WorkerSafeDataLoader(self._dataset("val"), shuffle=False, **self._loader_kwargs())
 
     @override
     def test_dataloader(self) -> DataLoader:
-        return DataLoader(self._dataset("test"), shuffle=False, **self._loader_kwargs())
+        return WorkerSafeDataLoader(self._dataset("test"), shuffle=False, **self._loader_kwargs())
 
     @override
     def predict_dataloader(self) -> DataLoader:
-        return DataLoader(self._dataset("predict"), shuffle=False, **self._loader_kwargs())
+        return WorkerSafeDataLoader(self._dataset("predict"), shuffle=False, **self._loader_kwargs())
 
     @override
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:

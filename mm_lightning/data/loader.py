@@ -1,4 +1,5 @@
-"""The training loader: a ``StatefulDataLoader`` whose state saved at an epoch's end resumes at the next epoch."""
+"""The built-in loaders: a training loader whose state saved at an epoch's end resumes at the next epoch, and
+workers that a signal to the whole process group does not kill."""
 
 from __future__ import annotations
 
@@ -11,11 +12,43 @@ from collections.abc import Iterator
 from typing import Any
 
 from lightning.fabric.utilities.seed import pl_worker_init_function
+from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 from typing_extensions import override
 
+STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGUSR1})
 
-class ResumableDataLoader(StatefulDataLoader):
+
+class StartsWorkersOutsideTheGroup:
+    """For a loader whose ``worker_init_fn`` is :func:`ignore_stop_signals`: the stop signals are held back while it
+    starts workers, until each worker has left the run's process group.
+
+    Without this, a signal sent to the whole group just as workers start (a Ctrl-C at an epoch's end, when the
+    validation workers do) kills the workers that have not left the group yet, and the run fails instead of saving.
+    Forked workers inherit the blocked signals; spawned ones (``spawn``, ``forkserver``) start with none blocked, so
+    one still importing its modules is not covered.
+    """
+
+    num_workers: int
+    worker_init_fn: Any
+
+    def __iter__(self) -> Iterator[Any]:
+        init = self.worker_init_fn
+        if self.num_workers == 0 or getattr(init, "func", init) is not ignore_stop_signals:
+            return super().__iter__()  # type: ignore[misc]
+        # This thread's mask, which workers forked here inherit; the process still receives the signal.
+        previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            return super().__iter__()  # type: ignore[misc]
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
+
+
+class WorkerSafeDataLoader(StartsWorkersOutsideTheGroup, DataLoader):
+    """A ``DataLoader`` (validation, test, predict) whose workers a signal to the process group does not kill."""
+
+
+class ResumableDataLoader(StartsWorkersOutsideTheGroup, StatefulDataLoader):
     """``StatefulDataLoader`` that also resumes exactly from a state saved after an epoch's last batch.
 
     Lightning ends an epoch after ``len(loader)`` batches without asking the iterator for one more, so torchdata's
@@ -118,6 +151,11 @@ def ignore_stop_signals(worker_id: int, rank: int | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # SLURM's --signal=USR1 reaches every process of the job step
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    # Held back since the loader started this worker (see StartsWorkersOutsideTheGroup): a SIGTERM sent to the
+    # group before the worker left it was for the main process, which gets it too.
+    if signal.SIGTERM in signal.sigpending():
+        signal.sigtimedwait({signal.SIGTERM}, 0)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     _die_with_parent()
     # Lightning adds its own worker_init_fn only to loaders without one.
     if int(os.environ.get("PL_SEED_WORKERS", 0)):
@@ -130,6 +168,8 @@ def _die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        # The main process, which died before prctl took effect. (Not os.getppid(): a forkserver's worker is the
+        # server's child.)
         parent = multiprocessing.parent_process()
-        if parent is not None and os.getppid() != parent.pid:  # it died before prctl took effect
+        if parent is not None and not parent.is_alive():
             os._exit(1)

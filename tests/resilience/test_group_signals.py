@@ -64,6 +64,27 @@ def test_signal_to_the_process_group_saves_and_exits_cleanly(
     assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
 
 
+@pytest.mark.timeout(120)
+def test_workers_that_start_as_the_group_is_signalled_survive() -> None:
+    script = Path(__file__).with_name("group_signal_loader.py")
+    run = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        start_new_session=True,
+        timeout=100,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout.splitlines()[-1])
+    assert report["received"] == 3  # the main process got each signal
+    batches = [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert report["results"]["WorkerSafeDataLoader"] == {"workers_alive": 2, "batches": batches}
+    assert report["results"]["ResumableDataLoader"] == {"workers_alive": 2, "batches": batches}
+    # control: a plain DataLoader's workers die of it
+    assert report["results"]["DataLoader"]["workers_alive"] < 2
+
+
 def test_second_ctrl_c_stops_at_once() -> None:
     callback = PreemptionCheckpoint()
     callback._active = True

@@ -1,0 +1,57 @@
+"""Signals the whole process group while a loader's workers start, and prints which workers lived and what
+each loader then yielded.
+
+Run in a session of its own. Each worker waits before it leaves the group, so the signal reaches it there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import psutil
+from torch.utils.data import DataLoader
+
+from mm_lightning.data import loader as loader_module
+from mm_lightning.data.loader import ResumableDataLoader, WorkerSafeDataLoader, ignore_stop_signals
+
+
+class SlowToLeaveTheGroup:
+    """``os`` as the loader module sees it, with a ``setpgid`` that waits first."""
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(os, name)
+
+    @staticmethod
+    def setpgid(pid: int, pgid: int) -> None:
+        time.sleep(0.5)
+        os.setpgid(pid, pgid)
+
+
+def main() -> None:
+    received: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    loader_module.os = SlowToLeaveTheGroup()  # type: ignore[assignment]
+    results: dict[str, object] = {}
+    for loader_class in (WorkerSafeDataLoader, ResumableDataLoader, DataLoader):
+        loader = loader_class(
+            list(range(8)), batch_size=2, num_workers=2, multiprocessing_context="fork",
+            worker_init_fn=ignore_stop_signals,
+        )  # fmt: skip
+        batches = iter(loader)
+        os.killpg(0, signal.SIGTERM)
+        time.sleep(1.0)  # the workers have left the group, or died
+        workers = [w for w in psutil.Process().children() if w.status() != psutil.STATUS_ZOMBIE]
+        results[loader_class.__name__] = {
+            "workers_alive": len(workers),
+            # a loader with a dead worker would wait for it before it fails
+            "batches": [batch.tolist() for batch in batches] if len(workers) == 2 else None,
+        }
+        del batches
+    print(json.dumps({"received": len(received), "results": results}))
+
+
+if __name__ == "__main__":
+    main()
