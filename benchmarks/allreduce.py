@@ -26,6 +26,7 @@ import lightning.pytorch as pl
 import torch
 import torch.multiprocessing as mp
 import yaml
+from lightning.pytorch.cli import instantiate_class
 from lightning.pytorch.strategies import DDPStrategy, Strategy
 from torch.utils.data import DataLoader, Dataset
 from typing_extensions import override
@@ -38,12 +39,25 @@ VARIANTS = ("ddp", "bucketed", "bucketed_overlap", "per_parameter")
 WARMUP_STEPS = 2
 
 
+PARTS = ("image_tower", "text_tower", "loss")  # the model's parts: objects named by class_path + init_args
+
+
 def model_args(name: str) -> dict[str, Any]:
     args = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())["model"]
-    args["image"]["image_size"] = 64
+    args["image_tower"]["init_args"]["image_size"] = 64
     if name == "25m":
-        args["image"] = {"name": "resnet50", "image_size": 64}
+        args["image_tower"] = {
+            "class_path": "mm_lightning.models.towers.TorchvisionTower",
+            "init_args": {"name": "resnet50", "image_size": 64},
+        }
     return args
+
+
+def build_model(name: str) -> MultimodalModule:
+    """``MultimodalModule`` from :func:`model_args`, its parts built from their class_path + init_args."""
+    args = model_args(name)
+    parts = {k: instantiate_class((), args[k]) for k in PARTS if isinstance(args.get(k), dict)}
+    return MultimodalModule(**{**args, **parts})
 
 
 class SyntheticPairs(Dataset):
@@ -91,7 +105,7 @@ def make_strategy(variant: str) -> Strategy:
 
 def time_fit(model_name: str, variant: str, steps: int, batch_size: int) -> list[float]:
     torch.manual_seed(0)
-    model = MultimodalModule(**model_args(model_name))
+    model = build_model(model_name)
     timer = StepTimer()
     trainer = pl.Trainer(
         accelerator="cpu", devices=2, strategy=make_strategy(variant), max_steps=WARMUP_STEPS + steps,
@@ -134,7 +148,7 @@ def main() -> None:
 
     summary = {}
     for model_name, per_variant in times.items():
-        n_params = sum(p.numel() for p in MultimodalModule(**model_args(model_name)).parameters())
+        n_params = sum(p.numel() for p in build_model(model_name).parameters())
         medians = {v: statistics.median(t) for v, t in per_variant.items()}
         summary[model_name] = {v: medians[v] / medians["ddp"] for v in VARIANTS}
         print(

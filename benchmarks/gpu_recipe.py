@@ -26,6 +26,7 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from mm_lightning.data.images import EncodedImage
 from mm_lightning.data.transforms import DecodeResizedCrop
 from mm_lightning.models import MultimodalModule
+from mm_lightning.models.towers import HFTextTower, TorchvisionTower
 from mm_lightning.preprocessing import IMAGENET_MEAN, IMAGENET_STD
 
 BERT_BASE = {
@@ -97,18 +98,16 @@ def nvjpeg_rates(files: list[torch.Tensor], batch_size: int) -> dict[str, float]
 def recipe_module() -> MultimodalModule:
     """The base recipe's model, random init, built offline (no hub access)."""
     return MultimodalModule(
-        image_encoder="resnet50",
-        image_weights=None,
-        text_encoder="mm-lightning/demo-bert",  # shipped config, resized to BERT-base below
-        text_pretrained=False,
-        text_config_overrides=BERT_BASE,
-        text_pooling="cls",
+        image_tower=TorchvisionTower("resnet50", weights=None, image_size=224),
+        text_tower=HFTextTower(
+            "mm-lightning/demo-bert",  # shipped config, resized to BERT-base below
+            pretrained=False,
+            config_overrides=BERT_BASE,
+            pooling="cls",
+        ),
         embed_dim=256,
-        fusion_layers=1,
-        fusion_heads=8,
-        lr=1e-4,
-        weight_decay=0.05,
-        warmup_steps=10,
+        fusion={"layers": 1, "heads": 8},
+        optim={"lr": 1e-4, "weight_decay": 0.05, "warmup_steps": 10},
     )
 
 

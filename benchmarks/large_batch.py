@@ -41,13 +41,16 @@ LENGTH, VOCAB = 32, 36
 
 
 def model_config(chunks: int) -> dict:
+    """``MultimodalModule``'s arguments (the towers built here, so after the caller's seed)."""
+    from mm_lightning.models.towers import HFTextTower, TorchvisionTower
+
     width = {"num_layers": 4, "num_heads": 4, "hidden_dim": 192, "mlp_dim": 768}
     return {
-        "image": {"name": "vit_custom", "kwargs": {"patch_size": 8, **width}, "image_size": 64},
-        "text": {
-            "name": "mm-lightning/demo-bert",
-            "pretrained": False,
-            "config_overrides": {
+        "image_tower": TorchvisionTower("vit_custom", kwargs={"patch_size": 8, **width}, image_size=64),
+        "text_tower": HFTextTower(
+            "mm-lightning/demo-bert",
+            pretrained=False,
+            config_overrides={
                 "hidden_size": 192,
                 "num_hidden_layers": 4,
                 "num_attention_heads": 4,
@@ -55,10 +58,10 @@ def model_config(chunks: int) -> dict:
                 "hidden_dropout_prob": 0.0,
                 "attention_probs_dropout_prob": 0.0,
             },
-        },
+        ),
         "embed_dim": 128,
         # pure contrastive training: the ITM head runs on the whole batch's tokens in every variant
-        "loss": {"itm_weight": 0.0},
+        "objective": {"itm_weight": 0.0},
         "grad_cache": {"chunks": chunks},
     }
 

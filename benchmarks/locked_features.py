@@ -21,10 +21,9 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
-from recipes import CACHE, DEV_SET, datamodule, recipe_config, split_dev_set
+from recipes import CACHE, DEV_SET, build_module, datamodule, recipe_config, split_dev_set
 
 from mm_lightning.callbacks import LockedImageFeatures
-from mm_lightning.models import MultimodalModule
 
 
 class StepClock(Callback):
@@ -44,7 +43,7 @@ def run(data: Path, args: argparse.Namespace, cache: bool, root: Path) -> tuple[
     """Median step time (s) after the first two steps, and the time before the first step (s)."""
     config = recipe_config("lit", args.image_size)
     seed_everything(0)
-    model = MultimodalModule(**config["model"])
+    model = build_module(config["model"])
     dm = datamodule(config, data, num_workers=args.workers, batch_size=args.batch_size)
     dm.files["val"] = None
     clock = StepClock()

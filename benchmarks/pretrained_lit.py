@@ -7,7 +7,8 @@ corners and the centre). Each crop is captioned from what the photo shows and wh
 region), validation the exact regions: 80 image-caption pairs, one caption per image, R@1 by chance = 1/80.
 
 Both runs use the model section of ``configs/lit.yaml`` (locked EfficientNet-lite0, trained all-MiniLM-L6-v2),
-the same data, seed and steps; only ``model.image.weights`` differs (the ImageNet file vs none).
+the same data, seed and steps; only ``model.image_tower.init_args.weights`` differs (the ImageNet file vs
+none).
 
     python benchmarks/pretrained_lit.py               # ~4-12 min on 2 CPU cores (contention-dependent)
     python benchmarks/pretrained_lit.py --holdout 5   # validate on 5 photos (25 pairs) never trained on
@@ -28,13 +29,15 @@ from pathlib import Path
 import torch
 import yaml
 from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch.cli import instantiate_class
 from PIL import Image
 
 from mm_lightning.data import MultimodalDataModule
 from mm_lightning.models import MultimodalModule
-from mm_lightning.models.towers.tokenizers import tokenizer_for
+from mm_lightning.models.towers.tokenizers import tokenizer_of
 
 REPO = Path(__file__).resolve().parents[1]
+PARTS = ("image_tower", "text_tower", "loss")  # the model's parts: objects named by class_path + init_args
 PHOTOS = {
     "astronaut.png": "an astronaut in a white space suit",
     "brick.png": "a brick wall",
@@ -105,15 +108,16 @@ def run(
     """One LiT run (model section of configs/lit.yaml); returns the final validation retrieval metrics."""
     seed_everything(0, workers=True)
     model_args = yaml.safe_load((REPO / "configs" / "lit.yaml").read_text())["model"]
-    model_args["image"].update(weights=image_weights, image_size=96)
+    model_args["image_tower"]["init_args"].update(weights=image_weights, image_size=96)
     if args.text_tower:
-        model_args["text"]["name"] = args.text_tower
-    model = MultimodalModule(**model_args)
+        model_args["text_tower"]["init_args"]["name"] = args.text_tower
+    parts = {k: instantiate_class((), model_args[k]) for k in PARTS if isinstance(model_args.get(k), dict)}
+    model = MultimodalModule(**{**model_args, **parts})
     config = model.data_config["image"]
     data = MultimodalDataModule(
         train_file=str(train),
         val_file=str(val),
-        tokenizer=tokenizer_for(model_args["text"]["name"]),
+        tokenizer=tokenizer_of(model_args["text_tower"]),
         image_size=96,
         mean=config["mean"],
         std=config["std"],

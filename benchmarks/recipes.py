@@ -35,19 +35,21 @@ import torch
 import yaml
 from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import instantiate_class
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from mm_lightning.data import MultimodalDataModule
 from mm_lightning.metrics import retrieval_metrics
 from mm_lightning.models import MultimodalModule
 from mm_lightning.models.losses import ContrastiveLoss
-from mm_lightning.models.towers.tokenizers import tokenizer_for
+from mm_lightning.models.towers.tokenizers import tokenizer_of
 
 REPO = Path(__file__).resolve().parents[1]
 DEV_SET = REPO.parent / "shared" / "devdata" / "coco_mini"
 CACHE = REPO / "benchmarks" / "_cache"
 SPLIT_SIZES = {"train": 150, "val": 30}  # the rest is test
 KS = (1, 5, 10)
+PARTS = ("image_tower", "text_tower", "loss")  # the model's parts: objects named by class_path + init_args
 
 
 def split_dev_set(source: Path, out: Path, seed: int = 0) -> Path:
@@ -79,7 +81,7 @@ def recipe_config(name: str, image_size: int, overrides: list[str] | None = None
         overrides: dotted keys (a list's items by index) and YAML values, e.g. ``model.text.lr=1e-5``.
     """
     config = yaml.safe_load((REPO / "configs" / f"{name}.yaml").read_text())
-    config["model"]["image"]["image_size"] = image_size
+    config["model"]["image_tower"].setdefault("init_args", {})["image_size"] = image_size
     for item in overrides or []:
         key, _, value = item.partition("=")
         *parents, leaf = key.split(".")
@@ -113,9 +115,15 @@ def datamodule(config: dict[str, Any], data: Path, **overrides: Any) -> Multimod
         train_file=str(data / "train.jsonl"),
         val_file=str(data / "val.jsonl"),
         test_file=str(data / "test.jsonl"),
-        tokenizer=tokenizer_for(config["model"]["text"]["name"]),
+        tokenizer=tokenizer_of(config["model"]["text_tower"]),
         **options,
     )
+
+
+def build_module(model: dict[str, Any]) -> MultimodalModule:
+    """``MultimodalModule`` from a config's ``model`` section, its parts built from class_path + init_args."""
+    parts = {k: instantiate_class((), model[k]) for k in PARTS if isinstance(model.get(k), dict)}
+    return MultimodalModule(**{**model, **parts})
 
 
 def recipe_callbacks(config: dict[str, Any]) -> list[Any]:
@@ -131,7 +139,7 @@ def run_recipe(name: str, data: Path, args: argparse.Namespace, root: Path) -> d
     """Trains ``configs/<name>.yaml`` on ``data``; test metrics of the checkpoint with the best ``val/r1_t2i``."""
     config = recipe_config(name, args.image_size, args.set)
     seed_everything(config.get("seed_everything", 0), workers=True)
-    model = MultimodalModule(**config["model"])
+    model = build_module(config["model"])
     dm = datamodule(
         config, data, num_workers=args.workers, **({"batch_size": args.batch_size} if args.batch_size else {})
     )
@@ -178,7 +186,7 @@ def run_baseline(name: str, data: Path, args: argparse.Namespace) -> dict[str, f
     """Frozen towers + linear heads trained on the whole training set as one batch (see the module docstring)."""
     config = recipe_config(name, args.image_size)
     seed_everything(0)
-    model = MultimodalModule(**config["model"])
+    model = build_module(config["model"])
     start = time.perf_counter()
     features = {}
     for split in ("train", "val", "test"):

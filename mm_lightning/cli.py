@@ -5,7 +5,7 @@ A ``LightningCLI`` over :class:`~mm_lightning.models.MultimodalModule` and any
 best checkpoints written atomically, learning-rate and throughput monitors, a seed) and the arguments that must
 agree linked, so a user changes one line:
 
-* ``model.text.name`` -> ``data.tokenizer`` (the tokenizer always matches the text tower);
+* ``model.text_tower`` -> ``data.tokenizer`` (the tokenizer always matches the text tower);
 * ``trainer.default_root_dir`` (the run directory) -> the logger's ``save_dir`` and, unless set,
   ``checkpoint.dirpath`` (``<run dir>/checkpoints``): one option moves a run's logs, config and checkpoints.
 
@@ -24,11 +24,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import warnings
 from importlib import import_module
 from typing import Any
 
+from jsonargparse import DefaultHelpFormatter
 from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
@@ -55,7 +57,7 @@ from mm_lightning.callbacks import (
 from mm_lightning.data import MultimodalDataModule
 from mm_lightning.errors import cli_message, show_traceback
 from mm_lightning.models import MultimodalModule
-from mm_lightning.models.towers.tokenizers import tokenizer_for
+from mm_lightning.models.towers.tokenizers import tokenizer_of
 from mm_lightning.resume import ResumeOverrides
 from mm_lightning.trainer import MultimodalTrainer, instantiate_datamodule
 
@@ -200,9 +202,26 @@ def expand_strategy_name(args: list[str]) -> list[str]:
     return out
 
 
+class PartsHelpFormatter(DefaultHelpFormatter):
+    """``--help`` that names where the built-in towers and losses are instead of listing, under each of those
+    options, every ``nn.Module`` class loaded at the time (hundreds of torch and transformers classes each)."""
+
+    @override
+    def _get_help_string(self, action: Any) -> str:
+        text = super()._get_help_string(action)
+        return re.sub(r"known subclasses: torch\.nn\.Module, [^)]*", BUILT_IN_PARTS, text, flags=re.S)
+
+
+BUILT_IN_PARTS = "any torch.nn.Module; built in: mm_lightning.models.towers.*, mm_lightning.models.losses.*"
+
+
 class CheckedParser(LightningArgumentParser):
-    """The CLI's parser; adds the fix to jsonargparse's error for options nested under a strategy *name*, and lists
-    the standalone commands (``export``, ``zeroshot``) among the subcommands."""
+    """The CLI's parser; adds the fix to jsonargparse's error for options nested under a strategy *name*, lists
+    the standalone commands (``export``, ``zeroshot``) among the subcommands, and keeps ``--help`` short."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", PartsHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     @override
     def add_subcommands(self, *args: Any, **kwargs: Any) -> Any:
@@ -255,7 +274,7 @@ class MultimodalCLI(LightningCLI):
                 for group, cls in CALLBACK_GROUPS.items()
             }
         )
-        parser.link_arguments("model.text.name", "data.init_args.tokenizer", compute_fn=tokenizer_for)
+        parser.link_arguments("model.text_tower", "data.init_args.tokenizer", compute_fn=tokenizer_of)
         parser.link_arguments("trainer.default_root_dir", "trainer.logger.init_args.save_dir")
         # checkpoint.dirpath defaults to <run dir>/checkpoints in parse_arguments: not a link, which would silently
         # replace a dirpath the user set

@@ -21,6 +21,7 @@ from mm_lightning.data.sources.shards import ShardError
 from mm_lightning.data.splits import EmptySplitError, MissingTrainingFile, NoTrainingBatch
 from mm_lightning.distributed import CollectiveError
 from mm_lightning.models.losses.base import LossContractError
+from mm_lightning.models.towers.base import UnknownModelError
 from mm_lightning.models.towers.contract import TowerContractError
 from mm_lightning.offline import PretrainedUnavailable
 from mm_lightning.plugins.io import CheckpointFileError
@@ -38,6 +39,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     NonFiniteTrainingError,
     OutputFolderError,
     TowerContractError,
+    UnknownModelError,
     LossContractError,
     PretrainedUnavailable,
 )

@@ -4,12 +4,13 @@
 
 Two layouts, picked from the towers:
 
-- both towers from one ``CLIPModel`` / ``SiglipModel`` directory (``clip:<dir>``): written back as that class,
+- both towers from one ``CLIPModel`` / ``SiglipModel`` directory (``CLIPImageTower`` + ``CLIPTextTower``): written
+  back as that class,
   fine-tuned towers, projections and logit scale (and bias) included, with the source directory's tokenizer and
   image processor;
-- otherwise a ``VisionTextDualEncoderModel``: an image tower from Hugging Face (``hf:<dir>``: ViT, DINOv2, CLIP
-  vision, SigLIP vision; or the vision half of ``clip:<dir>``) and a Hugging Face text tower (a hub name or local
-  directory such as a BERT; or the text half of ``clip:<dir>``), with the module's projections and logit scale.
+- otherwise a ``VisionTextDualEncoderModel``: an image tower from Hugging Face (``HFVisionTower``: ViT, DINOv2,
+  CLIP vision, SigLIP vision; or ``CLIPImageTower``) and a Hugging Face text tower (``HFTextTower``: a hub name or
+  local directory such as a BERT; or ``CLIPTextTower``), with the module's projections and logit scale.
   The data pipeline's tokenizer and image normalization/size are saved next to it as a
   ``VisionTextDualEncoderProcessor`` (``AutoProcessor.from_pretrained(out)``).
 
@@ -39,7 +40,6 @@ from mm_lightning.export_dual_encoder import (
 )
 from mm_lightning.models import DualEncoder
 from mm_lightning.models.towers.clip import CLIPImageTower, CLIPTextTower, load_dual_encoder
-from mm_lightning.models.towers.registry import split_name
 
 log = logging.getLogger(__name__)
 FORMATS = ("hf",)
@@ -51,9 +51,7 @@ def _single_source_directory(module: DualEncoder) -> str | None:
     image, text = module.image_encoder, module.text_encoder
     if not (isinstance(image, CLIPImageTower) and isinstance(text, CLIPTextTower)):
         return None
-    image_dir = split_name(module.image_config.name)[1]
-    text_dir = split_name(module.text_config.name)[1]
-    return image_dir if image_dir == text_dir else None
+    return image.name if image.name == text.name else None
 
 
 @torch.no_grad()

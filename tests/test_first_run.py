@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import warnings
 from pathlib import Path
 from urllib.error import URLError
@@ -39,7 +40,9 @@ def jsonl_args(demo: Path, **files: str) -> list[str]:
         **files,
     }
     data = {"class_path": "mm_lightning.data.MultimodalDataModule", "init_args": init_args}
-    return ["--config", str(DEMO_CONFIG), "--data", json.dumps(data), "--model.image.image_size", "32"]
+    return [
+        "--config", str(DEMO_CONFIG), "--data", json.dumps(data), "--model.image_tower.init_args.image_size", "32"
+    ]  # fmt: skip
 
 
 def test_audit_without_options_writes_its_report(
@@ -82,13 +85,50 @@ def test_a_missing_training_file_is_one_line(
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    ("tower", "name", "expected"),
+    [
+        ("TorchvisionTower", "resnt50", "close names: resnet50"),
+        ("TimmTower", "efficientnet_lite", "close names: efficientnet_lite"),
+        ("TorchvisionTower", "no_such_net", r"the \d+ it has: torchvision.models.list_models\(\)"),
+    ],
+)
+def test_an_unknown_model_name_is_one_line_naming_close_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture, tower: str, name: str, expected: str
+) -> None:
+    args = [
+        "fit", *tiny_demo_args(tmp_path),
+        "--model.image_tower", f"mm_lightning.models.towers.{tower}", "--model.image_tower.init_args.name", name,
+    ]  # fmt: skip
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert re.match(rf"error: UnknownModelError: {tower}: no model named '{name}'; {expected}", err), err
+    assert "Traceback" not in err
+
+
+def test_a_missing_model_folder_and_a_batch_size_of_0_are_one_error_each(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    missing = tmp_path / "my_models" / "bert"
+    assert main(["fit", *tiny_demo_args(tmp_path), "--model.text_tower.init_args.name", str(missing)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: MissingModelFolder: text tower '{missing}': no such local directory")
+    assert "Traceback" not in err
+    with pytest.raises(SystemExit) as exit_info:  # a parser error: the option and the rule, no traceback
+        main(["fit", *tiny_demo_args(tmp_path), "--data.init_args.batch_size", "0"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "batch_size" in err.split("error:", 1)[1] and "v>0" in err
+    assert "Traceback" not in err
+
+
 def test_torchvision_weights_without_internet_say_what_to_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     def offline(*args: object, **kwargs: object) -> None:
         raise URLError("[Errno -2] Name or service not known")
 
     monkeypatch.setattr(torchvision.models, "get_model", offline)
     with pytest.raises(
-        PretrainedUnavailable, match="'resnet50': weights 'IMAGENET1K_V2'.*--model.image.weights null"
+        PretrainedUnavailable,
+        match="'resnet50': weights 'IMAGENET1K_V2'.*--model.image_tower.init_args.weights null",
     ):
         TorchvisionTower("resnet50", weights="IMAGENET1K_V2")
     message = cli_message(PretrainedUnavailable("x"))

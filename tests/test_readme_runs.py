@@ -95,7 +95,7 @@ def shrunk(argv: list[str], sandbox: Path, line: str) -> list[str]:
         return [*argv, *data, "--progress", "false"]
     return [
         *argv, *data,
-        "--model.image.image_size", "32",
+        "--model.image_tower.init_args.image_size", "32",
         "--trainer.max_steps", "2",
         "--trainer.limit_val_batches", "1",
         "--trainer.enable_progress_bar", "false",

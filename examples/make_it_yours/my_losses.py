@@ -1,9 +1,9 @@
-"""A user's own loss (see docs/make_it_yours.md), chosen in YAML by ``class_path`` in ``model.loss.itc``.
+"""A user's own loss (see docs/make_it_yours.md), chosen in YAML by ``class_path`` in ``model.loss``.
 
 The pair-loss contract (mm_lightning/models/losses/base.py): called with the (B, D) image and text embeddings of
 the local rows, their image ids and optional per-pair weights; returns a scalar (the ``itc`` term) or a dict of
-named terms, combined by name with ``loss.itc_weight`` and ``loss.term_weights``. Subclassing ``PairLoss``
-(``logits`` + ``loss_from_logits``) also feeds the matching head (ITM) its hard negatives.
+named terms, combined by name with ``model.objective.itc_weight`` and ``model.objective.term_weights``.
+Subclassing ``PairLoss`` (``logits`` + ``loss_from_logits``) also feeds the matching head (ITM) its hard negatives.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """LockedImageFeatures: a locked image tower's features computed once and served by the data instead of pixels.
 
-Add it to a LiT run (``model.image.freeze: true``, ``model.loss.itm_weight: 0``)::
+Add it to a LiT run (``model.image.freeze: true``, ``model.objective.itm_weight: 0``)::
 
     image_features:
       class_path: mm_lightning.callbacks.LockedImageFeatures
@@ -52,18 +52,17 @@ class LockedImageFeatures(pl.Callback):
                 "LockedImageFeatures: the image tower trains (model.image.freeze is false), so its features change"
                 " at every step; lock it (model.image.freeze true) or drop the image_features callback"
             )
-        if (
-            getattr(pl_module, "loss_config", None) is not None
-            and pl_module.loss_config.sample_weighting != "none"
-        ):
+        objective = getattr(pl_module, "objective", None)
+        if objective is not None and objective.sample_weighting != "none":
             raise ValueError(
-                "LockedImageFeatures: loss.sample_weighting 'complexity' measures image detail on the pixels, which"
-                " cached features replace; set model.loss.sample_weighting none or drop the image_features callback"
+                "LockedImageFeatures: objective.sample_weighting 'complexity' measures image detail on the pixels,"
+                " which cached features replace; set model.objective.sample_weighting none or drop the"
+                " image_features callback"
             )
         if model.itm is not None:
             raise ValueError(
                 "LockedImageFeatures: image-text matching reads the image tower's token sequences, which are not"
-                " cached; set model.loss.itm_weight 0 (as LiT does) or drop the image_features callback"
+                " cached; set model.objective.itm_weight 0 (as LiT does) or drop the image_features callback"
             )
 
     @override

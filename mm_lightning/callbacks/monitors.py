@@ -257,6 +257,6 @@ def _tokenizer_of(trainer: Trainer) -> Any:
     """The tokenizer the data was encoded with (the datamodule's, else the text encoder's)."""
     name = (
         getattr(trainer.datamodule, "hparams", {}).get("tokenizer")
-        or trainer.lightning_module.hparams["text"]["name"]
+        or trainer.lightning_module.data_config["text"]["tokenizer"]
     )
     return load_tokenizer(name)

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
+from jsonargparse.typing import PositiveInt
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 from typing_extensions import override
@@ -53,11 +54,11 @@ class MultimodalDataModule(pl.LightningDataModule):
         image_root: folder that relative image paths are resolved against (default: each JSONL's folder).
         image_key: record key holding the image path (e.g. ``"image_path"``).
         text_key: record key holding the caption, a string or a list of strings.
-        tokenizer: HF tokenizer name or local path (the CLI links it to ``model.text.name``).
+        tokenizer: HF tokenizer name or local path (the CLI links it to ``model.text_tower``).
         max_length: truncate captions to this many tokens.
         pad_to_multiple_of: pad each batch's token length up to a multiple of this (e.g. 8), or ``None``.
         image_size: output image side; null (default) follows the image tower's input size
-            (``model.image.image_size``, or what a pretrained tower's weights expect), or 224 without a model (the
+            (the image tower's ``image_size``, or what a pretrained tower's weights expect), or 224 without a model (the
             ``audit`` and ``shard`` commands). Set, it wins (with a warning when it differs from the tower's).
         batch_size: batch size per device.
         num_workers: DataLoader worker processes per device.
@@ -100,7 +101,7 @@ class MultimodalDataModule(pl.LightningDataModule):
         max_length: int = 64,
         pad_to_multiple_of: int | None = None,
         image_size: int | None = None,
-        batch_size: int = 32,
+        batch_size: PositiveInt = 32,
         num_workers: int = 0,
         pin_memory: bool = False,
         persistent_workers: bool = False,
@@ -328,8 +329,7 @@ class MultimodalDataModule(pl.LightningDataModule):
         return self.datasets[split]
 
     def _rank_info(self) -> tuple[int, int]:
-        trainer = self.trainer
-        return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        return (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)
 
     def check_a_batch(self, per_rank: int, where: str) -> None:
         """Refuses a training split without one full batch per device (see :class:`NoTrainingBatch`).

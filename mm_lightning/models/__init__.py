@@ -2,15 +2,15 @@
 
 from mm_lightning.models.config import (
     FusionConfig,
-    ImageTowerConfig,
-    LossConfig,
+    GradCacheConfig,
+    ObjectiveConfig,
     OptimConfig,
-    TextTowerConfig,
+    TowerTraining,
 )
 from mm_lightning.models.dual_encoder import DualEncoder
 from mm_lightning.models.fusion import CrossAttentionFusion
 from mm_lightning.models.itm import ImageTextMatching
-from mm_lightning.models.losses import ContrastiveLoss, DynamicWeightAveraging
+from mm_lightning.models.losses import ContrastiveLoss, DynamicWeightAveraging, SigLipLoss
 from mm_lightning.models.module import MultimodalModule
 from mm_lightning.models.towers import EncoderOutput, HFTextTower, TorchvisionTower
 
@@ -21,12 +21,13 @@ __all__ = [
     "DynamicWeightAveraging",
     "EncoderOutput",
     "FusionConfig",
+    "GradCacheConfig",
     "HFTextTower",
     "ImageTextMatching",
-    "ImageTowerConfig",
-    "LossConfig",
     "MultimodalModule",
+    "ObjectiveConfig",
     "OptimConfig",
-    "TextTowerConfig",
+    "SigLipLoss",
     "TorchvisionTower",
+    "TowerTraining",
 ]

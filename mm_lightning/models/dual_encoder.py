@@ -1,4 +1,4 @@
-"""``DualEncoder``: the image-text network as a plain ``nn.Module``, usable without Lightning.
+"""``DualEncoder``: the image-text network as a plain ``nn.Module``.
 
 Two towers, projections to a shared space, the pair loss (which owns the learned temperature) and, when ITM is
 on, the cross-attention fusion with its match head. :class:`~mm_lightning.models.MultimodalModule` trains it
@@ -21,25 +21,22 @@ import os
 from typing import Any
 
 import torch
+from lightning.pytorch.cli import instantiate_class
 from torch import Tensor, nn
 from typing_extensions import override
 
 from mm_lightning.embeddings import l2_normalize
 from mm_lightning.models.config import (
     DEFAULT_FUSION,
-    DEFAULT_IMAGE,
-    DEFAULT_LOSS,
-    DEFAULT_TEXT,
+    DEFAULT_TRAINING,
     FusionConfig,
-    ImageTowerConfig,
-    LossConfig,
-    TextTowerConfig,
+    TowerTraining,
     as_config,
 )
 from mm_lightning.models.gradcache import batchnorm_layers
 from mm_lightning.models.itm import ImageTextMatching
-from mm_lightning.models.losses import build_loss, check_loss, loss_terms
-from mm_lightning.models.towers import EncoderOutput, build_image_tower, build_text_tower
+from mm_lightning.models.losses import ContrastiveLoss, SigLipLoss, check_loss, loss_terms
+from mm_lightning.models.towers import EncoderOutput
 from mm_lightning.models.towers.contract import (
     adopt_tower,
     call_text_tower,
@@ -54,67 +51,58 @@ from mm_lightning.models.towers.pretrained import projection_for, take_over_logi
 
 # the LightningModule keeps the network under this attribute (checkpoint keys start with "model.")
 CHECKPOINT_PREFIX = "model."
-# image tower families whose towers always come with trained weights
-PRETRAINED = ("hf", "clip", "open_clip")
+# the network's parts: objects, named by class_path in a config and recorded so in checkpoints
+PARTS = ("image_tower", "text_tower", "loss")
 
 
 class DualEncoder(nn.Module):
     """Image and text towers, projections, the pair loss (and its temperature), the ITM fusion and head.
 
-    Each group accepts its dataclass (:mod:`mm_lightning.models.config`) or a plain dict with the same keys.
-
     Args:
-        image: the image tower.
-        text: the text tower.
+        image_tower: the image tower (a built-in one from :mod:`mm_lightning.models.towers`, or any module under
+            the tower contract, :mod:`mm_lightning.models.towers.contract`).
+        text_tower: the text tower (same).
+        loss: the pair loss (:class:`~mm_lightning.models.losses.ContrastiveLoss` with its defaults when None).
+        image: how the image tower trains (:class:`~mm_lightning.models.config.TowerTraining` or a dict).
+        text: how the text tower trains.
         embed_dim: shared embedding (and fusion) width.
-        fusion: the cross-attention fusion of the ITM head.
-        loss: the objective (the pair loss is built from it; ``itm_weight`` 0 builds no fusion).
+        fusion: the cross-attention fusion of the ITM head (:class:`~mm_lightning.models.config.FusionConfig`).
+        itm: build the fusion and the image-text matching head.
     """
 
     def __init__(
         self,
-        image: ImageTowerConfig | dict[str, Any] = DEFAULT_IMAGE,
-        text: TextTowerConfig | dict[str, Any] = DEFAULT_TEXT,
+        image_tower: nn.Module,
+        text_tower: nn.Module,
+        loss: nn.Module | None = None,
+        image: TowerTraining | dict[str, Any] = DEFAULT_TRAINING,
+        text: TowerTraining | dict[str, Any] = DEFAULT_TRAINING,
         embed_dim: int = 256,
         fusion: FusionConfig | dict[str, Any] = DEFAULT_FUSION,
-        loss: LossConfig | dict[str, Any] = DEFAULT_LOSS,
+        itm: bool = True,
     ) -> None:
         super().__init__()
-        self.image_config = ic = as_config(ImageTowerConfig, image, "model.image")
-        self.text_config = tc = as_config(TextTowerConfig, text, "model.text")
-        lc = as_config(LossConfig, loss, "model.loss")
-        fc = as_config(FusionConfig, fusion, "model.fusion")
+        self.image_config = ic = as_config(TowerTraining, image)
+        self.text_config = tc = as_config(TowerTraining, text)
+        fc = as_config(FusionConfig, fusion)
         self.embed_dim = embed_dim
-        # a user's module (checked against the tower contract, towers/contract.py) or the tower a name gives
-        if ic.tower is not None:
-            self.image_encoder = adopt_tower("image", ic.tower, image_size=ic.image_size)
-        else:
-            self.image_encoder = build_image_tower(ic.name, ic.weights, ic.image_size, ic.kwargs, ic.strict)
-        if tc.tower is not None:
-            self.text_encoder = adopt_tower("text", tc.tower, tokenizer=tc.name)
-        else:
-            self.text_encoder = build_text_tower(
-                tc.name, tc.pretrained, tc.config_overrides, tc.pooling, tc.trust_remote_code
-            )
+        # checked against the tower contract (towers/contract.py); built-in towers fulfil it already
+        self.image_encoder = adopt_tower("image", image_tower)
+        self.text_encoder = adopt_tower("text", text_tower)
         self._text_takes_types = takes_token_type_ids(self.text_encoder)
-        # towers cut from a pretrained dual encoder (clip:, open_clip:) bring their projections
+        # towers cut from a pretrained dual encoder (CLIP, SigLIP, open_clip) bring their projections
         self.image_proj = projection_for(
             self.image_encoder, self.image_encoder.pooled_dim, embed_dim, ic.project, "image"
         )
         self.text_proj = projection_for(
             self.text_encoder, self.text_encoder.pooled_dim, embed_dim, tc.project, "text"
         )
-        if lc.itc is not None:  # a user's loss, checked against the pair-loss contract (losses/base.py)
-            check_loss(lc.itc, embed_dim, needs_logits=lc.itm_weight > 0)
-            self.contrastive = lc.itc
-        else:
-            self.contrastive = build_loss(
-                lc.name,
-                temperature_init=lc.temperature_init,
-                learnable_temperature=lc.learnable_temperature,
-                global_negatives=lc.global_negatives,
-                **lc.kwargs,
-            )
+        loss = ContrastiveLoss() if loss is None else loss
+        if not isinstance(
+            loss, (ContrastiveLoss, SigLipLoss)
+        ):  # a user's: the pair-loss contract (losses/base.py)
+            check_loss(loss, embed_dim, needs_logits=itm)
+        self.contrastive = loss
         take_over_logit_scale(self.contrastive, self.image_encoder, self.text_encoder)
         # built only when used: parameters without gradient would break DDP's reducer
         self.itm = (
@@ -126,7 +114,7 @@ class DualEncoder(nn.Module):
                 fc.heads,
                 fc.bidirectional,
             )
-            if lc.itm_weight > 0
+            if itm
             else None
         )
         self.image_encoder.requires_grad_(not ic.freeze)
@@ -143,20 +131,44 @@ class DualEncoder(nn.Module):
         self.train()
 
     @classmethod
-    def from_checkpoint(cls, path: str | os.PathLike, map_location: Any = "cpu") -> DualEncoder:
-        """The network of a training checkpoint (``last.ckpt``, ``best-*.ckpt``), without Lightning.
+    def from_checkpoint(
+        cls, path: str | os.PathLike, map_location: Any = "cpu", **parts: nn.Module
+    ) -> DualEncoder:
+        """The network of a training checkpoint (``last.ckpt``, ``best-*.ckpt``), without its training options.
 
-        Read with ``torch.load(weights_only=True)``; a user's own tower or loss is rebuilt from the
-        ``class_path`` + ``init_args`` the checkpoint records (its file must be importable).
+        Read with ``torch.load(weights_only=True)``; the parts are rebuilt from the ``class_path`` + ``init_args``
+        the checkpoint records (a user's tower or loss: its file must be importable). A module built in Python
+        records no parts: pass them (``image_tower=..., text_tower=..., loss=...``).
 
         Args:
             path: the checkpoint file.
             map_location: where to load the tensors (``torch.load``'s argument).
+            parts: towers or loss to use instead of the recorded ones.
         """
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
         hparams = checkpoint.get("hyper_parameters") or {}
+        built = {}
+        for name in PARTS:
+            spec = hparams.get(name)
+            if name in parts:
+                built[name] = parts[name]
+            elif isinstance(spec, dict) and "class_path" in spec:
+                built[name] = instantiate_class(
+                    (), spec
+                )  # Lightning's: import the class, call it with init_args
+            elif name != "loss":
+                raise ValueError(
+                    f"{path}: the checkpoint records no {name} (its module was built in Python); pass it: "
+                    f"DualEncoder.from_checkpoint(path, {name}=...)"
+                )
+        objective = hparams.get("objective") or {}
         model = cls(
-            **{k: hparams[k] for k in ("image", "text", "embed_dim", "fusion", "loss") if k in hparams}
+            **built,
+            image=hparams.get("image") or DEFAULT_TRAINING,
+            text=hparams.get("text") or DEFAULT_TRAINING,
+            embed_dim=hparams.get("embed_dim", 256),
+            fusion=hparams.get("fusion") or DEFAULT_FUSION,
+            itm=float(objective.get("itm_weight", 1.0)) > 0,
         )
         state = {
             k[len(CHECKPOINT_PREFIX) :]: v
@@ -173,14 +185,7 @@ class DualEncoder(nn.Module):
         ``image``: ``mean``, ``std``, ``input_size``, ``interpolation`` and ``pretrained`` (whether the
         statistics come from trained weights, not a default); ``text``: ``tokenizer``.
         """
-        ic = self.image_config
-        image = data_config_of(self.image_encoder)
-        if "pretrained" not in image:
-            prefix = ic.name.partition(":")[0] if ":" in ic.name else None
-            image = {
-                **image,
-                "pretrained": ic.tower is None and (ic.weights is not None or prefix in PRETRAINED),
-            }
+        image = {"pretrained": False, **data_config_of(self.image_encoder)}
         return {"image": image, "text": data_config_of(self.text_encoder)}
 
     @override

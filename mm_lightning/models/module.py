@@ -1,8 +1,9 @@
 """``MultimodalModule``: trains a :class:`~mm_lightning.models.DualEncoder` (``module.model``): the steps,
 optimizer and schedule, loss weighting, logging and evaluation; the network itself is a plain ``nn.Module``.
 
-Run it through the CLI: ``python -m mm_lightning fit --config configs/demo.yaml``. Its options are grouped by
-concern (:mod:`mm_lightning.models.config`): ``--model.image.name``, ``--model.text.name``, ``--model.loss.name``,
+Run it through the CLI: ``python -m mm_lightning fit --config configs/demo.yaml``. The network's parts are named
+by ``class_path`` (``model.image_tower``, ``model.text_tower``, ``model.loss``), the rest are option groups
+(:mod:`mm_lightning.models.config`): ``--model.image.freeze``, ``--model.objective.itm_weight``,
 ``--model.optim.lr``, ...
 
 Logged: ``train/loss`` (weighted total), ``train/loss_<term>``, ``train/temperature``, ``train/weight_*``; per
@@ -12,6 +13,8 @@ and ``{val,test}/loss`` over the unique valid records (:mod:`mm_lightning.models
 
 from __future__ import annotations
 
+import warnings
+from dataclasses import asdict, is_dataclass
 from typing import Any
 
 import torch
@@ -28,21 +31,17 @@ from mm_lightning.models.batch_embedding import batch_embedding
 from mm_lightning.models.config import (
     DEFAULT_FUSION,
     DEFAULT_GRAD_CACHE,
-    DEFAULT_IMAGE,
-    DEFAULT_LOSS,
+    DEFAULT_OBJECTIVE,
     DEFAULT_OPTIM,
-    DEFAULT_TEXT,
+    DEFAULT_TRAINING,
     FusionConfig,
     GradCacheConfig,
-    ImageTowerConfig,
-    LossConfig,
+    ObjectiveConfig,
     OptimConfig,
-    TextTowerConfig,
+    TowerTraining,
     as_config,
-    as_dict,
-    object_specs,
 )
-from mm_lightning.models.dual_encoder import DualEncoder
+from mm_lightning.models.dual_encoder import PARTS, DualEncoder
 from mm_lightning.models.evaluation import EvalRows, unique_rows_loss
 from mm_lightning.models.losses import DynamicWeightAveraging, complexity_weights, weighted_sum
 from mm_lightning.models.optim import clip_gradients, optimizer_and_schedule
@@ -52,14 +51,21 @@ from mm_lightning.models.towers import EncoderOutput
 class MultimodalModule(LightningModule):
     """Trains a :class:`~mm_lightning.models.DualEncoder`: ITC (+ ITM) losses, retrieval metrics, AdamW + schedule.
 
-    Each group accepts its dataclass or a plain dict with the same keys (missing keys keep their defaults).
+    The network's parts are objects (``class_path`` + ``init_args`` in a config), the rest small option groups;
+    each group accepts its dataclass or a plain dict with the same keys (missing keys keep their defaults).
+    Built by the CLI, the checkpoint records how to rebuild every part (Lightning's ``save_hyperparameters``), so
+    ``MultimodalModule.load_from_checkpoint(path)`` needs nothing else; built in Python, pass the parts to it.
 
     Args:
-        image: the image tower (:class:`~mm_lightning.models.config.ImageTowerConfig`).
-        text: the text tower (:class:`~mm_lightning.models.config.TextTowerConfig`).
+        image_tower: the image tower (:mod:`mm_lightning.models.towers`, or your own module under the tower
+            contract, :mod:`mm_lightning.models.towers.contract`).
+        text_tower: the text tower (same); the data's tokenizer follows it.
+        loss: the pair loss (:mod:`mm_lightning.models.losses`; ``ContrastiveLoss()`` when None).
+        image: how the image tower trains (:class:`~mm_lightning.models.config.TowerTraining`).
+        text: how the text tower trains.
         embed_dim: shared embedding (and fusion) width.
         fusion: the cross-attention fusion of the ITM head (:class:`~mm_lightning.models.config.FusionConfig`).
-        loss: the objective (:class:`~mm_lightning.models.config.LossConfig`).
+        objective: how the loss terms are weighted (:class:`~mm_lightning.models.config.ObjectiveConfig`).
         optim: optimizer and schedule (:class:`~mm_lightning.models.config.OptimConfig`).
         grad_cache: exact gradient caching (:class:`~mm_lightning.models.config.GradCacheConfig`).
         gradient_checkpointing: recompute tower activations in backward to save memory.
@@ -69,55 +75,48 @@ class MultimodalModule(LightningModule):
 
     def __init__(
         self,
-        image: ImageTowerConfig = DEFAULT_IMAGE,
-        text: TextTowerConfig = DEFAULT_TEXT,
+        image_tower: nn.Module,
+        text_tower: nn.Module,
+        loss: nn.Module | None = None,
+        image: TowerTraining = DEFAULT_TRAINING,
+        text: TowerTraining = DEFAULT_TRAINING,
         embed_dim: int = 256,
         fusion: FusionConfig = DEFAULT_FUSION,
-        loss: LossConfig = DEFAULT_LOSS,
+        objective: ObjectiveConfig = DEFAULT_OBJECTIVE,
         optim: OptimConfig = DEFAULT_OPTIM,
         grad_cache: GradCacheConfig = DEFAULT_GRAD_CACHE,
         gradient_checkpointing: bool = False,
         compile: bool | dict[str, Any] = False,
     ) -> None:
         super().__init__()
-        self.image_config = as_config(ImageTowerConfig, image, "model.image")
-        self.text_config = as_config(TextTowerConfig, text, "model.text")
-        self.loss_config = lc = as_config(LossConfig, loss, "model.loss")
-        self.optim_config = as_config(OptimConfig, optim, "model.optim")
-        fusion_config = as_config(FusionConfig, fusion, "model.fusion")
-        self.grad_cache_config = as_config(GradCacheConfig, grad_cache, "model.grad_cache")
-        # plain dicts, so checkpoints load with torch.load(weights_only=True); a user's tower or loss is
-        # recorded as the class_path + init_args it was built from
-        parsed = compat.cli_model_config() or {}
-        specs = {
-            group: object_specs(value, config, parsed.get(group))
-            for group, value, config in (
-                ("image", image, self.image_config),
-                ("text", text, self.text_config),
-                ("loss", loss, self.loss_config),
-            )
-        }
-        self.save_hyperparameters(
-            {
-                "image": as_dict(self.image_config, specs["image"]),
-                "text": as_dict(self.text_config, specs["text"]),
-                "embed_dim": embed_dim,
-                "fusion": as_dict(fusion_config),
-                "loss": as_dict(self.loss_config, specs["loss"]),
-                "optim": as_dict(self.optim_config),
-                "grad_cache": as_dict(self.grad_cache_config),
-                "gradient_checkpointing": gradient_checkpointing,
-                "compile": compile,
-            }
+        # Built by the CLI, Lightning records the parts as the class_path + init_args it built them from;
+        # built in Python, they are objects, which the checkpoint does not hold (on_save_checkpoint), so
+        # Lightning's advice to leave them out does not apply.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*is an instance of `nn.Module`")
+            self.save_hyperparameters()
+        self.image_config = as_config(TowerTraining, image)
+        self.text_config = as_config(TowerTraining, text)
+        self.objective = oc = as_config(ObjectiveConfig, objective)
+        self.optim_config = as_config(OptimConfig, optim)
+        self.grad_cache_config = as_config(GradCacheConfig, grad_cache)
+        self.model = DualEncoder(
+            image_tower,
+            text_tower,
+            loss,
+            self.image_config,
+            self.text_config,
+            embed_dim,
+            as_config(FusionConfig, fusion),
+            itm=oc.itm_weight > 0,
         )
-        self.model = DualEncoder(self.image_config, self.text_config, embed_dim, fusion_config, lc)
         if gradient_checkpointing:
             self.model.set_gradient_checkpointing(True)
         # loss terms are combined by name: itc, itm (the matching head's), and a loss's own terms
-        self.term_weights = {**lc.term_weights, "itc": lc.itc_weight, "itm": lc.itm_weight}
+        self.term_weights = {**oc.term_weights, "itc": oc.itc_weight, "itm": oc.itm_weight}
         self.dwa = (
-            DynamicWeightAveraging([lc.itc_weight, lc.itm_weight], lc.dwa_window, lc.dwa_temperature)
-            if lc.weighting == "dwa"
+            DynamicWeightAveraging([oc.itc_weight, oc.itm_weight], oc.dwa_window, oc.dwa_temperature)
+            if oc.weighting == "dwa"
             else None
         )
         # how training batches are embedded: in one forward, or in chunks with exact gradient caching
@@ -127,6 +126,17 @@ class MultimodalModule(LightningModule):
         self.eval_rows = EvalRows()  # which evaluation rows the loss counts (unique valid records)
         # FLOPs of one batch of the running stage, for ThroughputMonitor (set by the FlopCounter callback)
         self.flops_per_batch: int | None = None
+
+    @override
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Built in Python, the parts are objects: keep them out, so the file loads with weights_only=True.
+        hparams = checkpoint.get("hyper_parameters", {})
+        for name in PARTS:
+            if isinstance(hparams.get(name), nn.Module):
+                del hparams[name]
+        for name, value in list(hparams.items()):
+            if is_dataclass(value) and not isinstance(value, type):
+                hparams[name] = asdict(value)
 
     @property
     def data_config(self) -> dict[str, dict[str, Any]]:
@@ -139,7 +149,7 @@ class MultimodalModule(LightningModule):
         return self.model(batch)
 
     def _sample_weights(self, batch: dict[str, Tensor]) -> Tensor | None:
-        if self.loss_config.sample_weighting != "complexity":
+        if self.objective.sample_weighting != "complexity":
             return None
         return complexity_weights(batch["image"], batch["attention_mask"])
 

@@ -29,7 +29,7 @@ def test_recipes_benchmark_prints_the_table_and_the_result(tmp_path: Path) -> No
         _split(tmp_path, split, images, offset)
     done = subprocess.run(
         [sys.executable, "benchmarks/recipes.py", "--data", str(tmp_path), "--image_size", "32", "--epochs", "1",
-         "--baseline_steps", "20", "--workers", "0", "--batch_size", "4", "--runs_dir", str(tmp_path / "runs"),
+         "--baseline_steps", "4", "--workers", "0", "--batch_size", "4", "--runs_dir", str(tmp_path / "runs"),
          "--logs", str(tmp_path / "tb"), "--curves", str(tmp_path / "curves.png")],
         cwd=REPO, capture_output=True, text=True, timeout=600,
     )  # fmt: skip

@@ -43,7 +43,14 @@ def _config(root: Path, train: Path) -> Path:
     config = {
         "seed_everything": 1,
         "trainer": {"max_epochs": 3, "accelerator": "cpu"},
-        "model": {"text": {"name": TOKENIZER}, "embed_dim": 8},
+        "model": {
+            "image_tower": {"class_path": "mm_lightning.models.towers.TorchvisionTower"},
+            "text_tower": {
+                "class_path": "mm_lightning.models.towers.HFTextTower",
+                "init_args": {"name": TOKENIZER},
+            },
+            "embed_dim": 8,
+        },
         "checkpoint": {"dirpath": "somewhere"},  # a CLI callback group the audit does not know
         "data": {
             "class_path": "mm_lightning.data.MultimodalDataModule",

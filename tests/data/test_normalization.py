@@ -10,11 +10,19 @@ from lightning.pytorch import Trainer
 
 from mm_lightning.data import MultimodalDataModule, ShardDataModule
 from mm_lightning.models import MultimodalModule
+from mm_lightning.models.towers import TimmTower, TorchvisionTower
 from mm_lightning.preprocessing import IMAGENET_MEAN
 from tests.data.helpers import TOKENIZER
-from tests.models.helpers import tiny_config
+from tests.models.helpers import tiny_kwargs
 
 HALF = (0.5, 0.5, 0.5)
+
+
+def _tiny_resnet(weights: str | None = None) -> TorchvisionTower:
+    """The image tower of tests/models/helpers.py's TINY_MODEL, random init or from ``weights``."""
+    return TorchvisionTower(
+        "resnet_custom", weights=weights, image_size=32, kwargs={"widths": [8, 16], "layers": [1, 1]}
+    )
 
 
 def _normalized_grey(dm: MultimodalDataModule) -> torch.Tensor:
@@ -38,8 +46,7 @@ def test_unset_statistics_follow_the_tower_and_explicit_ones_win() -> None:
 @pytest.mark.parametrize("tower_mean", [HALF, None])
 def test_setup_reads_the_attached_models_image_tower(tower_mean: tuple | None, datamodule: type) -> None:
     pytest.importorskip("timm")
-    kwargs = {"mean": tower_mean, "std": tower_mean} if tower_mean else {}
-    config = tiny_config(image={"name": "timm:test_resnet", "kwargs": kwargs, "image_size": 32})
+    config = tiny_kwargs(image_tower=TimmTower("test_resnet", image_size=32, mean=tower_mean, std=tower_mean))
     module = MultimodalModule(**config)
     trainer = Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False)
     trainer.strategy.connect(module)
@@ -57,9 +64,7 @@ def test_setup_reads_the_attached_models_image_tower(tower_mean: tuple | None, d
 @pytest.mark.parametrize("datamodule", [MultimodalDataModule, ShardDataModule])
 def test_setup_follows_the_towers_input_size_and_interpolation(datamodule: type, tmp_path) -> None:
     pytest.importorskip("timm")
-    module = MultimodalModule(
-        **tiny_config(image={"name": "timm:test_efficientnet", "kwargs": {}, "image_size": 40})
-    )
+    module = MultimodalModule(**tiny_kwargs(image_tower=TimmTower("test_efficientnet", image_size=40)))
     tower = module.data_config["image"]
     assert tower["interpolation"] == "bicubic" and tower["input_size"][-1] == 40  # what timm's config says
     trainer = Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False)
@@ -98,9 +103,9 @@ def test_set_statistics_that_differ_from_a_pretrained_tower_are_used_with_a_warn
 
 
 def test_the_model_says_whether_its_image_statistics_come_from_trained_weights(tmp_path) -> None:
-    random_init = MultimodalModule(**tiny_config())
+    random_init = MultimodalModule(**tiny_kwargs(image_tower=_tiny_resnet()))
     assert random_init.data_config["image"]["pretrained"] is False
     weights = tmp_path / "tower.pth"
     torch.save(random_init.model.image_encoder.backbone.state_dict(), weights)
-    loaded = MultimodalModule(**tiny_config(image={"weights": str(weights)}))
+    loaded = MultimodalModule(**tiny_kwargs(image_tower=_tiny_resnet(weights=str(weights))))
     assert loaded.data_config["image"]["pretrained"] is True

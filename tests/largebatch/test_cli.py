@@ -12,12 +12,12 @@ from tests.conftest import tiny_demo_args
 
 def test_siglip_chunks_and_compile_options_from_the_cli(tmp_path: Path) -> None:
     args = [
-        "--model.loss.name",
-        "siglip",
+        "--model.loss",
+        "mm_lightning.models.losses.SigLipLoss",
         "--model.grad_cache.chunks",
         "4",
-        "--model.loss.kwargs",
-        "{bias_init: -5}",
+        "--model.loss.init_args.bias_init",
+        "-5",
     ]
     model = cli_main(
         [*tiny_demo_args(tmp_path, *args, "--model.compile", "{mode: max-autotune}")], run=False

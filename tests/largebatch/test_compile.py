@@ -11,7 +11,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from mm_lightning.models import MultimodalModule
-from tests.models.helpers import EXACT_MODEL, make_batch, tiny_config
+from tests.models.helpers import EXACT_MODEL, make_batch, module_kwargs, tiny_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]
 
@@ -23,10 +23,10 @@ def fresh_dynamo() -> None:
 
 
 def _pair() -> tuple[MultimodalModule, MultimodalModule]:
-    config = tiny_config(EXACT_MODEL, loss={"itm_weight": 0.0})
+    config = tiny_config(EXACT_MODEL, objective={"itm_weight": 0.0})
     torch.manual_seed(0)
-    eager = MultimodalModule(**config)
-    compiled = MultimodalModule(**config, compile={"backend": "aot_eager"})
+    eager = MultimodalModule(**module_kwargs(config))
+    compiled = MultimodalModule(**module_kwargs(config), compile={"backend": "aot_eager"})
     compiled.load_state_dict(eager.state_dict())
     compiled.configure_model()  # what the Trainer calls at fit start
     # the first training batch runs under the FLOP counter (which Dynamo leaves to eager): measure it here

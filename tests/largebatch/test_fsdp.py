@@ -18,7 +18,7 @@ from transformers.models.bert.modeling_bert import BertLayer
 
 from mm_lightning.models import MultimodalModule
 from tests.largebatch.lightning_helpers import Rows
-from tests.models.helpers import EXACT_MODEL, tiny_config
+from tests.models.helpers import EXACT_MODEL, module_kwargs, tiny_config
 
 pytestmark = [
     pytest.mark.slow,
@@ -27,12 +27,12 @@ pytestmark = [
 BLOCKS = {BertLayer, EncoderBlock}
 # ITM off: its hard negatives are drawn from the global generator, whose state a plain resume does not restore;
 # a constant learning rate, so the schedule does not depend on each run's max_steps
-MODEL = tiny_config(EXACT_MODEL, loss={"itm_weight": 0.0}, optim={"min_lr_ratio": 1.0})
+MODEL = tiny_config(EXACT_MODEL, objective={"itm_weight": 0.0}, optim={"min_lr_ratio": 1.0})
 
 
 def _fit(root: Path, max_steps: int, ckpt_path: str | None = None) -> Trainer:
     torch.manual_seed(0)
-    model = MultimodalModule(**MODEL)
+    model = MultimodalModule(**module_kwargs(MODEL))
     trainer = Trainer(
         accelerator="cuda",
         devices=1,

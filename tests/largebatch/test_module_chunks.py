@@ -11,15 +11,20 @@ from lightning.pytorch.plugins import MixedPrecision
 from torch.utils.data import DataLoader
 
 from tests.largebatch.lightning_helpers import Rows, SGDModule, fit_one_step, max_param_diff
-from tests.models.helpers import EXACT_MODEL, TINY_MODEL, tiny_config
+from tests.models.helpers import EXACT_MODEL, TINY_MODEL, tiny_kwargs
 
 pytestmark = pytest.mark.slow
 BATCH, CHUNKS = 16, 4
+# SigLIP as ``loss.name: siglip`` built it before (temperature_init 0.07, not SigLipLoss's own 0.1)
+SIGLIP = {"class_path": "mm_lightning.models.losses.SigLipLoss", "init_args": {"temperature_init": 0.07}}
 
 
-def _module(chunks: int, loss: dict | None = None) -> SGDModule:
+def _module(chunks: int, objective: dict | None = None, loss: dict | None = None) -> SGDModule:
     torch.manual_seed(0)
-    return SGDModule(**tiny_config(EXACT_MODEL, grad_cache={"chunks": chunks}, loss=loss or {}))
+    parts = {} if loss is None else {"loss": loss}
+    return SGDModule(
+        **tiny_kwargs(EXACT_MODEL, grad_cache={"chunks": chunks}, objective=objective or {}, **parts)
+    )
 
 
 def test_four_chunks_equal_the_whole_batch_and_accumulation_does_not() -> None:
@@ -55,11 +60,10 @@ def test_chunks_under_a_gradient_scaler_and_with_siglip() -> None:
     scaler = {
         "plugins": [MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu", init_scale=256.0))]
     }
-    siglip = {"itm_weight": 0.0, "name": "siglip"}
-    full = fit_one_step(_module(1, siglip), DataLoader(Rows(BATCH), batch_size=BATCH))
-    chunked = fit_one_step(_module(CHUNKS, siglip), DataLoader(Rows(BATCH), batch_size=BATCH))
-    assert max_param_diff(chunked, full) <= 1e-5
     no_itm = {"itm_weight": 0.0}
+    full = fit_one_step(_module(1, no_itm, SIGLIP), DataLoader(Rows(BATCH), batch_size=BATCH))
+    chunked = fit_one_step(_module(CHUNKS, no_itm, SIGLIP), DataLoader(Rows(BATCH), batch_size=BATCH))
+    assert max_param_diff(chunked, full) <= 1e-5
     full = fit_one_step(_module(1, no_itm), DataLoader(Rows(BATCH), batch_size=BATCH), **scaler)
     chunked = fit_one_step(_module(CHUNKS, no_itm), DataLoader(Rows(BATCH), batch_size=BATCH), **scaler)
     initial = {n: p.detach() for n, p in _module(1, no_itm).named_parameters()}
@@ -82,13 +86,13 @@ def test_batchnorm_tower_is_named_at_fit_start_and_freeze_batchnorm_makes_it_exa
     """A BatchNorm image tower (the demo's ResNet) normalizes per chunk: the run warns, naming the layers, and
     ``freeze_batchnorm`` (BatchNorm on its running statistics) makes the chunked step the whole batch's."""
     no_dropout = {
-        "text": EXACT_MODEL["text"]
+        "text_tower": EXACT_MODEL["text_tower"]
     }  # the text tower without dropout: BatchNorm is the only difference
 
     def step(chunks: int, **image: object) -> dict[str, torch.Tensor]:
         torch.manual_seed(0)
         module = SGDModule(
-            **tiny_config(TINY_MODEL, grad_cache={"chunks": chunks}, image=image, **no_dropout)
+            **tiny_kwargs(TINY_MODEL, grad_cache={"chunks": chunks}, image=image, **no_dropout)
         )
         torch.manual_seed(1)
         return fit_one_step(module, DataLoader(Rows(BATCH), batch_size=BATCH))
@@ -111,7 +115,7 @@ def test_batchnorm_tower_is_named_at_fit_start_and_freeze_batchnorm_makes_it_exa
         chunked = step(CHUNKS, freeze_batchnorm=True)
     assert max_param_diff(chunked, full) <= 1e-5
     torch.manual_seed(0)
-    initial = SGDModule(**tiny_config(TINY_MODEL, image={"freeze_batchnorm": True}, **no_dropout))
+    initial = SGDModule(**tiny_kwargs(TINY_MODEL, image={"freeze_batchnorm": True}, **no_dropout))
     image = {n: p.detach() for n, p in initial.named_parameters() if n.startswith("model.image_encoder")}
     assert max_param_diff(image, full) > 1e-3  # the BatchNorm tower (affine weights included) still trained
 
@@ -119,7 +123,7 @@ def test_batchnorm_tower_is_named_at_fit_start_and_freeze_batchnorm_makes_it_exa
 def test_dropout_under_chunks_is_noted(caplog: pytest.LogCaptureFixture) -> None:
     torch.manual_seed(0)
     module = SGDModule(
-        **tiny_config(EXACT_MODEL, grad_cache={"chunks": 2}, text=TINY_MODEL["text"])
+        **tiny_kwargs(EXACT_MODEL, grad_cache={"chunks": 2}, text_tower=TINY_MODEL["text_tower"])
     )  # dropout 0.1
     with caplog.at_level(logging.INFO):
         fit_one_step(module, DataLoader(Rows(BATCH), batch_size=BATCH))

@@ -74,10 +74,8 @@ def test_mining_logits_are_ordered_like_the_loss() -> None:
     assert logits.targets.tolist() == [0, 1, 2] and logits.candidate_ids.tolist() == [0, 1, 2]
 
 
-def test_registered_by_name_and_loss_from_local_logits_equals_the_loss() -> None:
-    from mm_lightning.models.losses import build_loss
-
-    loss_fn = build_loss("siglip", bias_init=-5.0)
+def test_bias_init_and_loss_from_local_logits_equals_the_loss() -> None:
+    loss_fn = SigLipLoss(bias_init=-5.0)  # model.loss: {class_path: SigLipLoss, init_args: {bias_init: -5}}
     assert isinstance(loss_fn, SigLipLoss) and loss_fn.logit_bias.item() == -5.0
     g = torch.Generator().manual_seed(2)
     img, txt = torch.randn(5, 4, generator=g), torch.randn(5, 4, generator=g)

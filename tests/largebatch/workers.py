@@ -17,7 +17,7 @@ from mm_lightning.models.losses.siglip import SigLipLoss
 from mm_lightning.strategies import ExplicitAllReduceDDPStrategy
 from tests.largebatch.lightning_helpers import Rows, SGDModule, fit_one_step
 from tests.largebatch.toy import ToyModel, grads, toy_batch
-from tests.models.helpers import EXACT_MODEL, tiny_config
+from tests.models.helpers import EXACT_MODEL, tiny_config, tiny_kwargs
 
 PER_RANK, DIM = 6, 8
 
@@ -103,12 +103,12 @@ def gradcache_case(rank: int, world: int) -> dict[str, torch.Tensor]:
 # ----------------------------------------------------------------------------- the module under Lightning's DDP
 ROWS_PER_RANK = 8
 # ITM off: its hard negatives are random draws whose order depends on the process layout
-NO_ITM = tiny_config(EXACT_MODEL, loss={"itm_weight": 0.0})
+NO_ITM = tiny_config(EXACT_MODEL, objective={"itm_weight": 0.0})
 
 
 def _module(chunks: int) -> SGDModule:
     torch.manual_seed(0)
-    return SGDModule(**tiny_config(NO_ITM, grad_cache={"chunks": chunks}))
+    return SGDModule(**tiny_kwargs(NO_ITM, grad_cache={"chunks": chunks}))
 
 
 def module_reference(world: int) -> dict[str, torch.Tensor]:

@@ -68,7 +68,7 @@ def test_metrics_equal_encoding_every_row(tmp_path: Path) -> None:
 def test_val_loss_is_the_objective_on_every_row() -> None:
     """Deduplicated image encoding leaves the validation loss unchanged (ITM off: no sampled negatives)."""
     torch.manual_seed(0)
-    model = tiny_module(loss={"itm_weight": 0.0}).eval()
+    model = tiny_module(objective={"itm_weight": 0.0}).eval()
     batch = make_batch(size=6, captions_per_image=2)
     with torch.no_grad():
         emb = model(batch)

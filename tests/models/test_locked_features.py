@@ -15,9 +15,11 @@ from mm_lightning.data import MultimodalDataModule
 from mm_lightning.data.features import FeatureTable, build_rows, image_key, view_seed
 from mm_lightning.models import MultimodalModule
 from tests.data.helpers import TOKENIZER, save_image, write_jsonl
-from tests.models.helpers import EXACT_MODEL, tiny_config
+from tests.models.helpers import EXACT_MODEL, module_kwargs, tiny_config
 
-LOCKED = tiny_config(EXACT_MODEL, image={"freeze": True, "image_size": 32}, loss={"itm_weight": 0.0})
+LOCKED = tiny_config(
+    EXACT_MODEL, image={"freeze": True}, image_tower={"image_size": 32}, objective={"itm_weight": 0.0}
+)
 
 
 def _data(root: Path, images: int = 8) -> Path:
@@ -49,7 +51,7 @@ def _fit(
     root: Path, datamodule: type, callbacks: list, model: dict | None = None, batch_size: int = 4
 ) -> tuple[Gradients, dict]:
     seed_everything(0)
-    module = MultimodalModule(**(model or LOCKED))
+    module = MultimodalModule(**module_kwargs(model or LOCKED))
     dm = datamodule(train_file=str(root / "train.jsonl"), val_file=str(root / "val.jsonl"), tokenizer=TOKENIZER,
                     batch_size=batch_size, max_length=16)  # fmt: skip
     grads = Gradients()
@@ -98,9 +100,10 @@ def test_a_restart_reuses_the_cache_and_changes_recompute_what_they_must(tmp_pat
     assert computed() == {"train": 0, "val": 0}  # a new callback, the same cache folder: nothing recomputed
     save_image(root / "3.jpg", (52, 36), seed=99)  # one image changes
     assert computed() == {"train": 1, "val": 0}
-    other_weights = tiny_config(LOCKED, image={"kwargs": {**LOCKED["image"]["kwargs"], "hidden_dim": 32}})
+    tower = LOCKED["image_tower"]["init_args"]
+    other_weights = tiny_config(LOCKED, image_tower={"kwargs": {**tower["kwargs"], "hidden_dim": 32}})
     assert computed(other_weights) == {"train": 8, "val": 0}
-    another_size = tiny_config(LOCKED, image={"image_size": 40})
+    another_size = tiny_config(LOCKED, image_tower={"image_size": 40})
     assert computed(another_size) == {"train": 8, "val": 0}  # another transform
     assert computed(views=2) == {"train": 16, "val": 0}  # two training crops per image; validation unchanged
 
@@ -136,8 +139,8 @@ def test_view_rows_are_the_tower_on_crops_seeded_by_image_and_view(tmp_path: Pat
     ("overrides", "message"),
     [
         ({"image": {"freeze": False}}, "the image tower trains"),
-        ({"loss": {"itm_weight": 1.0}}, "itm_weight 0"),
-        ({"loss": {"itm_weight": 0.0, "sample_weighting": "complexity"}}, "sample_weighting none"),
+        ({"objective": {"itm_weight": 1.0}}, "itm_weight 0"),
+        ({"objective": {"itm_weight": 0.0, "sample_weighting": "complexity"}}, "sample_weighting none"),
     ],
 )
 def test_refused_where_features_would_be_stale_or_missing(
@@ -216,7 +219,7 @@ def test_two_processes_compute_a_share_each_and_a_restart_none(tmp_path: Path) -
         args = [
             *tiny_demo_args(tmp_path / run, max_steps=3),
             "--data.init_args.data_dir", str(tmp_path / "demo"),
-            "--model.image.freeze", "true", "--model.loss.itm_weight", "0",
+            "--model.image.freeze", "true", "--model.objective.itm_weight", "0",
             "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp",
             "--config", str(extra),
         ]  # fmt: skip

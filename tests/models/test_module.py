@@ -12,10 +12,22 @@ from lightning.pytorch import Callback, Trainer
 
 from mm_lightning.callbacks import EmbeddingWriter
 from mm_lightning.models import MultimodalModule
-from tests.models.helpers import make_batch, pair_loader, tiny_config, tiny_module
+from tests.models.helpers import (
+    cli_module,
+    make_batch,
+    module_kwargs,
+    pair_loader,
+    save_checkpoint,
+    tiny_config,
+    tiny_kwargs,
+    tiny_module,
+    tiny_parts,
+)
 
 TRAIN_NAMES = {"train/loss", "train/loss_itc", "train/loss_itm", "train/temperature", "train/weight_itc"}
 EVAL_NAMES = {f"r{k}_{d}" for k in (1, 5, 10) for d in ("t2i", "i2t")} | {"loss", "alignment_gap"}
+# the trained module of the fixture below, as plain data (its parts rebuilt to reload it)
+TRAINED = tiny_config(optim={"lr": 1e-2}, text_tower={"pooling": "mean"})
 
 
 def _trainer(tmp_path: Path, **kwargs: Any) -> Trainer:
@@ -34,7 +46,7 @@ def _trainer(tmp_path: Path, **kwargs: Any) -> Trainer:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[MultimodalModule, Trainer, dict]:
     torch.manual_seed(0)
-    model = tiny_module(optim={"lr": 1e-2}, text={"pooling": "mean"})
+    model = MultimodalModule(**module_kwargs(TRAINED))
     before = _trainer(Path()).validate(model, pair_loader(batch_size=16), verbose=False)[0]
     trainer = _trainer(tmp_path_factory.mktemp("fit"), max_epochs=5)
     trainer.fit(model, pair_loader(), pair_loader(batch_size=16))
@@ -57,7 +69,8 @@ def test_checkpoint_reloads_offline_with_identical_outputs(trained, tmp_path: Pa
     model, trainer, _ = trained
     path = tmp_path / "model.ckpt"
     trainer.save_checkpoint(path)
-    reloaded = MultimodalModule.load_from_checkpoint(path, map_location="cpu")
+    # built in Python, the module's checkpoint holds no parts: they are given, newly built (random weights)
+    reloaded = MultimodalModule.load_from_checkpoint(path, map_location="cpu", **tiny_parts(TRAINED))
     batch = make_batch(image_size=32)
     model.eval()
     reloaded.eval()
@@ -73,12 +86,16 @@ def test_readme_loads_the_model_without_lightning(trained, tmp_path: Path, monke
 
     from tests.conftest import REPO
 
-    model, trainer, _ = trained
+    model, _, _ = trained
     page = (REPO / "docs" / "models.md").read_text()
     section = page[page.index("### Use the model without Lightning") :]
     snippet = re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
     (tmp_path / "logs" / "demo" / "checkpoints").mkdir(parents=True)
-    trainer.save_checkpoint(tmp_path / "logs" / "demo" / "checkpoints" / "last.ckpt")
+    # a training run's checkpoint records its parts (the CLI built them): the same module built through the
+    # CLI, holding the trained weights
+    twin = cli_module(TRAINED, tmp_path / "cli")
+    twin.load_state_dict(model.state_dict())
+    save_checkpoint(twin, tmp_path / "logs" / "demo" / "checkpoints" / "last.ckpt")
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
     exec(compile(snippet, "docs/models.md", "exec"), namespace)  # no LightningModule, no Trainer
@@ -135,7 +152,7 @@ def test_readme_text_to_image_search(trained, tmp_path: Path) -> None:
 
 
 def test_itm_off_builds_no_fusion_and_every_parameter_trains() -> None:
-    model = tiny_module(loss={"itm_weight": 0.0})
+    model = tiny_module(objective={"itm_weight": 0.0})
     assert model.model.itm is None
     model.training_step(make_batch(), 0).backward()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
@@ -237,11 +254,11 @@ class ClipProbe(MultimodalModule):
 
 
 def test_grouped_gradient_clipping_per_tower(tmp_path: Path) -> None:
-    model = ClipProbe(**tiny_config(image={"clip_norm": 1e-3}))
+    model = ClipProbe(**tiny_kwargs(image={"clip_norm": 1e-3}))
     _trainer(tmp_path, max_steps=1).fit(model, pair_loader())
     assert model.norms["image"] <= 1e-3 * (1 + 1e-4)
     assert model.norms["text"] > 1e-2  # not clipped
-    unclipped = ClipProbe(**tiny_config())
+    unclipped = ClipProbe(**tiny_kwargs())
     _trainer(tmp_path, max_steps=1).fit(unclipped, pair_loader())
     assert unclipped.norms["image"] > 1e-2  # control: the image gradient is normally far larger
 
@@ -261,7 +278,7 @@ def test_frozen_image_tower_stays_in_eval_and_unchanged(tmp_path: Path) -> None:
 
 
 def test_dwa_weights_are_used_and_logged(tmp_path: Path) -> None:
-    model = tiny_module(loss={"weighting": "dwa", "dwa_window": 2, "itm_weight": 0.5})
+    model = tiny_module(objective={"weighting": "dwa", "dwa_window": 2, "itm_weight": 0.5})
     trainer = _trainer(tmp_path, max_steps=6)
     trainer.fit(model, pair_loader(batch_size=8))
     assert int(model.dwa.windows_done) == 3
@@ -270,7 +287,7 @@ def test_dwa_weights_are_used_and_logged(tmp_path: Path) -> None:
 
 
 def test_complexity_sample_weighting_trains() -> None:
-    model = tiny_module(loss={"sample_weighting": "complexity"})
+    model = tiny_module(objective={"sample_weighting": "complexity"})
     assert torch.isfinite(model.training_step(make_batch(), 0))
 
 
@@ -296,7 +313,7 @@ def test_grouped_clipping_acts_on_unscaled_gradients_under_16_mixed(tmp_path: Pa
     """
     from lightning.pytorch.plugins import MixedPrecision
 
-    model = ClipProbe(**tiny_config(image={"clip_norm": 1e-3}))
+    model = ClipProbe(**tiny_kwargs(image={"clip_norm": 1e-3}))
     plugin = MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu", init_scale=2.0**12))
     _trainer(tmp_path, max_steps=1, plugins=[plugin]).fit(model, pair_loader())
     assert model.norms["image"] == pytest.approx(1e-3, rel=1e-2)

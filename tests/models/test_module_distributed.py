@@ -18,12 +18,12 @@ from torch.utils.data import DataLoader, Subset
 import mm_lightning.strategies  # noqa: F401  (registers ddp_explicit_spawn)
 from mm_lightning.models import MultimodalModule
 from tests.models.helpers import EXACT_MODEL as EXACT_MODEL_BASE
-from tests.models.helpers import PairDataset, tiny_config
+from tests.models.helpers import PairDataset, module_kwargs, tiny_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 PER_RANK = 4
 # no random ITM negatives either
-EXACT_MODEL = tiny_config(EXACT_MODEL_BASE, loss={"itm_weight": 0.0})
+EXACT_MODEL = tiny_config(EXACT_MODEL_BASE, objective={"itm_weight": 0.0})
 
 
 class GradProbe(MultimodalModule):
@@ -51,7 +51,7 @@ def _loaders() -> tuple[DataLoader, DataLoader]:
 
 
 def _single_process_grads(state: dict) -> dict[str, torch.Tensor]:
-    model = MultimodalModule(**EXACT_MODEL)
+    model = MultimodalModule(**module_kwargs(EXACT_MODEL))
     model.load_state_dict(state)
     train = PairDataset(size=2 * PER_RANK, classes=2 * PER_RANK)
     batch = next(iter(DataLoader(train, batch_size=2 * PER_RANK)))
@@ -61,7 +61,7 @@ def _single_process_grads(state: dict) -> dict[str, torch.Tensor]:
 
 def test_ddp_explicit_gradients_and_global_val_metrics_match_single_process(tmp_path: Path) -> None:
     torch.manual_seed(0)
-    model = GradProbe(out_dir=str(tmp_path), **EXACT_MODEL)
+    model = GradProbe(out_dir=str(tmp_path), **module_kwargs(EXACT_MODEL))
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     train, val = _loaders()
     trainer = Trainer(
@@ -90,7 +90,7 @@ def test_ddp_explicit_gradients_and_global_val_metrics_match_single_process(tmp_
         for n in want:
             torch.testing.assert_close(got[n], want[n], rtol=1e-4, atol=1e-5, msg=n)
     # control: the reference is not trivially matched (a rank's own half-batch gives other gradients)
-    half = MultimodalModule(**EXACT_MODEL)
+    half = MultimodalModule(**module_kwargs(EXACT_MODEL))
     half.load_state_dict(initial)
     half.training_step(next(iter(train)), 0).backward()
     assert (

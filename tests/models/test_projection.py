@@ -7,14 +7,14 @@ import torch
 from torch import nn
 
 from mm_lightning.models import MultimodalModule
-from tests.models.helpers import make_batch, tiny_config
+from tests.models.helpers import make_batch, tiny_kwargs, tiny_parts
 
 IMAGE_WIDTH, TEXT_WIDTH = 16, 32  # the tiny towers' pooled widths
 
 
 def module(embed_dim: int = IMAGE_WIDTH, **groups: dict) -> MultimodalModule:
     torch.manual_seed(0)
-    return MultimodalModule(**tiny_config(embed_dim=embed_dim, loss={"itm_weight": 0.0}, **groups))
+    return MultimodalModule(**tiny_kwargs(embed_dim=embed_dim, objective={"itm_weight": 0.0}, **groups))
 
 
 def test_an_unprojected_image_tower_embeds_its_pooled_output_and_the_text_head_maps_onto_it() -> None:
@@ -57,7 +57,8 @@ def test_the_checkpointed_module_rebuilds_without_the_projection(tmp_path) -> No
     path = tmp_path / "m.ckpt"
     torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams)}, path)
     checkpoint = torch.load(path, weights_only=False)
-    again = MultimodalModule(**checkpoint["hyper_parameters"])
+    # built in Python: the parts are given anew (the same tiny towers), the option groups come from the file
+    again = MultimodalModule(**{**checkpoint["hyper_parameters"], **tiny_parts()})
     again.load_state_dict(checkpoint["state_dict"])  # strict: same keys, no image head
     assert isinstance(again.model.image_proj, nn.Identity)
 

@@ -7,16 +7,19 @@ import torch
 
 from mm_lightning.models import MultimodalModule
 from mm_lightning.models.towers.contract import TowerContractError
-from tests.models.helpers import make_batch, tiny_config
+from tests.models.helpers import TINY_MODEL, make_batch, module_kwargs, tiny_config, tiny_kwargs
 
 pytest.importorskip("timm")
 
-TIMM = {"name": "timm:resnet10t", "image_size": 32, "kwargs": {}}  # groups: stem, layer1..layer4
+TIMM = {  # groups: stem, layer1..layer4
+    "class_path": "mm_lightning.models.towers.TimmTower",
+    "init_args": {"name": "resnet10t", "image_size": 32, "kwargs": {}},
+}
 
 
 def module(**image: object) -> MultimodalModule:
     torch.manual_seed(0)
-    return MultimodalModule(**tiny_config(image=TIMM | image, loss={"itm_weight": 0.0}))
+    return MultimodalModule(**tiny_kwargs(image_tower=TIMM, image=image, objective={"itm_weight": 0.0}))
 
 
 def bn_statistics(tower: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -64,17 +67,16 @@ def test_train_last_with_freeze_is_refused() -> None:
 
 def test_a_tower_without_layer_groups_is_named() -> None:
     with pytest.raises(TowerContractError, match=r"has no layer_groups\(\).*train_last"):
-        MultimodalModule(**tiny_config(image={"train_last": 1}))
+        MultimodalModule(**tiny_kwargs(image={"train_last": 1}))
 
 
 def test_the_text_tower_trains_its_last_layers_only() -> None:
     torch.manual_seed(0)
-    config = tiny_config(loss={"itm_weight": 0.0})
-    config["text"] = config["text"] | {
-        "train_last": 2,
-        "config_overrides": config["text"]["config_overrides"] | {"num_hidden_layers": 3},
-    }
-    model = MultimodalModule(**config)
+    overrides = TINY_MODEL["text_tower"]["init_args"]["config_overrides"] | {"num_hidden_layers": 3}
+    config = tiny_config(
+        objective={"itm_weight": 0.0}, text={"train_last": 2}, text_tower={"config_overrides": overrides}
+    )
+    model = MultimodalModule(**module_kwargs(config))
     tower = model.model.text_encoder
     groups = tower.layer_groups()
     assert [g[0].split(".")[1:4] for g in groups[1:]] == [["encoder", "layer", str(i)] for i in range(3)]
@@ -85,8 +87,7 @@ def test_the_text_tower_trains_its_last_layers_only() -> None:
     assert trained == set(groups[-1] + groups[-2])
     assert all(".layer.1." in n or ".layer.2." in n for n in trained)
     # control: without it every layer, the embeddings included, gets a gradient
-    config["text"] = config["text"] | {"train_last": None}
-    whole = MultimodalModule(**config)
+    whole = MultimodalModule(**module_kwargs(tiny_config(config, text={"train_last": None})))
     whole.training_step(make_batch(), 0).backward()
     assert all(p.grad is not None for p in whole.model.text_encoder.parameters() if p.requires_grad)
     assert any(

@@ -147,7 +147,7 @@ def run_args(data: Path, run: Path, workers: int, shards: bool = False) -> list[
     return [
         "--config", str(DEMO_CONFIG),
         "--data", json.dumps({"class_path": data_class, "init_args": init_args}),
-        "--model.image.image_size", "32",
+        "--model.image_tower.init_args.image_size", "32",
         "--trainer.max_epochs", "2",
         "--trainer.val_check_interval", "1.0",
         "--trainer.deterministic", "true",

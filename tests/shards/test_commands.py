@@ -13,8 +13,16 @@ from tests.shards.helpers import write_shard
 
 
 def config(root: Path, data: dict) -> str:
+    model = {
+        "image_tower": {"class_path": "mm_lightning.models.towers.TorchvisionTower"},
+        "text_tower": {
+            "class_path": "mm_lightning.models.towers.HFTextTower",
+            "init_args": {"name": TOKENIZER},
+        },
+        "embed_dim": 8,
+    }
     path = root / "config.yaml"
-    path.write_text(yaml.safe_dump({"model": {"text": {"name": TOKENIZER}, "embed_dim": 8}, "data": data}))
+    path.write_text(yaml.safe_dump({"model": model, "data": data}))
     return str(path)
 
 

@@ -38,6 +38,7 @@ def test_user_towers_and_loss_from_yaml_train_and_validate_from_their_checkpoint
     for name in ("my_towers.py", "my_losses.py", "my_model.yaml"):
         shutil.copy(EXAMPLE / name, user)
     args = tiny_demo_args(tmp_path / "run", max_steps=4)
+    # the user's config between the demo's and the tiny overrides (the user's image tower takes their image_size)
     args = [*args[:2], "--config", str(user / "my_model.yaml"), *args[2:]]
     fit = run_cli(["fit", *args], user)
     assert fit.returncode == 0, fit.stderr[-3000:]
@@ -50,11 +51,13 @@ def test_user_towers_and_loss_from_yaml_train_and_validate_from_their_checkpoint
     assert "train/temperature" not in tags  # the user's loss has none
     checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
     hparams = checkpoint["hyper_parameters"]
-    assert hparams["image"]["tower"] == {
+    # the class_path + init_args the CLI built each part from (Lightning's own recording)
+    assert hparams["image_tower"] == {
         "class_path": "my_towers.PatchMLP",
-        "init_args": {"width": 128, "patch": 8},
+        "init_args": {"width": 128, "patch": 8, "image_size": 32},  # the image size from the command line
     }
-    assert hparams["loss"]["itc"]["class_path"] == "my_losses.HardestNegativeHinge"
+    assert hparams["text_tower"]["class_path"] == "my_towers.MeanOfWords"
+    assert hparams["loss"]["class_path"] == "my_losses.HardestNegativeHinge"
     assert any(k.startswith("model.image_encoder.embed.") for k in checkpoint["state_dict"])
     validate = run_cli(
         ["validate", "--config", str(tmp_path / "run" / "version_0" / "config.yaml"),
@@ -72,10 +75,11 @@ def test_a_tower_breaking_the_contract_is_one_clear_cli_error(tmp_path: Path) ->
     user.mkdir()
     (user / "bad_towers.py").write_text(
         "from torch import nn\n\n\nclass FeatureMap(nn.Conv2d):\n"
-        "    def __init__(self) -> None:\n        super().__init__(3, 8, 4, stride=4)\n"
+        "    def __init__(self, image_size: int = 32) -> None:\n        super().__init__(3, 8, 4, stride=4)\n"
+        "        self.image_size = image_size\n"
     )
     result = run_cli(
-        ["fit", *tiny_demo_args(tmp_path / "run"), "--model.image.tower", "bad_towers.FeatureMap"], user
+        ["fit", *tiny_demo_args(tmp_path / "run"), "--model.image_tower", "bad_towers.FeatureMap"], user
     )
     assert result.returncode == 1
     assert "Traceback" not in result.stderr

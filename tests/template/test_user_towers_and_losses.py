@@ -1,18 +1,23 @@
-"""A user's own towers and losses, named by class_path: built, checked against their contracts, recorded in
-checkpoints as plain data and rebuilt from them; terms combined by name."""
+"""A user's own towers and losses: built, checked against their contracts, named by class_path through the CLI
+(recorded in checkpoints as plain data and rebuilt from them); terms combined by name."""
 
 from __future__ import annotations
 
-import warnings
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from mm_lightning.models import MultimodalModule
+from mm_lightning.cli import cli_main
+from mm_lightning.models import DualEncoder, MultimodalModule
 from mm_lightning.models.losses import LossContractError
 from mm_lightning.models.towers.contract import TowerContractError
-from tests.models.helpers import make_batch, tiny_config
+from tests.conftest import tiny_demo_args
+from tests.models.helpers import cli_module, make_batch, save_checkpoint, tiny_config, tiny_kwargs
+from tests.template import user_parts
+from tests.template.user_parts import CosineLoss, TinyPatchTower, TinyWordTower
 
 PARTS = "tests.template.user_parts"
 
@@ -22,13 +27,10 @@ def spec(name: str, **init_args: Any) -> dict[str, Any]:
 
 
 def user_towers(image_width: int = 12) -> dict[str, Any]:
-    return tiny_config(
-        image={"tower": spec("TinyPatchTower", width=image_width)},
-        text={"tower": spec("TinyWordTower", width=10)},
-    )
+    return tiny_kwargs(image_tower=TinyPatchTower(width=image_width), text_tower=TinyWordTower(width=10))
 
 
-def test_user_towers_train_and_their_checkpoint_rebuilds_them() -> None:
+def test_user_towers_train() -> None:
     model = MultimodalModule(**user_towers())
     image, text = model.model.image_encoder, model.model.text_encoder
     assert type(image).__name__ == "TinyPatchTower" and type(text).__name__ == "TinyWordTower"
@@ -41,41 +43,63 @@ def test_user_towers_train_and_their_checkpoint_rebuilds_them() -> None:
     loss = model.training_step(make_batch(captions_per_image=2), 0)
     loss.backward()
     assert torch.isfinite(loss) and image.embed.weight.grad is not None and text.embed.weight.grad is not None
-    # the checkpoint records plain data: the class_path + init_args each object was built from
-    hparams = dict(model.hparams)
-    assert hparams["image"]["tower"] == spec("TinyPatchTower", width=12)
-    torch.save(hparams, buffer := __import__("io").BytesIO())
-    buffer.seek(0)
-    rebuilt = MultimodalModule(**torch.load(buffer, weights_only=True))
-    rebuilt.load_state_dict(model.state_dict())  # strict: the same architecture
+
+
+def test_the_cli_records_user_towers_and_their_checkpoint_rebuilds_them(tmp_path: Path) -> None:
+    image = spec("TinyPatchTower", width=12, patch=8, image_size=32)
+    text = spec("TinyWordTower", vocab_size=36, width=10, tokenizer="mm-lightning/demo-bert")
+    loss = spec("CosineLoss", extra=0.25)
+    config = tiny_config(image_tower=image, text_tower=text, loss=loss, objective={"itm_weight": 0.0})
+    model = cli_module(config, tmp_path / "cli")
+    assert type(model.model.image_encoder).__name__ == "TinyPatchTower"
+    # the checkpoint records plain data: the class_path + init_args each object was built from (Lightning's own
+    # recording under the CLI)
+    assert model.hparams["image_tower"] == image and model.hparams["text_tower"] == text
+    assert model.hparams["loss"] == loss
+    path = tmp_path / "model.ckpt"
+    save_checkpoint(model, path)
+    rebuilt = MultimodalModule.load_from_checkpoint(path, weights_only=True)  # strict: the same architecture
+    assert type(rebuilt.model.image_encoder).__name__ == "TinyPatchTower"
+    assert isinstance(rebuilt.model.contrastive, CosineLoss) and rebuilt.model.contrastive.extra == 0.25
     model.eval(), rebuilt.eval()
     batch = make_batch()
     torch.testing.assert_close(rebuilt(batch), model(batch), rtol=0, atol=0)
     # control: a different init_args builds a different tower, which the checkpoint does not fit
-    other = MultimodalModule(**user_towers(image_width=13))
+    checkpoint = torch.load(path, weights_only=True)
+    checkpoint["hyper_parameters"]["image_tower"] = spec("TinyPatchTower", width=13, patch=8, image_size=32)
+    torch.save(checkpoint, tmp_path / "other.ckpt")
     with pytest.raises(RuntimeError, match="size mismatch"):
-        other.load_state_dict(model.state_dict())
+        MultimodalModule.load_from_checkpoint(tmp_path / "other.ckpt", weights_only=True)
+
+
+def test_a_module_built_in_python_keeps_its_parts_out_of_the_checkpoint_and_takes_them_back(
+    tmp_path: Path,
+) -> None:
+    model = MultimodalModule(**user_towers()).eval()
+    path = tmp_path / "python.ckpt"
+    save_checkpoint(model, path)
+    hparams = torch.load(path, weights_only=True)["hyper_parameters"]  # plain data only
+    assert not {"image_tower", "text_tower"} & set(hparams)
+    network = DualEncoder.from_checkpoint(
+        path, image_tower=TinyPatchTower(width=12), text_tower=TinyWordTower(width=10)
+    ).eval()
+    batch = make_batch()
+    torch.testing.assert_close(network(batch), model.model(batch), rtol=0, atol=0)
+    # control: the parts passed are the ones used, so a different tower does not fit the checkpoint
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        DualEncoder.from_checkpoint(
+            path, image_tower=TinyPatchTower(width=13), text_tower=TinyWordTower(width=10)
+        )
 
 
 def test_declared_widths_and_data_config_need_no_dry_forward() -> None:
-    model = MultimodalModule(**tiny_config(image={"tower": spec("DeclaredWidthTower")}))
+    model = MultimodalModule(**tiny_kwargs(image_tower=user_parts.DeclaredWidthTower()))
     assert model.model.image_encoder.pooled_dim == 6 and model.model.image_encoder.token_dim == 6
     config = model.data_config["image"]
     assert config["input_size"] == (3, 48, 48) and config["mean"] == (0.5, 0.5, 0.5)
     assert config["interpolation"] == "bilinear"  # a default the tower did not declare
     out, emb = model.model.encode_images(torch.zeros(2, 3, 48, 48))
     assert emb.shape == (2, 16) and out.tokens.shape == (2, 1, 6)
-
-
-def test_an_object_passed_from_python_warns_that_only_its_class_is_recorded() -> None:
-    from tests.template.user_parts import TinyPatchTower
-
-    with pytest.warns(UserWarning, match="record its class but not its arguments"):
-        model = MultimodalModule(**tiny_config(image={"tower": TinyPatchTower(width=12)}))
-    assert model.hparams["image"]["tower"] == {"class_path": f"{PARTS}.TinyPatchTower"}
-    with warnings.catch_warnings():  # control: the spec dict records everything, without a warning
-        warnings.simplefilter("error")
-        MultimodalModule(**user_towers())
 
 
 @pytest.mark.parametrize(
@@ -92,20 +116,37 @@ def test_a_tower_that_breaks_the_contract_is_refused_at_build_with_its_class(
     group: str, name: str, expected: str
 ) -> None:
     with pytest.raises(TowerContractError, match=expected):
-        MultimodalModule(**tiny_config(**{group: {"tower": spec(name)}}))
+        MultimodalModule(**tiny_kwargs(**{f"{group}_tower": getattr(user_parts, name)()}))
 
 
-def test_a_class_path_that_is_not_a_module_is_refused_naming_the_option() -> None:
+def test_a_class_that_is_not_a_module_is_refused_naming_the_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(
-        ValueError, match=r"model\.image\.tower: cannot build 'tests\.template\.user_parts\.NotATower'"
+        TowerContractError, match=r"image tower tests\.template\.user_parts\.NotATower is not a"
     ):
-        MultimodalModule(**tiny_config(image={"tower": spec("NotATower")}))
+        MultimodalModule(**{**tiny_kwargs(), "image_tower": user_parts.NotATower()})
+    # through the CLI: a parser error that names the option and the class
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(
+            ["fit", *tiny_demo_args(tmp_path), "--model.image_tower", f"{PARTS}.NotATower", "--print_config"]
+        )
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    message = err.split("error:", 1)[1]  # after the usage lines, which list every option
+    assert re.search(r"image_tower.*NotATower", message, re.S) and "Traceback" not in err
+
+
+def user_loss(term_weight: float) -> dict[str, Any]:
+    return tiny_kwargs(
+        loss=CosineLoss(extra=0.25),
+        objective={"itm_weight": 0.0, "itc_weight": 2.0, "term_weights": {"norm": term_weight}},
+    )
 
 
 def test_user_loss_terms_are_combined_by_name_logged_and_used_for_val_loss() -> None:
-    config = tiny_config(loss={"itc": spec("CosineLoss", extra=0.25), "itm_weight": 0.0, "itc_weight": 2.0,
-                               "term_weights": {"norm": 0.5}})  # fmt: skip
-    model = MultimodalModule(**config).eval()  # no BatchNorm updates or dropout: embeddings repeat exactly
+    # eval: no BatchNorm updates or dropout, so the embeddings repeat exactly
+    model = MultimodalModule(**user_loss(0.5)).eval()
     logged: dict[str, torch.Tensor] = {}
     model.log = lambda name, value, **kw: logged.__setitem__(name, value)  # type: ignore[method-assign]
     batch = make_batch()
@@ -117,23 +158,26 @@ def test_user_loss_terms_are_combined_by_name_logged_and_used_for_val_loss() -> 
     torch.testing.assert_close(loss, expected, rtol=0, atol=0)
     torch.testing.assert_close(logged["train/loss_norm"], terms["norm"], rtol=0, atol=0)
     assert "train/temperature" not in logged and "train/loss_itm" not in logged
-    assert model.hparams["loss"]["itc"] == spec("CosineLoss", extra=0.25)
+    assert isinstance(model.model.contrastive, CosineLoss) and model.model.contrastive.extra == 0.25
     # control: the weights are applied by name, so a different weight of the user's term changes the total
-    other = MultimodalModule(**tiny_config(config, loss={"term_weights": {"norm": 1.5}})).eval()
+    other = MultimodalModule(**user_loss(1.5)).eval()
     other.load_state_dict(model.state_dict())
     other.log = lambda *a, **kw: None  # type: ignore[method-assign]
     assert not torch.equal(other.training_step(batch, 0), loss)
 
 
 def test_the_example_loss_feeds_the_matching_head() -> None:
+    import importlib
     import sys
 
     from tests.conftest import REPO
 
     sys.path.insert(0, str(REPO / "examples" / "make_it_yours"))
     try:
-        model = MultimodalModule(**tiny_config(loss={"itc": {"class_path": "my_losses.HardestNegativeHinge"},
-                                                     "term_weights": {"spread": 0.1}}))  # fmt: skip
+        my_losses = importlib.import_module("my_losses")
+        model = MultimodalModule(
+            **tiny_kwargs(loss=my_losses.HardestNegativeHinge(), objective={"term_weights": {"spread": 0.1}})
+        )
         logged: dict[str, torch.Tensor] = {}
         model.log = lambda name, value, **kw: logged.__setitem__(name, value)  # type: ignore[method-assign]
         model.training_step(make_batch(captions_per_image=2), 0).backward()
@@ -144,25 +188,26 @@ def test_the_example_loss_feeds_the_matching_head() -> None:
 
 
 @pytest.mark.parametrize(
-    ("loss", "expected"),
+    ("name", "objective", "expected"),
     [
-        ({"itc": spec("CosineLoss")}, r"CosineLoss: the matching head \(loss\.itm_weight > 0\) mines hard negatives"
+        ("CosineLoss", {}, r"CosineLoss: the matching head \(objective\.itm_weight > 0\) mines hard negatives"
          r" from loss_and_logits"),
-        ({"itc": spec("PerPairLoss"), "itm_weight": 0.0}, r"PerPairLoss: term 'itc' is \(2,\), not a scalar tensor"),
-        ({"itc": spec("CosineLoss"), "itm_weight": 0.0, "term_weights": {"itm": 1.0}}, None),
+        ("PerPairLoss", {"itm_weight": 0.0}, r"PerPairLoss: term 'itc' is \(2,\), not a scalar tensor"),
+        ("CosineLoss", {"itm_weight": 0.0, "term_weights": {"itm": 1.0}}, None),
     ],
 )  # fmt: skip
 def test_a_loss_that_breaks_the_contract_is_refused_at_build(
-    loss: dict[str, Any], expected: str | None
+    name: str, objective: dict[str, Any], expected: str | None
 ) -> None:
+    config = tiny_kwargs(loss=getattr(user_parts, name)(), objective=objective)
     if expected is None:
         with pytest.raises(
-            ValueError, match=r"loss\.term_weights \['itm'\]: set loss\.itc_weight / loss\.itm_weight"
+            ValueError, match=r"objective\.term_weights \['itm'\]: set objective\.itc_weight / itm_weight"
         ):
-            MultimodalModule(**tiny_config(loss=loss))
+            MultimodalModule(**config)
         return
     with pytest.raises(LossContractError, match=expected):
-        MultimodalModule(**tiny_config(loss=loss))
+        MultimodalModule(**config)
 
 
 def test_the_readme_shows_the_example_files_as_they_are() -> None:

@@ -7,10 +7,11 @@ from torch import Tensor, nn
 
 
 class TinyPatchTower(nn.Module):
-    """Pooled features only, widths found by a dry forward."""
+    """Pooled features only, widths found by a dry forward; ``image_size`` the input size the data follows."""
 
-    def __init__(self, width: int = 12, patch: int = 8) -> None:
+    def __init__(self, width: int = 12, patch: int = 8, image_size: int = 32) -> None:
         super().__init__()
+        self.image_size = image_size
         self.embed = nn.Conv2d(3, width, patch, stride=patch)
         self.norm = nn.BatchNorm1d(width)
         self.dry_calls = 0
@@ -21,10 +22,13 @@ class TinyPatchTower(nn.Module):
 
 
 class TinyWordTower(nn.Module):
-    """Mean of word embeddings over real tokens."""
+    """Mean of word embeddings over real tokens; ``tokenizer`` names the tokenizer its input ids come from."""
 
-    def __init__(self, vocab_size: int = 36, width: int = 10) -> None:
+    def __init__(
+        self, vocab_size: int = 36, width: int = 10, tokenizer: str = "mm-lightning/demo-bert"
+    ) -> None:
         super().__init__()
+        self.tokenizer = tokenizer
         self.embed = nn.Embedding(vocab_size, width)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
@@ -48,6 +52,8 @@ class DeclaredWidthTower(nn.Module):
 
 class UnpooledTower(nn.Module):
     """Breaks the contract: returns a feature map."""
+
+    image_size = 32  # the size of the dry batch it is checked with
 
     def __init__(self) -> None:
         super().__init__()

@@ -57,15 +57,3 @@ def test_a_vision_only_directory_is_refused(tmp_path: Path) -> None:
     ).save_pretrained(tmp_path / "vit")
     with pytest.raises(ValueError, match="CLIPModel or SiglipModel"):
         CLIPImageTower(str(tmp_path / "vit"))
-
-
-def test_registry_prefix_builds_both_halves(tmp_path: Path) -> None:
-    from mm_lightning.models.towers import build_image_tower, build_text_tower
-
-    save_tiny("siglip", tmp_path / "siglip")
-    image = build_image_tower(f"clip:{tmp_path / 'siglip'}", image_size=32)
-    text = build_text_tower(f"clip:{tmp_path / 'siglip'}")
-    assert isinstance(image, CLIPImageTower) and isinstance(text, CLIPTextTower)
-    assert image.logit_bias == pytest.approx(-3.0)
-    with pytest.raises(ValueError, match="'random'"):
-        build_image_tower(f"clip:{tmp_path / 'siglip'}", weights="x.pth")

@@ -27,7 +27,7 @@ def test_finetune_then_export_reloads_with_the_same_embeddings(
     args = tiny_demo_args(tmp_path, max_steps=2)
     args[args.index("--config") + 1] = str(REPO / "configs" / "finetune_clip.yaml")
     args += [
-        "--model.image.name", f"clip:{source}", "--model.text.name", f"clip:{source}",
+        "--model.image_tower.init_args.name", str(source), "--model.text_tower.init_args.name", str(source),
         "--model.embed_dim", str(16 if kind == "clip" else 32), "--model.optim.lr", "1e-3",
         "--data.init_args.max_length", "32", "--trainer.deterministic", "true",
     ]  # fmt: skip

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import lightning
 import pytest
@@ -17,6 +18,7 @@ from mm_lightning.data.transforms import Normalize
 from mm_lightning.export import ExportError, export_hf
 from mm_lightning.export_dual_encoder import build_dual_encoder, check_same_embeddings
 from mm_lightning.models import MultimodalModule
+from mm_lightning.models.towers import CLIPTextTower, HFTextTower, HFVisionTower, TorchvisionTower
 from tests.towers.dual_encoders import save_tiny
 
 SMALL = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
@@ -50,13 +52,30 @@ def _bert_dir(tmp_path: Path) -> Path:
     return path
 
 
-def _module(tmp_path: Path, kind: str = "vit", pooling: str = "cls", embed_dim: int = 16) -> MultimodalModule:
-    """A module over local tiny towers, every weight perturbed (as training would), projection biases included."""
+def _config(tmp_path: Path, kind: str = "vit", pooling: str = "cls", embed_dim: int = 16) -> dict[str, Any]:
+    """The module's arguments over local tiny towers, as LightningCLI records them: the towers by class_path +
+    init_args."""
+    return {
+        "image_tower": {
+            "class_path": "mm_lightning.models.towers.HFVisionTower",
+            "init_args": {"name": str(_vision_dir(tmp_path, kind)), "image_size": 32},
+        },
+        "text_tower": {
+            "class_path": "mm_lightning.models.towers.HFTextTower",
+            "init_args": {"name": str(_bert_dir(tmp_path)), "pooling": pooling},
+        },
+        "embed_dim": embed_dim,
+        "objective": {"itm_weight": 0.0},
+    }
+
+
+def _build(config: dict[str, Any]) -> MultimodalModule:
+    """The module of ``config``, every weight perturbed (as training would), projection biases included."""
     module = MultimodalModule(
-        image={"name": f"hf:{_vision_dir(tmp_path, kind)}", "image_size": 32},
-        text={"name": str(_bert_dir(tmp_path)), "pooling": pooling},
-        embed_dim=embed_dim,
-        loss={"itm_weight": 0.0},
+        image_tower=HFVisionTower(**config["image_tower"]["init_args"]),
+        text_tower=HFTextTower(**config["text_tower"]["init_args"]),
+        embed_dim=config["embed_dim"],
+        objective=config["objective"],
     )
     torch.manual_seed(2)
     with torch.no_grad():
@@ -66,18 +85,24 @@ def _module(tmp_path: Path, kind: str = "vit", pooling: str = "cls", embed_dim: 
     return module.eval()
 
 
-def _save_checkpoint(module: MultimodalModule, path: Path) -> Path:
+def _module(tmp_path: Path, kind: str = "vit", pooling: str = "cls", embed_dim: int = 16) -> MultimodalModule:
+    return _build(_config(tmp_path, kind, pooling, embed_dim))
+
+
+def _save_checkpoint(module: MultimodalModule, config: dict[str, Any], path: Path) -> Path:
+    """A training checkpoint of ``module`` (built from ``config``) as a CLI run writes it."""
     data = {
         "mean": MEAN,
         "std": STD,
         "image_size": 32,
-        "tokenizer": module.hparams["text"]["name"],
+        "tokenizer": module.model.data_config["text"]["tokenizer"],
         "max_length": 24,
     }
     torch.save(
         {
             "state_dict": module.state_dict(),
-            "hyper_parameters": dict(module.hparams),
+            # the model's config as LightningCLI records it, with how to rebuild the parts from it
+            "hyper_parameters": {**config, "_instantiator": "lightning.pytorch.cli.instantiate_module"},
             "datamodule_hyper_parameters": data,
             "pytorch-lightning_version": lightning.__version__,
         },
@@ -88,8 +113,9 @@ def _save_checkpoint(module: MultimodalModule, path: Path) -> Path:
 
 def test_hf_towers_export_reloads_as_a_vision_text_dual_encoder(tmp_path: Path) -> None:
     torch.set_num_threads(1)
-    module = _module(tmp_path)
-    checkpoint = _save_checkpoint(module, tmp_path / "trained.ckpt")
+    config = _config(tmp_path)
+    module = _build(config)
+    checkpoint = _save_checkpoint(module, config, tmp_path / "trained.ckpt")
     out = tmp_path / "exported"
     assert main(["export", "--ckpt_path", str(checkpoint), "--format", "hf", "--out", str(out)]) == 0
 
@@ -150,10 +176,10 @@ def test_pooled_vision_models_take_the_projection_bias_into_their_own(tmp_path: 
 def test_a_clip_text_half_pairs_with_an_hf_image_tower(tmp_path: Path) -> None:
     save_tiny("clip", tmp_path / "clip")
     module = MultimodalModule(
-        image={"name": f"hf:{_vision_dir(tmp_path)}", "image_size": 32},
-        text={"name": f"clip:{tmp_path / 'clip'}"},
+        image_tower=HFVisionTower(str(_vision_dir(tmp_path)), image_size=32),
+        text_tower=CLIPTextTower(str(tmp_path / "clip")),
         embed_dim=16,
-        loss={"itm_weight": 0.0},
+        objective={"itm_weight": 0.0},
     ).eval()
     target = build_dual_encoder(module.model)
     assert isinstance(target.text_model, hf.CLIPTextModel)
@@ -161,10 +187,10 @@ def test_a_clip_text_half_pairs_with_an_hf_image_tower(tmp_path: Path) -> None:
     # SigLIP's text half has no stand-alone AutoModel, so VisionTextDualEncoderModel cannot hold it
     save_tiny("siglip", tmp_path / "siglip")
     module = MultimodalModule(
-        image={"name": f"hf:{_vision_dir(tmp_path)}", "image_size": 32},
-        text={"name": f"clip:{tmp_path / 'siglip'}"},
+        image_tower=HFVisionTower(str(_vision_dir(tmp_path)), image_size=32),
+        text_tower=CLIPTextTower(str(tmp_path / "siglip")),
         embed_dim=32,
-        loss={"itm_weight": 0.0},
+        objective={"itm_weight": 0.0},
     )
     with pytest.raises(ExportError, match="cannot build its halves from ViTConfig \\+ SiglipTextConfig"):
         build_dual_encoder(module.model)
@@ -178,12 +204,14 @@ def test_export_refuses_what_the_dual_encoder_cannot_express(tmp_path: Path) -> 
     with pytest.raises(ExportError, match="image: embed_dim 48 exceeds the tower width 32"):
         export_hf(_module(tmp_path / "wide", embed_dim=48).model, tmp_path / "out")
     module = MultimodalModule(
-        image={"name": "resnet_custom", "kwargs": {"widths": [8]}, "image_size": 32},
-        text={"name": DEMO_BERT, "pretrained": False},
+        image_tower=TorchvisionTower("resnet_custom", image_size=32, kwargs={"widths": [8]}),
+        text_tower=HFTextTower(DEMO_BERT, pretrained=False),
         embed_dim=8,
-        loss={"itm_weight": 0.0},
+        objective={"itm_weight": 0.0},
     )
-    with pytest.raises(ExportError, match=r"supports image towers hf:<dir> .* image tower 'resnet_custom'"):
+    with pytest.raises(
+        ExportError, match=r"supports image towers HFVisionTower .* image tower 'resnet_custom'"
+    ):
         export_hf(module.model, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
@@ -199,7 +227,8 @@ def test_the_embedding_check_names_the_half_that_differs(tmp_path: Path) -> None
 
 
 def test_export_command_reports_a_refusal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    checkpoint = _save_checkpoint(_module(tmp_path, pooling="mean"), tmp_path / "mean.ckpt")
+    config = _config(tmp_path, pooling="mean")
+    checkpoint = _save_checkpoint(_build(config), config, tmp_path / "mean.ckpt")
     with pytest.raises(SystemExit) as exit_info:
         main(["export", "--ckpt_path", str(checkpoint), "--out", str(tmp_path / "out")])
     assert exit_info.value.code == 1

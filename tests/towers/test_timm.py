@@ -102,11 +102,9 @@ def test_missing_timm_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
         TimmTower("resnet10t")
 
 
-def test_registry_prefix_passes_tower_options() -> None:
-    from mm_lightning.models.towers import build_image_tower
-
-    tower = build_image_tower("timm:resnet10t", image_size=48, kwargs={"mean": HALF, "std": HALF})
-    assert isinstance(tower, TimmTower) and tower.data_config["mean"] == HALF
+def test_input_size_and_statistics_are_tower_options() -> None:
+    tower = TimmTower("resnet10t", image_size=48, mean=HALF, std=HALF)
+    assert tower.data_config["mean"] == HALF
     assert tower.data_config["input_size"] == (3, 48, 48)
 
 

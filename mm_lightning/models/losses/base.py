@@ -1,11 +1,10 @@
-"""The pair-loss contract, the base classes that fulfil it, and the names of the built-in losses.
+"""The pair-loss contract and the base classes that fulfil it.
 
-A built-in loss is chosen by name (``model.loss.name: clip`` or ``siglip``); a user's own loss by ``class_path`` +
-``init_args`` in ``model.loss.itc``, from their own file::
+A loss, built in or your own, is chosen by ``class_path`` + ``init_args``::
 
     model:
-      loss:
-        itc: {class_path: my_losses.MarginLoss, init_args: {margin: 0.2}}
+      loss: {class_path: mm_lightning.models.losses.SigLipLoss, init_args: {bias_init: -10.0}}
+      loss: {class_path: my_losses.MarginLoss, init_args: {margin: 0.2}}   # your own file, on PYTHONPATH
 
 The contract, all of it:
 
@@ -13,33 +12,29 @@ The contract, all of it:
   normalized embeddings of the local rows (row i of each is a pair), (B,) image ids (rows sharing an id are
   captions of one image, not negatives of each other) and optional (B,) per-pair weights.
 * **Result.** A scalar tensor (the ``itc`` term), or a dict of named scalar terms (``{"itc": ..., "uniformity":
-  ...}``). Terms are combined by name: ``itc`` with ``loss.itc_weight``, ``itm`` (the matching head's) with
-  ``loss.itm_weight``, any other with ``loss.term_weights[name]`` (default 1); each is logged as
+  ...}``). Terms are combined by name: ``itc`` with ``objective.itc_weight``, ``itm`` (the matching head's)
+  with ``objective.itm_weight``, any other with ``objective.term_weights[name]`` (default 1); each is logged as
   ``train/loss_<name>`` and ``val/loss`` is their weighted sum.
 * **Scale.** The loss owns its temperature (a parameter of its own, trained with the heads; the module never
   passes one); a ``temperature`` attribute, if any, is logged as ``train/temperature``.
   :class:`ScaledPairLoss` gives CLIP's learnable, clamped logit scale.
-* **With the matching head** (``loss.itm_weight > 0``): also ``loss_and_logits(...) -> (result, PairLogits)``,
+* **With the matching head** (``objective.itm_weight > 0``): also ``loss_and_logits(...) -> (result, PairLogits)``,
   the logits the ITM head mines hard negatives from; subclass :class:`PairLoss` and write ``logits`` and
   ``loss_from_logits`` to get it.
 * **Data parallelism** is the loss's own: the built-in ones score local rows against the global batch
   (``mm_lightning.distributed.gather_with_grad``, exact); a loss that does nothing sees the local batch.
 
 A loss that breaks the contract is refused when the model is built (one call on a dry batch), with an error that
-names its class and what is wrong. Built-in losses register with ``@register_loss("name")`` in their own module
-under ``mm_lightning.models.losses``, imported on first use of the name.
+names its class and what is wrong.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
-
-from mm_lightning.models.registry import Registry
 
 
 class PairLogits(NamedTuple):
@@ -160,29 +155,6 @@ class ScaledPairLoss(PairLoss):
         return self.logit_scale.clamp(max=self.max_log_scale).exp()
 
 
-LossClass = TypeVar("LossClass", bound=type[PairLoss])
-LOSSES: Registry[type[PairLoss]] = Registry("loss", "mm_lightning.models.losses")
-
-
-def register_loss(name: str) -> Callable[[LossClass], LossClass]:
-    """Class decorator: makes ``loss.name: <name>`` build this loss.
-
-    Args:
-        name: the loss's name in configs.
-    """
-    return LOSSES.register(name)  # type: ignore[return-value]
-
-
-def build_loss(name: str, **kwargs: Any) -> PairLoss:
-    """Builds the registered loss ``name`` with its constructor arguments.
-
-    Args:
-        name: ``"clip"``, or another registered loss (``mm_lightning.models.losses.<name>`` is imported first).
-        kwargs: the loss's constructor arguments.
-    """
-    return LOSSES.lookup(name)(**kwargs)
-
-
 class LossContractError(ValueError):
     """A user's loss does not do what the pair-loss contract (:mod:`mm_lightning.models.losses.base`) asks."""
 
@@ -244,8 +216,8 @@ def check_loss(loss: Any, embed_dim: int, needs_logits: bool) -> dict[str, Tenso
     if needs_logits and not callable(getattr(loss, "loss_and_logits", None)):
         raise _loss_problem(
             loss,
-            "the matching head (loss.itm_weight > 0) mines hard negatives from loss_and_logits(...), which it "
-            "lacks; subclass mm_lightning.models.losses.PairLoss, or set model.loss.itm_weight 0",
+            "the matching head (objective.itm_weight > 0) mines hard negatives from loss_and_logits(...), which it "
+            "lacks; subclass mm_lightning.models.losses.PairLoss, or set model.objective.itm_weight 0",
         )
     g = torch.Generator().manual_seed(0)
     image_emb, text_emb = torch.randn(2, embed_dim, generator=g), torch.randn(2, embed_dim, generator=g)

@@ -15,10 +15,9 @@ from torch import Tensor
 
 from mm_lightning.distributed import gather_no_grad, gather_with_grad, world
 from mm_lightning.embeddings import l2_normalize
-from mm_lightning.models.losses.base import PairLogits, ScaledPairLoss, register_loss
+from mm_lightning.models.losses.base import PairLogits, ScaledPairLoss
 
 
-@register_loss("clip")
 class ContrastiveLoss(ScaledPairLoss):
     """Symmetric InfoNCE on L2-normalized embeddings with a learnable temperature.
 

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from mm_lightning.distributed import gather_no_grad, world
 from mm_lightning.embeddings import l2_normalize
-from mm_lightning.models.losses.base import PairLogits, ScaledPairLoss, register_loss
+from mm_lightning.models.losses.base import PairLogits, ScaledPairLoss
 
 
 def _exchange(tensor: Tensor, step: int) -> Tensor:
@@ -59,7 +59,6 @@ class _RingShiftWithGrad(torch.autograd.Function):
         return _exchange(grad, -1)
 
 
-@register_loss("siglip")
 class SigLipLoss(ScaledPairLoss):
     """Sigmoid pairwise image-text loss with a learnable temperature and bias, exact across ranks.
 

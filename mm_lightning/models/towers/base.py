@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import warnings
 from dataclasses import dataclass
@@ -27,6 +28,28 @@ class EncoderOutput:
     pooled: Tensor
     tokens: Tensor
     mask: Tensor
+
+
+class UnknownModelError(ValueError):
+    """A tower names a model its library does not have."""
+
+    def __init__(self, tower: str, name: str, known: list[str], listing: str) -> None:
+        close = difflib.get_close_matches(name, known, n=5, cutoff=0.5)
+        hint = f"close names: {', '.join(close)}" if close else f"the {len(known)} it has: {listing}"
+        super().__init__(f"{tower}: no model named {name!r}; {hint}")
+
+
+def check_model_name(tower: str, name: str, known: list[str], listing: str) -> None:
+    """Refuses a model name the library does not know, naming close ones (before the library's own error).
+
+    Args:
+        tower: the tower class, for the message.
+        name: the name given.
+        known: the names the library has.
+        listing: how to list them all (e.g. ``"timm.list_models()"``).
+    """
+    if name not in known:
+        raise UnknownModelError(tower, name, known, listing)
 
 
 class Tower(nn.Module):

@@ -1,7 +1,11 @@
-"""``clip:<dir>`` towers: the two halves of a Hugging Face ``CLIPModel`` or ``SiglipModel`` directory.
+"""``CLIPImageTower`` and ``CLIPTextTower``: the two halves of a Hugging Face ``CLIPModel`` or ``SiglipModel``
+directory.
 
-Use the same directory for both towers (``--model.image.name clip:/models/clip --model.text.name
-clip:/models/clip``) to fine-tune a pretrained dual encoder. Each tower carries what the module needs to continue
+Name the same directory in both towers to fine-tune a pretrained dual encoder::
+
+    image_tower: {class_path: mm_lightning.models.towers.CLIPImageTower, init_args: {name: /models/clip}}
+    text_tower: {class_path: mm_lightning.models.towers.CLIPTextTower, init_args: {name: /models/clip}}
+ Each tower carries what the module needs to continue
 where the source left off:
 
 - ``projection``: the source's projection into the shared space (CLIP's ``visual_projection`` /
@@ -25,8 +29,7 @@ from mm_lightning.assets import resolve_pretrained
 from mm_lightning.models.towers.base import EncoderOutput
 from mm_lightning.models.towers.hf_text import load_hf, set_hf_gradient_checkpointing
 from mm_lightning.models.towers.hf_vision import image_processor_data_config
-from mm_lightning.models.towers.pretrained import ConfiguredTower, load_directory_weights
-from mm_lightning.models.towers.registry import register_image_tower, register_text_tower
+from mm_lightning.models.towers.pretrained import ConfiguredTower
 
 DUAL_ENCODERS = (CLIPModel, SiglipModel)
 
@@ -47,8 +50,8 @@ def load_dual_encoder(
         model = AutoModel.from_config(load_hf(AutoConfig, name, path, **overrides))
     if not isinstance(model, DUAL_ENCODERS):
         raise ValueError(
-            f"clip:{name} holds a {type(model).__name__}; clip: towers need a CLIPModel or SiglipModel directory "
-            "(for a vision model alone use hf:<dir>)"
+            f"{name} holds a {type(model).__name__}; CLIPImageTower and CLIPTextTower need a CLIPModel or "
+            "SiglipModel directory (for a vision model alone use HFVisionTower)"
         )
     return model
 
@@ -100,9 +103,11 @@ class CLIPImageTower(_DualEncoderHalf):
         vision_config = source.config.vision_config
         self.pooled_dim = self.token_dim = vision_config.hidden_size
         super().__init__(source, source.vision_model, getattr(source, "visual_projection", None))
+        self.name = name
         native = vision_config.image_size
         self._interpolate = image_size is not None and image_size != native
         self._data_config = image_processor_data_config(resolve_pretrained(name), native)
+        self._data_config["pretrained"] = pretrained
         if image_size is not None:
             self._data_config["input_size"] = (3, image_size, image_size)
 
@@ -131,8 +136,14 @@ class CLIPTextTower(_DualEncoderHalf):
         self.token_dim = text_config.hidden_size
         self.pooled_dim = getattr(text_config, "projection_size", None) or text_config.hidden_size
         super().__init__(source, source.text_model, getattr(source, "text_projection", None))
-        self._data_config = {"tokenizer": name}
+        self.name = name
+        self._data_config = {"tokenizer": self.tokenizer_for({"name": name})}
         self.max_length: int = text_config.max_position_embeddings
+
+    @staticmethod
+    def tokenizer_for(init_args: dict[str, Any]) -> str:
+        """The directory's own tokenizer (the CLI links ``data.tokenizer`` to it)."""
+        return str(init_args["name"])
 
     def forward(
         self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None
@@ -142,19 +153,3 @@ class CLIPTextTower(_DualEncoderHalf):
         return EncoderOutput(
             pooled=out.pooler_output, tokens=out.last_hidden_state, mask=attention_mask.bool()
         )
-
-
-@register_image_tower("clip")
-def build_clip_image_tower(
-    name: str, weights: str | None, image_size: int, kwargs: dict[str, Any], strict: bool
-) -> CLIPImageTower:
-    """``clip:<dir>`` image tower; ``weights`` null loads the directory's, ``random`` does not."""
-    return CLIPImageTower(name, load_directory_weights(weights, "clip"), image_size, kwargs)
-
-
-@register_text_tower("clip")
-def build_clip_text_tower(
-    name: str, pretrained: bool, config_overrides: dict[str, Any], pooling: str, trust_remote_code: bool
-) -> CLIPTextTower:
-    """``clip:<dir>`` text tower (the source's own pooling: CLIP's end token, SigLIP's last token + head)."""
-    return CLIPTextTower(name, pretrained, config_overrides)

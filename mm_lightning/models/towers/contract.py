@@ -1,30 +1,33 @@
 """The tower contract: what any ``nn.Module`` must do to serve as the image or text tower.
 
-A tower is chosen by a short name (``resnet50``, ``timm:...``, ``hf:...``, ``clip:...``, ``open_clip:...``, a
-Hugging Face text model) or, for a user's own module, by ``class_path`` + ``init_args`` in ``model.image.tower`` /
-``model.text.tower``::
+A tower, built in or your own, is chosen by ``class_path`` + ``init_args`` (``model.image_tower``,
+``model.text_tower``)::
 
     model:
-      image:
-        tower: {class_path: my_towers.PatchMLP, init_args: {width: 128}}
+      image_tower: {class_path: mm_lightning.models.towers.TimmTower, init_args: {name: efficientnet_lite0}}
+      image_tower: {class_path: my_towers.PatchMLP, init_args: {width: 128}}   # your own file, on PYTHONPATH
+
+The built-in towers (:mod:`mm_lightning.models.towers`) subclass :class:`~mm_lightning.models.towers.base.Tower`
+and fulfil it by construction.
 
 The contract, all of it:
 
 * **Input.** Image tower: ``forward(images)`` with ``images`` a (B, 3, H, W) float batch, normalized by the data
-  side. Text tower: ``forward(input_ids, attention_mask)`` with (B, L) integer ids from the tokenizer named by
-  ``model.text.name`` and a (B, L) mask, 1 for real tokens (``token_type_ids`` too, if ``forward`` has a
+  side. Text tower: ``forward(input_ids, attention_mask)`` with (B, L) integer ids from the tower's tokenizer and a
+  (B, L) mask, 1 for real tokens (``token_type_ids`` too, if ``forward`` has a
   parameter of that name).
 * **Output.** A (B, D) tensor of pooled features, or an :class:`~mm_lightning.models.towers.base.EncoderOutput`
   ``(pooled (B, D), tokens (B, N, D_tokens), mask (B, N) bool)`` when the tower also gives token sequences to
   the cross-attention fusion (ITM). A tower that returns pooled features only gives the fusion one token each.
 * **Widths.** ``pooled_dim`` (and ``token_dim``) attributes when the tower has them; otherwise they are read
   from one forward of a dry batch of two samples when the model is built (no gradient, in eval mode).
+* **Tokenizer** (text tower). A ``tokenizer`` constructor argument (kept as ``self.tokenizer``), the
+  ``AutoTokenizer`` name or directory its ids come from; the CLI links ``data.tokenizer`` to it.
 * **Optional.** ``data_config``: a dict with any of ``mean``, ``std`` (per channel, of 0-1 images),
   ``input_size`` ``(3, H, W)``, ``interpolation`` (``bilinear`` or ``bicubic``), which the data side follows
   unless the data sets its own, and ``pretrained`` (true: these come from trained weights, so a ``data.mean`` /
-  ``data.std`` that differs is warned about); defaults: ImageNet statistics at ``model.image.image_size``,
-  bilinear, not pretrained. A text tower's tokenizer
-  is ``model.text.name``. ``set_gradient_checkpointing(enabled)`` for ``model.gradient_checkpointing``.
+  ``data.std`` that differs is warned about); defaults: ImageNet statistics at the tower's ``image_size``
+  attribute (224 without one), bilinear, not pretrained. ``set_gradient_checkpointing(enabled)`` for ``model.gradient_checkpointing``.
   ``layer_groups()``: the tower's parameter names in groups from input to output, for ``train_last``.
 
 A tower that breaks the contract is refused when the model is built, with an error that names its class and
@@ -160,7 +163,7 @@ def _declared_data_config(tower: nn.Module) -> dict[str, Any]:
     return config
 
 
-def adopt_tower(kind: Kind, tower: Any, image_size: int = 224, tokenizer: str | None = None) -> nn.Module:
+def adopt_tower(kind: Kind, tower: Any) -> nn.Module:
     """Checks a user's tower against the contract and records its widths and data config on it.
 
     After this, the tower has ``pooled_dim``, ``token_dim`` and ``data_config`` like the built-in towers.
@@ -168,8 +171,6 @@ def adopt_tower(kind: Kind, tower: Any, image_size: int = 224, tokenizer: str | 
     Args:
         kind: ``image`` or ``text``.
         tower: the user's module.
-        image_size: ``model.image.image_size`` (the dry batch's size, and the default ``input_size``).
-        tokenizer: ``model.text.name`` (a text tower's default ``data_config``).
     """
     if not isinstance(tower, nn.Module):
         raise TowerContractError(
@@ -179,6 +180,8 @@ def adopt_tower(kind: Kind, tower: Any, image_size: int = 224, tokenizer: str | 
     if isinstance(tower, Tower):
         return tower
     declared = _declared_data_config(tower)
+    size = declared.get("input_size", (3, getattr(tower, "image_size", 224)))[-1]
+    image_size = int(size) if isinstance(size, int) else 224
     pooled_dim = getattr(tower, "pooled_dim", None)
     if pooled_dim is None:
         out = _dry_forward(kind, tower, image_size)
@@ -200,7 +203,7 @@ def adopt_tower(kind: Kind, tower: Any, image_size: int = 224, tokenizer: str | 
             )
         data_config = {**defaults, **declared}
     else:
-        data_config = {"tokenizer": tokenizer, **declared}
+        data_config = {"tokenizer": getattr(tower, "tokenizer", None), **declared}
     # plain attributes on the user's module (not parameters or buffers: checkpoints are unchanged)
     if getattr(tower, "pooled_dim", None) is None:
         tower.pooled_dim = int(pooled_dim)

@@ -12,7 +12,7 @@ from transformers import AutoConfig, AutoModel
 
 from mm_lightning.assets import resolve_pretrained
 from mm_lightning.models.towers.base import EncoderOutput, Tower
-from mm_lightning.offline import load_pretrained
+from mm_lightning.offline import MissingModelFolder, load_pretrained
 
 # a transformer layer's parameters: encoder.layer.3.*, layers.3.*, h.3.* (BERT, most encoders, GPT-2)
 _LAYER = re.compile(r"\.(?:layer|layers|h)\.(\d+)\.")
@@ -33,7 +33,7 @@ def load_hf(loader: Any, name: str, path: str, **kwargs: Any) -> Any:
         kwargs: passed to ``from_pretrained``.
     """
     if _looks_like_path(path) and not os.path.isdir(os.path.expanduser(path)):
-        raise FileNotFoundError(
+        raise MissingModelFolder(
             f"text tower {name!r}: no such local directory; pass a folder holding the model's config.json "
             "(and weights), e.g. one written by save_pretrained"
         )
@@ -109,6 +109,11 @@ class HFTextTower(Tower):
     def data_config(self) -> dict[str, Any]:
         """The tokenizer that matches this model (its name or directory)."""
         return {"tokenizer": self.name}
+
+    @staticmethod
+    def tokenizer_for(init_args: dict[str, Any]) -> str:
+        """The model's own tokenizer: its name or directory (the CLI links ``data.tokenizer`` to it)."""
+        return str(init_args.get("name", "bert-base-uncased"))
 
     def set_gradient_checkpointing(self, enabled: bool) -> None:
         """Switches Hugging Face's per-layer activation checkpointing.

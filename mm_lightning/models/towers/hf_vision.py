@@ -1,4 +1,4 @@
-"""``hf:<dir or hub name>`` image towers: Hugging Face vision models (ViT, DINOv2, CLIP and SigLIP vision).
+"""``HFVisionTower``: Hugging Face vision models as the image tower (ViT, DINOv2, CLIP and SigLIP vision).
 
 The tower takes the model's token sequence (``last_hidden_state``) and its own pooled vector
 (``pooler_output``: CLIP's post-LayerNorm class token, SigLIP's attention-pooling head, DINOv2's normed class
@@ -22,8 +22,7 @@ from transformers import AutoConfig, AutoImageProcessor, AutoModel, CLIPVisionMo
 from mm_lightning.assets import resolve_pretrained
 from mm_lightning.models.towers.base import IMAGENET_MEAN, IMAGENET_STD, EncoderOutput, image_data_config
 from mm_lightning.models.towers.hf_text import load_hf, set_hf_gradient_checkpointing
-from mm_lightning.models.towers.pretrained import ConfiguredTower, load_directory_weights
-from mm_lightning.models.towers.registry import register_image_tower
+from mm_lightning.models.towers.pretrained import ConfiguredTower
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +112,7 @@ class HFVisionTower(ConfiguredTower):
             else {}
         )
         self._data_config = image_processor_data_config(path, native or image_size or 224, trust_remote_code)
+        self._data_config["pretrained"] = pretrained
         if image_size is not None:
             self._data_config["input_size"] = (3, image_size, image_size)
 
@@ -129,13 +129,3 @@ class HFVisionTower(ConfiguredTower):
             pooled = tokens[:, 0]
         mask = torch.ones(tokens.shape[:2], dtype=torch.bool, device=tokens.device)
         return EncoderOutput(pooled=pooled, tokens=tokens, mask=mask)
-
-
-@register_image_tower("hf")
-def build_hf_vision_tower(
-    name: str, weights: str | None, image_size: int, kwargs: dict[str, Any], strict: bool
-) -> HFVisionTower:
-    """``hf:<dir or hub name>``: ``weights`` null loads the directory's weights, ``random`` builds it untrained;
-    ``kwargs`` are config overrides (``trust_remote_code`` among them is passed to ``from_pretrained``)."""
-    trust = bool(kwargs.pop("trust_remote_code", False))
-    return HFVisionTower(name, load_directory_weights(weights, "hf"), image_size, kwargs, trust)

@@ -1,4 +1,5 @@
-"""``open_clip:<model>`` towers: the two halves of an ``open_clip`` model with a local checkpoint.
+"""``OpenCLIPImageTower`` and ``OpenCLIPTextTower``: the two halves of an ``open_clip`` model with a local
+checkpoint.
 
 ``<model>`` is an open_clip architecture name (``ViT-B-32``, or one registered with
 ``open_clip.add_model_config``) with the checkpoint given separately (``weights``), or a local directory in
@@ -24,9 +25,8 @@ from torch import Tensor, nn
 from mm_lightning.models.towers.base import EncoderOutput
 from mm_lightning.models.towers.optional import require
 from mm_lightning.models.towers.pretrained import ConfiguredTower
-from mm_lightning.models.towers.registry import register_image_tower, register_text_tower
 
-FEATURE = "open_clip:<model> towers"
+FEATURE = "open_clip towers"
 
 
 def _open_clip() -> Any:
@@ -141,6 +141,8 @@ class OpenCLIPImageTower(_OpenCLIPHalf):
             "std": tuple(cfg["std"]),
             "input_size": (3, *size),
             "interpolation": cfg["interpolation"],
+            # a directory carries its weights; an architecture name without weights is random init
+            "pretrained": weights is not None or Path(name).expanduser().is_dir(),
         }
 
     def set_gradient_checkpointing(self, enabled: bool) -> None:
@@ -175,12 +177,17 @@ class OpenCLIPTextTower(_OpenCLIPHalf):
         weights: local checkpoint for an architecture name.
     """
 
+    @staticmethod
+    def tokenizer_for(init_args: dict[str, Any]) -> str:
+        """A Hugging Face copy of open_clip's tokenizer (the CLI links ``data.tokenizer`` to it)."""
+        return hf_tokenizer_dir(str(init_args["name"]))
+
     def __init__(self, name: str, weights: str | None = None) -> None:
         super().__init__()
         model = load_open_clip(name, weights)
         if not hasattr(model, "token_embedding"):
             raise ValueError(
-                f"open_clip:{name} has a custom text tower ({type(model).__name__}); only the standard CLIP text "
+                f"open_clip model {name} has a custom text tower ({type(model).__name__}); only the standard CLIP text "
                 "transformer is supported as an open_clip text tower"
             )
         self.token_embedding = model.token_embedding
@@ -195,7 +202,7 @@ class OpenCLIPTextTower(_OpenCLIPHalf):
         self.token_dim = model.transformer.width
         self.pooled_dim = _embed_dim(model)
         self._take_over(model)
-        self._data_config = {"tokenizer": hf_tokenizer_dir(name)}
+        self._data_config = {"tokenizer": self.tokenizer_for({"name": name})}
 
     def set_gradient_checkpointing(self, enabled: bool) -> None:
         """open_clip's per-block activation checkpointing of the text transformer."""
@@ -221,24 +228,3 @@ class OpenCLIPTextTower(_OpenCLIPHalf):
         elif self.text_projection is not None:
             pooled = pooled @ self.text_projection
         return EncoderOutput(pooled=pooled, tokens=x[:, :length], mask=attention_mask.bool())
-
-
-@register_image_tower("open_clip")
-def build_open_clip_image_tower(
-    name: str, weights: str | None, image_size: int, kwargs: dict[str, Any], strict: bool
-) -> OpenCLIPImageTower:
-    """``open_clip:<arch or dir>`` image tower; ``weights``: the local checkpoint of an architecture name."""
-    return OpenCLIPImageTower(name, weights)
-
-
-@register_text_tower("open_clip")
-def build_open_clip_text_tower(
-    name: str, pretrained: bool, config_overrides: dict[str, Any], pooling: str, trust_remote_code: bool
-) -> OpenCLIPTextTower:
-    """``open_clip:<arch or dir>`` text tower; ``config_overrides: {checkpoint: <file>}`` for an architecture name."""
-    checkpoint = config_overrides.pop("checkpoint", None)
-    if config_overrides:
-        raise ValueError(
-            f"open_clip text towers take only config_overrides.checkpoint, got {sorted(config_overrides)}"
-        )
-    return OpenCLIPTextTower(name, checkpoint if pretrained else None)

@@ -14,7 +14,7 @@ def require(module: str, extra: str, feature: str) -> ModuleType:
     Args:
         module: module to import (``timm``, ``open_clip``).
         extra: the package extra that provides it (``pip install "mm-lightning[<extra>]"``).
-        feature: what needs it, for the message (e.g. ``"timm:<name> image towers"``).
+        feature: what needs it, for the message (e.g. ``"TimmTower"``).
     """
     try:
         return importlib.import_module(module)

@@ -1,6 +1,6 @@
 """What towers over pretrained libraries share, and how a module takes over a pretrained dual encoder.
 
-Towers cut out of a pretrained dual encoder (``clip:``, ``open_clip:``) carry the source's ``projection`` into
+Towers cut out of a pretrained dual encoder (``CLIPImageTower``/``CLIPTextTower``, ``OpenCLIPImageTower``/``OpenCLIPTextTower``) carry the source's ``projection`` into
 its shared space and its learned ``logit_scale`` (and ``logit_bias`` for sigmoid losses). A module that finds
 them uses them instead of fresh projections and its initial temperature::
 
@@ -19,9 +19,6 @@ from torch import nn
 
 from mm_lightning.models.towers.base import Tower
 
-PRETRAINED = (None, "pretrained")
-RANDOM = "random"
-
 
 class ConfiguredTower(Tower):
     """A tower whose data config is fixed at construction (read from the weights' own files)."""
@@ -32,22 +29,6 @@ class ConfiguredTower(Tower):
     def data_config(self) -> dict[str, Any]:
         """The preprocessing the weights expect (see :class:`Tower`)."""
         return dict(self._data_config)
-
-
-def load_directory_weights(weights: str | None, family: str) -> bool:
-    """For towers whose name is a directory holding weights: True loads them, ``weights: random`` does not.
-
-    Raises:
-        ValueError: any other value (a file belongs in the directory).
-    """
-    if weights in PRETRAINED:
-        return True
-    if weights == RANDOM:
-        return False
-    raise ValueError(
-        f"{family}: towers load the weights of the directory they name; weights must be null / 'pretrained' "
-        f"(load them) or 'random' (same architecture, random init), got {weights!r}"
-    )
 
 
 def projection_for(

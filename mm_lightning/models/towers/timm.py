@@ -1,4 +1,4 @@
-"""``timm:<name>`` image towers: any ``timm`` model, weights from a local file or timm's local cache.
+"""``TimmTower``: any ``timm`` model as the image tower, weights from a local file or timm's local cache.
 
 Tokens come from timm's ``forward_features`` (CNN feature maps flattened to cells, ViT tokens as they are), the
 pooled vector from ``forward_head(pre_logits=True)`` (the model's own pooling, before the classifier). The data
@@ -32,15 +32,15 @@ from torch import Tensor, nn
 from mm_lightning.assets import PACKAGED, resolve_pretrained
 from mm_lightning.models.towers.base import (
     EncoderOutput,
+    check_model_name,
     is_weights_file,
     load_checked_state_dict,
     read_state_dict,
 )
 from mm_lightning.models.towers.optional import require
 from mm_lightning.models.towers.pretrained import ConfiguredTower
-from mm_lightning.models.towers.registry import register_image_tower
 
-FEATURE = "timm:<name> image towers"
+FEATURE = "TimmTower"
 
 
 def _timm() -> Any:
@@ -79,6 +79,8 @@ class TimmTower(ConfiguredTower):
         timm = _timm()
         if key_mapping not in ("names", "by_order"):
             raise ValueError(f"key_mapping must be 'names' or 'by_order', got {key_mapping!r}")
+        if ":" not in name:  # hf-hub: and local-dir: names are timm's to resolve
+            check_model_name("TimmTower", name.partition(".")[0], timm.list_models(), "timm.list_models()")
         create_kwargs = dict(kwargs or {})
         default_cfg = timm.models.get_pretrained_cfg(name)
         if image_size is not None and default_cfg is not None and default_cfg.fixed_input_size:
@@ -108,6 +110,7 @@ class TimmTower(ConfiguredTower):
             "std": tuple(std if std is not None else config["std"]),
             "input_size": tuple(config["input_size"]),
             "interpolation": config["interpolation"],
+            "pretrained": weights is not None,
         }
 
     @staticmethod
@@ -186,12 +189,3 @@ def map_by_order(
             )
         mapped[key] = tensor
     return mapped
-
-
-@register_image_tower("timm")
-def build_timm_tower(
-    name: str, weights: str | None, image_size: int, kwargs: dict[str, Any], strict: bool
-) -> TimmTower:
-    """``timm:<name>``; ``kwargs`` may hold ``key_mapping``, ``mean``, ``std`` besides ``create_model`` args."""
-    options = {k: kwargs.pop(k) for k in ("key_mapping", "mean", "std") if k in kwargs}
-    return TimmTower(name, weights, image_size, kwargs, strict, **options)

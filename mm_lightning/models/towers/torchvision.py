@@ -22,6 +22,7 @@ from torchvision.models.vision_transformer import VisionTransformer
 from mm_lightning.models.towers.base import (
     EncoderOutput,
     Tower,
+    check_model_name,
     image_data_config,
     is_weights_file,
     load_weights_file,
@@ -105,6 +106,12 @@ class TorchvisionTower(Tower):
     ) -> None:
         super().__init__()
         kwargs = dict(kwargs or {})
+        check_model_name(
+            "TorchvisionTower",
+            name,
+            [*CUSTOM_IMAGE_ENCODERS, *torchvision.models.list_models()],
+            "torchvision.models.list_models()",
+        )
         from_file = is_weights_file(weights)
         if weights is not None and not from_file and name in CUSTOM_IMAGE_ENCODERS:
             raise ValueError(f"{name} has no pretrained weights by name; got weights={weights!r}")
@@ -130,8 +137,9 @@ class TorchvisionTower(Tower):
         if from_file:
             head_keys = full_keys - set(self.backbone.state_dict())
             load_weights_file(self.backbone, weights, strict=strict, ignored=head_keys)
-        self.image_size = image_size
+        self.name, self.image_size = name, image_size
         self._data_config = _torchvision_data_config(name, None if from_file else weights, image_size)
+        self._data_config["pretrained"] = weights is not None
         self.gradient_checkpointing = False
 
     @property

@@ -1,4 +1,4 @@
-"""ContrastiveLoss (single process): CLIP formula, same-image masking, fp32 math, weights; the loss registry."""
+"""ContrastiveLoss (single process): CLIP formula, same-image masking, fp32 math, weights, its options."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import torch
 import torch.nn.functional as F
 
 from mm_lightning.models import ContrastiveLoss
-from mm_lightning.models.losses import LOSSES, PairLoss, build_loss, register_loss
 
 
 def clip_reference(img: torch.Tensor, txt: torch.Tensor, scale: float) -> torch.Tensor:
@@ -82,39 +81,8 @@ def test_logits_say_whether_candidates_are_global_and_carry_their_ids() -> None:
     assert logits.candidate_ids.tolist() == [3, 3, 7] and logits.targets.tolist() == [0, 1, 2]
 
 
-def test_registry_builds_by_name_and_lists_known_losses() -> None:
-    loss = build_loss("clip", temperature_init=0.05, learnable_temperature=False, global_negatives=False)
+def test_constructor_options_reach_the_loss() -> None:
+    """The options a config gives as ``model.loss.init_args`` (class_path ContrastiveLoss)."""
+    loss = ContrastiveLoss(temperature_init=0.05, learnable_temperature=False, global_negatives=False)
     assert isinstance(loss, ContrastiveLoss) and not loss.logit_scale.requires_grad
     assert loss.temperature.item() == pytest.approx(0.05)
-    with pytest.raises(ValueError, match=r"unknown loss 'nope'.*clip"):
-        build_loss("nope")
-
-    @register_loss("toy_loss")
-    class Toy(PairLoss):
-        pass
-
-    try:
-        assert LOSSES["toy_loss"] is Toy
-        with pytest.raises(ValueError, match="already registered"):
-            register_loss("toy_loss")(ContrastiveLoss)
-    finally:
-        del LOSSES["toy_loss"]
-
-
-def test_a_loss_module_is_imported_on_first_use_of_its_name(tmp_path, monkeypatch) -> None:
-    import sys
-
-    import mm_lightning.models.losses as losses
-
-    (tmp_path / "lazyloss.py").write_text(
-        "from mm_lightning.models.losses import ContrastiveLoss, register_loss\n"
-        "@register_loss('lazyloss')\n"
-        "class LazyLoss(ContrastiveLoss):\n"
-        "    pass\n"
-    )
-    monkeypatch.setattr(losses, "__path__", [*losses.__path__, str(tmp_path)])
-    try:
-        assert type(build_loss("lazyloss", temperature_init=0.1)).__name__ == "LazyLoss"
-    finally:
-        LOSSES.pop("lazyloss", None)
-        sys.modules.pop("mm_lightning.models.losses.lazyloss", None)

@@ -71,7 +71,8 @@ def test_missing_local_folder_names_it_and_says_what_to_pass(tmp_path: Path) -> 
 def test_unknown_hub_name_offline_names_it_and_says_to_pass_a_directory(monkeypatch) -> None:
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # no network in tests
     with pytest.raises(
-        PretrainedUnavailable, match=r"'no-such-org/no-such-model'.*Set --model.text.name to a local"
+        PretrainedUnavailable,
+        match=r"'no-such-org/no-such-model'.*Set --model.text_tower.init_args.name to a local",
     ):
         HFTextTower("no-such-org/no-such-model", pretrained=False)
 
@@ -79,7 +80,8 @@ def test_unknown_hub_name_offline_names_it_and_says_to_pass_a_directory(monkeypa
 def test_tokenizer_offline_names_it_and_what_to_pass(monkeypatch) -> None:
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(
-        PretrainedUnavailable, match=r"tokenizer 'no-such-org/no-such-model'.*--model.text.name"
+        PretrainedUnavailable,
+        match=r"tokenizer 'no-such-org/no-such-model'.*--model.text_tower.init_args.name",
     ):
         load_tokenizer("no-such-org/no-such-model")
 

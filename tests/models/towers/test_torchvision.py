@@ -172,6 +172,7 @@ def test_data_config_follows_the_weights() -> None:
         "std": (0.229, 0.224, 0.225),
         "input_size": (3, 48, 48),
         "interpolation": "bilinear",
+        "pretrained": False,  # random init: the statistics are a default, not the weights' own
     }
     # a named torchvision weights entry brings its own preset (read without downloading the weights)
     from mm_lightning.models.towers.torchvision import _torchvision_data_config
