@@ -224,6 +224,11 @@ class CheckedParser(LightningArgumentParser):
         super().__init__(*args, **kwargs)
 
     @override
+    def print_usage(self, file: Any = None) -> None:
+        # shown above a parser error: argparse's usage would list every option (hundreds of lines) before it
+        (file or sys.stdout).write(f"usage: {self.prog.replace(' [options]', '')} [options]\n")
+
+    @override
     def add_subcommands(self, *args: Any, **kwargs: Any) -> Any:
         self.subcommands_action = super().add_subcommands(*args, **kwargs)
         return self.subcommands_action

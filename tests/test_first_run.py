@@ -118,6 +118,7 @@ def test_a_missing_model_folder_and_a_batch_size_of_0_are_one_error_each(
         main(["fit", *tiny_demo_args(tmp_path), "--data.init_args.batch_size", "0"])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "batch_size" in err.split("error:", 1)[1] and "v>0" in err
+    assert err.startswith("usage: ") and len(err.splitlines()) < 20  # not every option's usage first
     assert "Traceback" not in err
 
 

@@ -133,7 +133,7 @@ def test_a_class_that_is_not_a_module_is_refused_naming_the_option(
         )
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    message = err.split("error:", 1)[1]  # after the usage lines, which list every option
+    message = err.split("error:", 1)[1]  # after the usage line
     assert re.search(r"image_tower.*NotATower", message, re.S) and "Traceback" not in err
 
 
