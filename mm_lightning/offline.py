@@ -44,5 +44,6 @@ def load_pretrained(load: Callable[[str], Loaded], path: str, what: str) -> Load
             raise
         raise PretrainedUnavailable(
             f"{what} could not be loaded: it is not a local directory and not in the Hugging Face cache, and"
-            f" downloading it failed ({str(error).splitlines()[0]}). Set --model.text_tower.init_args.name to {LOCAL_TEXT}."
+            f" downloading it failed ({str(error).splitlines()[0]}). Set --model.text_tower.init_args.name to"
+            f" {LOCAL_TEXT}."
         ) from error

@@ -85,8 +85,8 @@ def build_demo_bert(out_dir: str | Path) -> Path:
     """Write the demo text encoder directory: a tiny BERT ``config.json`` and a WordPiece tokenizer.
 
     The vocabulary is the demo captions' word list, so demo captions never hit ``[UNK]``. There are no weights:
-    the demo builds the encoder from this config (``pretrained: false`` in the text tower's ``init_args``). The copy shipped as the built-in
-    ``mm-lightning/demo-bert`` was written by this function; ``tests/data/test_demo.py`` checks they agree.
+    the demo builds the encoder from this config (``pretrained: false`` in the text tower's ``init_args``). The
+    copy shipped as the built-in ``mm-lightning/demo-bert`` was written by this function; ``tests/data/test_demo.py`` checks they agree.
     """
     from transformers import BertConfig, BertTokenizerFast
 

@@ -25,8 +25,8 @@ class StartsWorkersOutsideTheGroup:
 
     Without this, a signal sent to the whole group just as workers start (a Ctrl-C at an epoch's end, when the
     validation workers do) kills the workers that have not left the group yet, and the run fails instead of saving.
-    Forked workers inherit the blocked signals; spawned ones (``spawn``, ``forkserver``) start with none blocked, so
-    one still importing its modules is not covered.
+    Forked workers inherit the blocked signals. ``spawn`` starts a worker with none blocked, and a forkserver
+    passes on the mask it was started with, so with these a worker still importing its modules may not be covered.
     """
 
     num_workers: int

@@ -98,9 +98,8 @@ class DualEncoder(nn.Module):
             self.text_encoder, self.text_encoder.pooled_dim, embed_dim, tc.project, "text"
         )
         loss = ContrastiveLoss() if loss is None else loss
-        if not isinstance(
-            loss, (ContrastiveLoss, SigLipLoss)
-        ):  # a user's: the pair-loss contract (losses/base.py)
+        # a user's loss (a subclass of a built-in one too) is checked against the contract (losses/base.py)
+        if type(loss) not in (ContrastiveLoss, SigLipLoss):
             check_loss(loss, embed_dim, needs_logits=itm)
         self.contrastive = loss
         take_over_logit_scale(self.contrastive, self.image_encoder, self.text_encoder)
@@ -145,6 +144,11 @@ class DualEncoder(nn.Module):
             map_location: where to load the tensors (``torch.load``'s argument).
             parts: towers or loss to use instead of the recorded ones.
         """
+        unknown = sorted(set(parts) - set(PARTS))
+        if unknown:
+            raise TypeError(
+                f"DualEncoder.from_checkpoint: unknown part(s) {unknown}; the parts: {list(PARTS)}"
+            )
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
         hparams = checkpoint.get("hyper_parameters") or {}
         built = {}
@@ -153,9 +157,8 @@ class DualEncoder(nn.Module):
             if name in parts:
                 built[name] = parts[name]
             elif isinstance(spec, dict) and "class_path" in spec:
-                built[name] = instantiate_class(
-                    (), spec
-                )  # Lightning's: import the class, call it with init_args
+                # Lightning's: imports the class and calls it with init_args (plain values, as the CLI wrote them)
+                built[name] = instantiate_class((), spec)
             elif name != "loss":
                 raise ValueError(
                     f"{path}: the checkpoint records no {name} (its module was built in Python); pass it: "

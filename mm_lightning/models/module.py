@@ -89,12 +89,14 @@ class MultimodalModule(LightningModule):
         compile: bool | dict[str, Any] = False,
     ) -> None:
         super().__init__()
-        # Built by the CLI, Lightning records the parts as the class_path + init_args it built them from;
-        # built in Python, they are objects, which the checkpoint does not hold (on_save_checkpoint), so
-        # Lightning's advice to leave them out does not apply.
+        # Built by the CLI, Lightning records the parts as the class_path + init_args it built them from.
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r".*is an instance of `nn.Module`")
             self.save_hyperparameters()
+        if any(isinstance(self.hparams.get(name), nn.Module) for name in PARTS):
+            # Built in Python, they are objects: left out (no copy kept, none in checkpoints or hparams.yaml);
+            # load_from_checkpoint takes them as arguments.
+            self.save_hyperparameters(ignore=list(PARTS))
         self.image_config = as_config(TowerTraining, image)
         self.text_config = as_config(TowerTraining, text)
         self.objective = oc = as_config(ObjectiveConfig, objective)
@@ -129,11 +131,8 @@ class MultimodalModule(LightningModule):
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # Built in Python, the parts are objects: keep them out, so the file loads with weights_only=True.
+        # Built in Python, the option groups may be dataclasses: plain dicts load with weights_only=True.
         hparams = checkpoint.get("hyper_parameters", {})
-        for name in PARTS:
-            if isinstance(hparams.get(name), nn.Module):
-                del hparams[name]
         for name, value in list(hparams.items()):
             if is_dataclass(value) and not isinstance(value, type):
                 hparams[name] = asdict(value)

@@ -80,6 +80,11 @@ def test_a_module_built_in_python_keeps_its_parts_out_of_the_checkpoint_and_take
     save_checkpoint(model, path)
     hparams = torch.load(path, weights_only=True)["hyper_parameters"]  # plain data only
     assert not {"image_tower", "text_tower"} & set(hparams)
+    assert not {"image_tower", "text_tower"} & set(model.hparams_initial)  # no copy of the towers kept either
+    with pytest.raises(
+        TypeError, match=r"unknown part\(s\) \['image_towr'\]"
+    ):  # a misspelt part is no fallback
+        DualEncoder.from_checkpoint(path, image_towr=TinyPatchTower(width=12))
     network = DualEncoder.from_checkpoint(
         path, image_tower=TinyPatchTower(width=12), text_tower=TinyWordTower(width=10)
     ).eval()

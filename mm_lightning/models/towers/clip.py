@@ -5,8 +5,8 @@ Name the same directory in both towers to fine-tune a pretrained dual encoder::
 
     image_tower: {class_path: mm_lightning.models.towers.CLIPImageTower, init_args: {name: /models/clip}}
     text_tower: {class_path: mm_lightning.models.towers.CLIPTextTower, init_args: {name: /models/clip}}
- Each tower carries what the module needs to continue
-where the source left off:
+
+Each tower carries what the module needs to continue where the source left off:
 
 - ``projection``: the source's projection into the shared space (CLIP's ``visual_projection`` /
   ``text_projection``; SigLIP has none: its pooling heads already end in the shared space, so ``Identity``);

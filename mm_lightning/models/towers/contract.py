@@ -27,7 +27,8 @@ The contract, all of it:
   ``input_size`` ``(3, H, W)``, ``interpolation`` (``bilinear`` or ``bicubic``), which the data side follows
   unless the data sets its own, and ``pretrained`` (true: these come from trained weights, so a ``data.mean`` /
   ``data.std`` that differs is warned about); defaults: ImageNet statistics at the tower's ``image_size``
-  attribute (224 without one), bilinear, not pretrained. ``set_gradient_checkpointing(enabled)`` for ``model.gradient_checkpointing``.
+  attribute (224 without one), bilinear, not pretrained. ``set_gradient_checkpointing(enabled)`` for
+  ``model.gradient_checkpointing``.
   ``layer_groups()``: the tower's parameter names in groups from input to output, for ``train_last``.
 
 A tower that breaks the contract is refused when the model is built, with an error that names its class and

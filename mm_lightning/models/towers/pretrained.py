@@ -1,7 +1,7 @@
 """What towers over pretrained libraries share, and how a module takes over a pretrained dual encoder.
 
-Towers cut out of a pretrained dual encoder (``CLIPImageTower``/``CLIPTextTower``, ``OpenCLIPImageTower``/``OpenCLIPTextTower``) carry the source's ``projection`` into
-its shared space and its learned ``logit_scale`` (and ``logit_bias`` for sigmoid losses). A module that finds
+Towers cut out of a pretrained dual encoder (``CLIPImageTower``/``CLIPTextTower``,
+``OpenCLIPImageTower``/``OpenCLIPTextTower``) carry the source's ``projection`` into its shared space and its learned ``logit_scale`` (and ``logit_bias`` for sigmoid losses). A module that finds
 them uses them instead of fresh projections and its initial temperature::
 
     self.image_proj = projection_for(self.image_encoder, self.image_encoder.pooled_dim, embed_dim)
