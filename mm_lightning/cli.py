@@ -362,6 +362,9 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> MultimodalCLI:
         trainer_defaults=TRAINER_DEFAULTS,
         seed_everything_default=42,
         save_config_kwargs={"overwrite": True},
+        # the module's optim options are the one way to set the optimizer: LightningCLI's --optimizer and
+        # --lr_scheduler would replace its per-tower parameter groups and warmup + cosine schedule
+        auto_configure_optimizers=False,
         args=args,
         run=run,
     )

@@ -5,8 +5,8 @@ collective is the last thing a process does, the main thread may already be in `
 kills the waiting thread inside a ``noexcept`` destructor and ``std::terminate`` aborts the process ("terminate
 called without an active exception", exit code -6) after the work is done. Destroying the group at exit joins
 those threads while the interpreter is still whole. Lightning registers this only for NCCL, so it is done here,
-from an exit hook installed when ``mm_lightning`` is imported: the CLI, ``ddp``/``ddp_spawn`` children,
-torchrun and multi-node ranks and test workers all import the package.
+from an exit hook installed in every process of a distributed run: by ``MultimodalModule.setup`` (any strategy,
+any launcher) and by ``ExplicitAllReduceDDPStrategy`` (any module). Importing the package installs nothing.
 
 Bounded: a group whose collective is stuck (a peer died) would make the destroy wait for gloo's own timeout
 (30 minutes by default). A watchdog (``faulthandler``'s, a C thread: Python threads cannot be started at exit on
@@ -59,7 +59,7 @@ _installed = False
 
 
 def install() -> None:
-    """Registers :func:`destroy_process_group_at_exit` once per process (called by ``import mm_lightning``)."""
+    """Registers :func:`destroy_process_group_at_exit` once per process."""
     global _installed
     if not _installed:
         atexit.register(destroy_process_group_at_exit)

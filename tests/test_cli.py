@@ -14,7 +14,8 @@ import torch
 from lightning.pytorch import Trainer
 
 from mm_lightning.callbacks import ProgressLines
-from mm_lightning.cli import cli_main, main
+from mm_lightning.cli import MultimodalCLI, cli_main, main
+from mm_lightning.models import MultimodalModule
 from tests.conftest import REPO, TinyRun, tiny_demo_args
 
 
@@ -169,6 +170,11 @@ def test_module_entry_point_runs(capsys: pytest.CaptureFixture) -> None:
         "--model.fusion.heads" in result.stdout
         and "--checkpoint CONFIG | CLASS_PATH_OR_NAME" in result.stdout
     )
+    # no option that would replace the module's optimizer groups and schedule (control: LightningCLI's default)
+    assert "--optimizer" not in result.stdout and "--lr_scheduler" not in result.stdout
+    with pytest.raises(SystemExit):
+        MultimodalCLI(MultimodalModule, args=["fit", "--help"], auto_configure_optimizers=True)
+    assert "--optimizer " in capsys.readouterr().out
     # a callback group's own options, as the help says to ask for them (in this process: no second start-up)
     with pytest.raises(SystemExit) as exit_info:
         cli_main(["fit", "--checkpoint.help", "ResilientCheckpoint"])

@@ -53,25 +53,46 @@ def test_check_catches_an_abort_at_exit() -> None:
     assert exit_problems(0, "done\n") == []
 
 
-# A one-process gloo group; an exit hook registered *before* the package is imported runs *after* the package's
-# (atexit runs hooks last in, first out) and reports whether the group is still there.
+# A one-process gloo group; an exit hook registered *before* the package's runs *after* it (atexit runs hooks last
+# in, first out) and reports whether the group is still there.
 GROUP_AT_EXIT = """
 import atexit, torch.distributed as dist
 atexit.register(lambda: print("initialized at exit:", dist.is_initialized(), flush=True))
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-{import_package}
+{install}
 """
+INSTALL = "from mm_lightning import process_exit; process_exit.install()"
 
 
-@pytest.mark.parametrize("import_package", [True, False], ids=["package", "control-without-package"])
-def test_importing_the_package_destroys_the_group_at_exit(import_package: bool) -> None:
-    result = python(GROUP_AT_EXIT.format(import_package="import mm_lightning" if import_package else ""))
+@pytest.mark.parametrize("install", [True, False], ids=["installed", "control-not-installed"])
+def test_the_hook_destroys_the_group_at_exit(install: bool) -> None:
+    result = python(GROUP_AT_EXIT.format(install=INSTALL if install else "import mm_lightning"))
     assert result.returncode == 0, result.stderr[-3000:]
-    assert f"initialized at exit: {not import_package}" in result.stdout, result.stdout + result.stderr
+    assert f"initialized at exit: {not install}" in result.stdout, result.stdout + result.stderr
+
+
+def test_the_module_installs_it_in_a_distributed_run() -> None:
+    """``MultimodalModule.setup`` installs the hook once a process group exists (any strategy, any launcher)."""
+    code = """
+import atexit, torch.distributed as dist
+from mm_lightning import process_exit
+from mm_lightning.models import MultimodalModule
+print("before:", atexit._ncallbacks(), flush=True)
+MultimodalModule.setup(MultimodalModule.__new__(MultimodalModule), "validate")  # no group yet: nothing
+print("no group:", atexit._ncallbacks(), flush=True)
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+MultimodalModule.setup(MultimodalModule.__new__(MultimodalModule), "validate")
+print("module:", process_exit._installed, atexit._ncallbacks(), flush=True)
+"""
+    result = python(code)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = dict(line.split(": ", 1) for line in result.stdout.splitlines())
+    assert lines["no group"] == lines["before"]
+    assert lines["module"] == f"True {int(lines['before']) + 1}"
 
 
 def test_hook_is_a_no_op_without_a_group() -> None:
-    result = python("import mm_lightning; import torch.distributed")
+    result = python(f"{INSTALL}; import torch.distributed")
     assert result.returncode == 0 and result.stderr == "", result.stderr
 
 

@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from mm_lightning.data.collate import load_tokenizer
 from mm_lightning.data.datamodule import MultimodalDataModule
+from mm_lightning.data.images import pil_guard_lifted
 from mm_lightning.data.pools import process_pool
 from mm_lightning.data.records import Record, RecordError
 from mm_lightning.data.samples import SampleBuilder
@@ -44,7 +45,7 @@ def inspect_image(path: str, builder: SampleBuilder) -> dict[str, Any]:
     try:
         image = builder.decode(record)
         builder.apply_transform(record, image)
-        with Image.open(path) as img:
+        with pil_guard_lifted(), Image.open(path) as img:  # the size was checked by the decode above
             mode = img.mode
         with open(path, "rb") as f:
             digest = hashlib.blake2b(f.read(), digest_size=16).hexdigest()

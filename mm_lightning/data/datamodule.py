@@ -11,7 +11,6 @@ or from the CLI, ``python -m mm_lightning fit --config configs/base.yaml``.
 from __future__ import annotations
 
 import os
-import warnings
 from functools import partial
 from typing import Any, Literal
 
@@ -35,10 +34,6 @@ from mm_lightning.data.splits import STAGE_SPLITS, EmptySplitError, NoTrainingBa
 from mm_lightning.data.transforms import INTERPOLATIONS, Normalize, eval_transform, train_transform
 from mm_lightning.preprocessing import DEFAULT_IMAGE_SIZE, IMAGENET_MEAN, IMAGENET_STD
 from mm_lightning.seeding import global_seed
-
-# torchdata 0.11 calls a torch API that torch now flags as deprecated, once per loader iterator; it is not
-# actionable for users.
-warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
 
 
 class MultimodalDataModule(pl.LightningDataModule):

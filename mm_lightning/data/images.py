@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import io
 import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Literal
 
 import numpy as np
@@ -24,10 +27,6 @@ try:
     import simplejpeg
 except ImportError:  # optional accelerator: PIL and torchvision decode the same files, slower
     simplejpeg = None
-
-# Our own ``max_pixels`` guard runs on the header before any pixel is decoded; PIL's global guard would
-# otherwise fire first with a different message (and only at 2x its limit).
-Image.MAX_IMAGE_PIXELS = None
 
 DEFAULT_MAX_PIXELS = 89_478_485  # PIL's own default limit (~ 0.25 GB of RGBA at 32 bit)
 DCT_SCALES = (1, 2, 4, 8)  # the power-of-two reductions libjpeg's scaled IDCT offers
@@ -64,6 +63,26 @@ def orient(image: torch.Tensor, orientation: int) -> torch.Tensor:
     return image.flip(flips) if flips else image
 
 
+_PIL_GUARD_LOCK = threading.Lock()
+
+
+@contextmanager
+def pil_guard_lifted() -> Iterator[None]:
+    """PIL's own decompression-bomb check off for one header read; ``max_pixels`` checks that header right after.
+
+    PIL's check (``Image.MAX_IMAGE_PIXELS``, a process-wide setting the user's program owns) would fire first with
+    another message, warn below 2x its limit and refuse a size the user allowed with ``max_pixels``. It is restored
+    as soon as the header is read; the lock keeps concurrent reads of this module from restoring it wrongly.
+    """
+    with _PIL_GUARD_LOCK:
+        previous = Image.MAX_IMAGE_PIXELS
+        Image.MAX_IMAGE_PIXELS = None
+        try:
+            yield
+        finally:
+            Image.MAX_IMAGE_PIXELS = previous
+
+
 class EncodedImage:
     """An encoded image opened header-only: displayed size first, pixels (optionally DCT-scaled) on demand.
 
@@ -90,7 +109,8 @@ class EncodedImage:
         if backend == "simplejpeg" and simplejpeg is None:
             raise ImportError("backend='simplejpeg' needs the simplejpeg package (pip install simplejpeg)")
         with _decode_errors():
-            self._img = Image.open(io.BytesIO(data))  # lazy: reads the header only
+            with pil_guard_lifted():
+                self._img = Image.open(io.BytesIO(data))  # lazy: reads the header only
             width, height = self._img.size
             if max_pixels is not None and width * height > max_pixels:
                 raise ImageDecodeError(

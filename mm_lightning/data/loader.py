@@ -8,6 +8,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -72,6 +73,12 @@ class ResumableDataLoader(StartsWorkersOutsideTheGroup, StatefulDataLoader):
     _yielded = 0
     # batches already yielded in the epoch a loaded state resumes
     _resumed_at = 0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        with warnings.catch_warnings():
+            # torchdata 0.11 calls a torch API that torch now flags as deprecated (set_vital); not the user's concern
+            warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
+            super().__init__(*args, **kwargs)
 
     @override
     def __iter__(self) -> Iterator[Any]:

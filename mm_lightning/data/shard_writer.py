@@ -30,7 +30,12 @@ from PIL import Image
 from tqdm import tqdm
 from webdataset import TarWriter
 
-from mm_lightning.data.images import DEFAULT_MAX_PIXELS, ImageDecodeError, decode_image_bytes
+from mm_lightning.data.images import (
+    DEFAULT_MAX_PIXELS,
+    ImageDecodeError,
+    decode_image_bytes,
+    pil_guard_lifted,
+)
 from mm_lightning.data.pools import process_pool
 from mm_lightning.data.records import RecordError
 from mm_lightning.data.sources.jsonl import RecordParser
@@ -74,7 +79,7 @@ def _encoded_image(path: str, job: ShardJob) -> tuple[str, bytes]:
     if job.image_format == "copy":
         ext = os.path.splitext(path)[1].lower().lstrip(".") or "jpg"
         return ("jpg" if ext == "jpeg" else ext), data
-    with Image.open(io.BytesIO(data)) as img:
+    with pil_guard_lifted(), Image.open(io.BytesIO(data)) as img:  # size checked by the decode above
         out = io.BytesIO()
         img.convert("RGB").save(out, format="JPEG", quality=job.jpeg_quality)
     return "jpg", out.getvalue()

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from mm_lightning import lightning_compat as compat
+from mm_lightning import process_exit
 from mm_lightning.data.skips import STAND_IN_KEY
 from mm_lightning.embeddings import l2_normalize
 from mm_lightning.metrics import RetrievalMetrics, first_occurrence
@@ -201,6 +202,8 @@ class MultimodalModule(LightningModule):
 
     @override
     def setup(self, stage: str) -> None:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            process_exit.install()  # gloo ranks would otherwise abort at interpreter exit (see process_exit.py)
         if stage == "fit":
             self.batch_embedding.setup(self.trainer.strategy, self.model)
 

@@ -28,8 +28,8 @@ from torch.nn import Module, Parameter
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from mm_lightning import process_exit
 from mm_lightning.distributed import CollectiveError
-from mm_lightning.lightning_compat import sync_module_states
 from mm_lightning.strategies.reducers import (
     BucketedReducer,
     GradientReducer,
@@ -44,7 +44,7 @@ class ExplicitAllReduceDDPStrategy(DDPStrategy):
     """Multi-process data parallelism with an explicit, user-visible gradient all-reduce.
 
     Args:
-        mode: ``"per_parameter"`` (the seeds' loop: one ``all_reduce(SUM)`` per parameter, then divide) or
+        mode: ``"per_parameter"`` (the textbook loop: one ``all_reduce(SUM)`` per parameter, then divide) or
             ``"bucketed"`` (gradients flattened into buckets, one collective per bucket).
         bucket_cap_mb: the bucket size for ``mode="bucketed"``, in megabytes.
         overlap_backward: with ``mode="bucketed"``, start each bucket's all-reduce during the last backward,
@@ -93,6 +93,11 @@ class ExplicitAllReduceDDPStrategy(DDPStrategy):
         self._backward_since_reduce = False
 
     # ------------------------------------------------------------------ setup / teardown
+    @override
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        process_exit.install()  # gloo ranks would otherwise abort at interpreter exit (see process_exit.py)
+
     @override
     def configure_ddp(self) -> None:
         # Instead of wrapping in DistributedDataParallel, do what its constructor does: rank 0's state wins.
@@ -268,3 +273,18 @@ def _broadcast_coalesced(tensors: list[Tensor], src: int = 0) -> None:
             for tensor in group:
                 tensor.copy_(flat[offset : offset + tensor.numel()].view_as(tensor))
                 offset += tensor.numel()
+
+
+def sync_module_states(module: Module) -> None:
+    """Copies rank 0's parameters and buffers to every rank, as ``DistributedDataParallel`` does when it wraps a
+    model: one broadcast per dtype of all the tensors flattened together."""
+    tensors = [t for t in [*module.parameters(), *module.buffers()] if t.numel() > 0]
+    by_dtype: dict[torch.dtype, list[Tensor]] = {}
+    for tensor in tensors:
+        by_dtype.setdefault(tensor.dtype, []).append(tensor)
+    with torch.no_grad():
+        for group in by_dtype.values():
+            flat = torch.cat([t.detach().reshape(-1) for t in group])
+            dist.broadcast(flat, src=0)
+            for tensor, value in zip(group, flat.split([t.numel() for t in group]), strict=True):
+                tensor.copy_(value.view_as(tensor))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -164,6 +165,28 @@ def test_decompression_bomb_guard(tmp_path: Path) -> None:
     with pytest.raises(ImageDecodeError, match="60000 pixels, above max_image_pixels=50000"):
         decode_image_file(str(path), max_pixels=50_000)
     _check_rgb(decode_image_file(str(path), max_pixels=60_000), (300, 200))
+
+
+@pytest.mark.parametrize("suffix", ["png", "jpg"])
+def test_max_pixels_is_the_limit_and_pils_own_setting_is_left_as_it_was(
+    tmp_path: Path, suffix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PIL's process-wide guard (here set below the image's size) neither refuses nor warns about an image that
+    ``max_pixels`` allows, and is the same after the decode."""
+    path = save_image(tmp_path / f"big.{suffix}", (300, 200))
+    monkeypatch.setattr(
+        Image, "MAX_IMAGE_PIXELS", 20_000
+    )  # 60000 pixels: above 2x, PIL alone would refuse it
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _check_rgb(decode_image_file(str(path), max_pixels=None), (300, 200))
+    assert Image.MAX_IMAGE_PIXELS == 20_000
+    with pytest.raises(ImageDecodeError, match="above max_image_pixels=50000"):
+        decode_image_file(str(path), max_pixels=50_000)
+    assert Image.MAX_IMAGE_PIXELS == 20_000
+    # control: PIL's own guard does fire on this file at this setting
+    with pytest.raises(Image.DecompressionBombError):
+        Image.open(path)
 
 
 def test_missing_file(tmp_path: Path) -> None:

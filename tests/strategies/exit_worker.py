@@ -3,7 +3,7 @@
 Usage: ``python tests/strategies/exit_worker.py MODE`` with torchrun-style environment variables
 (``tests/strategies/launch.py``). Modes:
 
-- ``clean``: a few all-reduces, then exit; ``import mm_lightning`` installs the exit hook.
+- ``clean``: a few all-reduces, then exit, with the package's exit hook installed (as a run's processes have it).
 - ``stuck``: rank 0 leaves an all-reduce that rank 1 never joins, then exits; rank 1 sleeps. The exit hook must
   give up after ``MM_LIGHTNING_EXIT_TIMEOUT`` seconds rather than wait for gloo's own timeout.
 """
@@ -16,11 +16,12 @@ import time
 import torch
 import torch.distributed as dist
 
-import mm_lightning  # noqa: F401  (installs the exit hook, as every entry point of the package does)
+from mm_lightning import process_exit
 
 
 def main(mode: str) -> None:
     dist.init_process_group("gloo")
+    process_exit.install()
     rank = dist.get_rank()
     tensor = torch.ones(1000)
     for _ in range(5):
