@@ -33,6 +33,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from mm_lightning import lightning_compat as compat
+from mm_lightning.data.loader import ResumableDataLoader
 from mm_lightning.plugins.io import AtomicCheckpointIO
 from mm_lightning.seeding import derive_seed, global_seed
 
@@ -127,11 +128,11 @@ class ExactResume(Callback):
       global generators at points that differ between a resumed and an uninterrupted run, so with
       ``reseed_every_batch`` the generators are also reseeded at every training batch from ``(seed, batch
       counter)``: a batch's dropout, negative sampling etc. depend only on its position in training.
-    * Lightning 2.6 applies the checkpoint's train-loader position (a ``StatefulDataLoader``'s state) in
-      ``FitLoop.setup_data``. When ``configure_optimizers`` reads ``trainer.estimated_stepping_batches`` (as
-      warmup/cosine schedules do), ``setup_data`` has already run before the checkpoint's loop state is read, the
-      position is never applied and the resumed epoch starts over with a new shuffle. ``on_train_start`` applies
-      it and restarts the not yet consumed iterator.
+    * The train loader's position (a ``StatefulDataLoader``'s state): Lightning applies it only for a run stopped
+      mid-epoch, and only to a loader set up after the checkpoint is read; the built-in data modules also keep it
+      in their own checkpoint state and give it to the loader they build
+      (:class:`~mm_lightning.data.loader.TrainPosition`). When a resumed run's ``ResumableDataLoader`` got no
+      position, this callback says so: the epoch then starts over with a new order.
 
     Random data augmentation is exact only if it does not draw from the global generators of the process that
     loads the batch (the built-in datasets seed each
@@ -145,6 +146,7 @@ class ExactResume(Callback):
     def __init__(self, seed: int | None = None, reseed_every_batch: bool = True) -> None:
         self.seed = seed
         self.reseed_every_batch = reseed_every_batch
+        self._saved_position = False  # the checkpoint being resumed holds a train-loader position
 
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -152,8 +154,23 @@ class ExactResume(Callback):
             self.seed = global_seed()
 
     @override
+    def on_load_checkpoint(
+        self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        fit_loop = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
+        self._saved_position = bool(fit_loop.get("combined_loader"))
+
+    @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        compat.apply_pending_train_loader_state(trainer)
+        loader = trainer.train_dataloader
+        if self._saved_position and isinstance(loader, ResumableDataLoader) and not loader.position_loaded:
+            rank_zero_warn(
+                "The checkpoint's position in the training data was not restored, so this epoch starts over with"
+                " a new order: the train loader was set up before the checkpoint was read (typically"
+                " configure_optimizers reading trainer.estimated_stepping_batches; ask for it lazily, as"
+                " mm_lightning.models.optim.warmup_cosine does)."
+            )
+        self._saved_position = False
 
     @override
     def on_train_batch_start(

@@ -18,14 +18,19 @@ import lightning.pytorch as pl
 import torch
 from jsonargparse.typing import PositiveInt
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from torch.utils.data import DataLoader, Dataset, RandomSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from typing_extensions import override
 
 from mm_lightning.data.batch_slots import slots_for
 from mm_lightning.data.collate import MultimodalCollate
 from mm_lightning.data.dataset import CaptionSampling, ImageTextDataset
 from mm_lightning.data.images import DEFAULT_MAX_PIXELS, decode_image_bytes
-from mm_lightning.data.loader import ResumableDataLoader, WorkerSafeDataLoader, ignore_stop_signals
+from mm_lightning.data.loader import (
+    ResumableDataLoader,
+    TrainPosition,
+    WorkerSafeDataLoader,
+    ignore_stop_signals,
+)
 from mm_lightning.data.samplers import LengthGroupedSampler
 from mm_lightning.data.samples import BadRecordPolicy, SampleBuilder
 from mm_lightning.data.skips import SkipLog
@@ -127,6 +132,15 @@ class MultimodalDataModule(pl.LightningDataModule):
         self.collate = MultimodalCollate(tokenizer, max_length, pad_to_multiple_of)
         self.datasets: dict[str, ImageTextDataset] = {}
         self._collates: dict[bool, MultimodalCollate] = {}
+        self.train_position = TrainPosition()
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return self.train_position.state_dict()
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.train_position.load_state_dict(state_dict)
 
     @property
     def index_skips(self) -> SkipLog:
@@ -340,34 +354,22 @@ class MultimodalDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> ResumableDataLoader:
         """Shuffled, ``drop_last``; a stateful loader so Lightning checkpoints its position (mid-epoch and at the end)."""
         dataset, hp = self._dataset("train"), self.hparams
-        kwargs = self._loader_kwargs()
         world, rank = self._rank_info()
-        index = dataset.index
         rows = "images" if dataset.caption_sampling == "random" else "caption rows"
-        where = (
-            f"{index.file}: {index.lines} non-blank lines, {index.skips.count} dropped while reading, "
-            f"{len(dataset)} {rows} left"
-        )
+        where = f"{dataset.index.file}: {dataset.index.lines} non-blank lines, {dataset.index.skips.count} dropped"
+        where += f" while reading, {len(dataset)} {rows} left"
+        # one process: torchdata's RandomSampler (shuffle=True), which checkpoints its generator; several: the
+        # sampler Lightning would put in (seeded, reshuffled by set_epoch), given here so Lightning keeps this loader
+        sampler = DistributedSampler(dataset, world, rank, seed=global_seed()) if world > 1 else None
         if hp.length_grouping:
-            sampler = LengthGroupedSampler(
-                dataset.lengths(),
-                hp.batch_size,
-                num_replicas=world,
-                rank=rank,
-                seed=global_seed(),
-                window_batches=hp.length_window,
-            )
-            self.check_a_batch(len(sampler), where)
-            return ResumableDataLoader(dataset, sampler=sampler, drop_last=True, **kwargs)
-        per_rank = -(-len(dataset) // world)  # Lightning's DistributedSampler: ceil(N / world)
-        self.check_a_batch(per_rank, where)
-        if world > 1:
-            # Lightning replaces a plain RandomSampler by its DistributedSampler (seeded, reshuffled by set_epoch:
-            # same order on every rank, replayable); torchdata's RandomSampler (shuffle=True) it only wraps, and
-            # ranks whose global RNGs differ would draw overlapping samples.
-            return ResumableDataLoader(dataset, sampler=RandomSampler(dataset), drop_last=True, **kwargs)
-        # Single process: torchdata's stateful RandomSampler checkpoints its generator.
-        return ResumableDataLoader(dataset, shuffle=True, drop_last=True, **kwargs)
+            lengths, seed = dataset.lengths(), global_seed()
+            sampler = LengthGroupedSampler(lengths, hp.batch_size, world, rank, seed, hp.length_window)
+        self.check_a_batch(len(dataset) if sampler is None else len(sampler), where)
+        kwargs = self._loader_kwargs()
+        loader = ResumableDataLoader(
+            dataset, sampler=sampler, shuffle=sampler is None, drop_last=True, **kwargs
+        )
+        return self.train_position.track(loader)
 
     @override
     def val_dataloader(self) -> DataLoader | list:

@@ -73,6 +73,8 @@ class ResumableDataLoader(StartsWorkersOutsideTheGroup, StatefulDataLoader):
     _yielded = 0
     # batches already yielded in the epoch a loaded state resumes
     _resumed_at = 0
+    # whether a saved position was loaded (a resumed run checks that Lightning applied the checkpoint's)
+    position_loaded = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         with warnings.catch_warnings():
@@ -125,6 +127,7 @@ class ResumableDataLoader(StartsWorkersOutsideTheGroup, StatefulDataLoader):
             yielded = self._torchdata_count(state)
         epoch = state.pop(self.EPOCH_KEY, None)
         super().load_state_dict(state)
+        self.position_loaded = True
         if epoch is not None:
             self._set_epoch(epoch)
         if yielded and yielded >= len(self):
@@ -135,6 +138,37 @@ class ResumableDataLoader(StartsWorkersOutsideTheGroup, StatefulDataLoader):
                 self._set_epoch(epoch + 1)
         else:
             self._resumed_at = yielded
+
+
+class TrainPosition:
+    """The train loader's position, saved with the data module's checkpoint state and applied to the next train
+    loader the data module builds.
+
+    Lightning restores a loader's position itself only for a run stopped mid-epoch, and only into a loader set up
+    after the checkpoint was read. Applied here, a run resumed at an epoch's end starts the next epoch in the
+    order an uninterrupted run has, and a module that sets up the data early (``configure_optimizers`` reading
+    ``trainer.estimated_stepping_batches``) resumes exactly too. Loading the same state twice changes nothing.
+    """
+
+    KEY = "train_loader"
+
+    def __init__(self) -> None:
+        self.loader: ResumableDataLoader | None = None
+        self.pending: dict[str, Any] | None = None
+
+    def track(self, loader: ResumableDataLoader) -> ResumableDataLoader:
+        """Remember ``loader`` as the one whose position is saved, after giving it the resumed run's position."""
+        if self.pending is not None:
+            loader.load_state_dict(self.pending)
+            self.pending = None
+        self.loader = loader
+        return loader
+
+    def state_dict(self) -> dict[str, Any]:
+        return {} if self.loader is None else {self.KEY: self.loader.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.pending = state_dict.get(self.KEY)
 
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>

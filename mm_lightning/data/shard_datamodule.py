@@ -184,7 +184,8 @@ class ShardDataModule(MultimodalDataModule):
         )
         self.check_a_batch(len(sampler), f"{len(dataset)} samples")
         # Every rank's sampler has the same length, so drop_last gives every rank the same number of batches.
-        return ResumableDataLoader(dataset, sampler=sampler, drop_last=True, **self._loader_kwargs())
+        loader = ResumableDataLoader(dataset, sampler=sampler, drop_last=True, **self._loader_kwargs())
+        return self.train_position.track(loader)
 
 
 class DemoShardDataModule(ShardDataModule):

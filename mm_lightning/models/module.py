@@ -293,8 +293,9 @@ class MultimodalModule(LightningModule):
             "image_encoder": (self.model.image_encoder, self.image_config.lr),
             "text_encoder": (self.model.text_encoder, self.text_config.lr),
         }
+        trainer = self.trainer
         return optimizer_and_schedule(
-            self, towers, self.optim_config, self.trainer.estimated_stepping_batches
+            self, towers, self.optim_config, lambda: trainer.estimated_stepping_batches
         )
 
     @override

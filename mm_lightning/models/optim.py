@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -43,23 +43,39 @@ def param_groups(towers: dict[str, tuple[nn.Module, float]], weight_decay: float
 
 
 def warmup_cosine(
-    optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int | None, min_lr_ratio: float
+    optimizer: torch.optim.Optimizer,
+    warmup_steps: int,
+    total_steps: Callable[[], float],
+    min_lr_ratio: float,
 ) -> LambdaLR:
     """Linear warmup from 0 to each group's LR over ``warmup_steps``, then cosine decay to ``min_lr_ratio``.
 
     Args:
         optimizer: the optimizer whose groups' LRs are scaled.
         warmup_steps: linear warmup steps.
-        total_steps: steps of the whole run; None (unbounded run) keeps the peak LR after warmup.
+        total_steps: returns the steps of the whole run (``inf``: unbounded, the LR stays at its peak after
+            warmup). Asked once, at the first step after warmup: asked in ``configure_optimizers``, the trainer
+            would set up the train loader before a checkpoint's position in it is restored.
         min_lr_ratio: final LR / peak LR.
     """
+    known: list[float] = []
 
     def factor(step: int) -> float:
         if step < warmup_steps:
             return (step + 1) / warmup_steps
-        if total_steps is None:
+        if step == warmup_steps:  # the decay's start: 1 whatever the length
             return 1.0
-        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        if not known:
+            known.append(total_steps())
+            if not math.isfinite(known[0]):
+                rank_zero_warn(
+                    "The training length is unbounded (no trainer.max_steps or max_epochs), so the learning rate "
+                    "stays at its peak after warmup instead of following the cosine decay. Set trainer.max_steps "
+                    "to get the decay."
+                )
+        if not math.isfinite(known[0]):
+            return 1.0
+        progress = min(1.0, (step - warmup_steps) / max(1, int(known[0]) - warmup_steps))
         return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return LambdaLR(optimizer, factor)
@@ -82,7 +98,10 @@ def clip_grouped(groups: dict[str, tuple[Iterable[nn.Parameter], float | None]])
 
 
 def optimizer_and_schedule(
-    module: nn.Module, towers: dict[str, tuple[nn.Module, float | None]], optim: Any, total_steps: float
+    module: nn.Module,
+    towers: dict[str, tuple[nn.Module, float | None]],
+    optim: Any,
+    total_steps: Callable[[], float],
 ) -> dict[str, Any]:
     """AdamW over the towers' and the remaining (head) parameters, with warmup + cosine per step.
 
@@ -90,7 +109,8 @@ def optimizer_and_schedule(
         module: the whole model; parameters outside ``towers`` form the ``heads`` group at ``optim.lr``.
         towers: name -> (tower, its learning rate; None: ``optim.lr``, 0 is a valid rate).
         optim: the optimization options (``lr``, ``weight_decay``, ``warmup_steps``, ``min_lr_ratio``).
-        total_steps: the trainer's estimated stepping batches (``inf`` when the run is unbounded).
+        total_steps: returns the trainer's estimated stepping batches (``inf`` when the run is unbounded), asked
+            once training runs (see :func:`warmup_cosine`).
 
     Returns:
         Lightning's ``configure_optimizers`` dict.
@@ -102,16 +122,7 @@ def optimizer_and_schedule(
         trainable = [p for p in module.parameters() if p.requires_grad]
         fused = bool(trainable) and all(p.is_cuda for p in trainable)
     optimizer = torch.optim.AdamW(groups, lr=optim.lr, fused=fused)
-    bounded = math.isfinite(total_steps)
-    if not bounded:
-        rank_zero_warn(
-            "The training length is unbounded (no trainer.max_steps or max_epochs), so the learning rate "
-            "stays at its peak after warmup instead of following the cosine decay. Set trainer.max_steps "
-            "to get the decay."
-        )
-    scheduler = warmup_cosine(
-        optimizer, optim.warmup_steps, int(total_steps) if bounded else None, optim.min_lr_ratio
-    )
+    scheduler = warmup_cosine(optimizer, optim.warmup_steps, total_steps, optim.min_lr_ratio)
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 

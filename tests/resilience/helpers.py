@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from typing_extensions import override
 
 from mm_lightning.callbacks.nan_guard import NaNGuard
+from mm_lightning.models.optim import warmup_cosine
 from mm_lightning.plugins import AtomicCheckpointIO
 
 
@@ -66,10 +67,10 @@ class TinyModule(LightningModule):
     @override
     def configure_optimizers(self) -> Any:
         optimizer = torch.optim.AdamW(self.parameters(), lr=0.05, weight_decay=0.1, fused=self.hparams.fused)
-        # Like MultimodalModule's warmup/cosine: reading estimated_stepping_batches here makes Lightning set up
-        # the train loader before a checkpoint's loader position is known (see ExactResume).
-        total = self.trainer.estimated_stepping_batches
-        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=int(total))
+        # Like MultimodalModule's warmup/cosine: the run's length is asked for once training runs (asked here,
+        # Lightning would set up the train loader before a checkpoint's position in it is known).
+        trainer = self.trainer
+        scheduler = warmup_cosine(optimizer, 0, lambda: trainer.estimated_stepping_batches, 0.0)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +16,11 @@ import pytest
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
+from torch.utils.data import TensorDataset
 from typing_extensions import override
 
 from mm_lightning.callbacks import ExactResume, ResilientCheckpoint
+from mm_lightning.data.loader import ResumableDataLoader
 from mm_lightning.plugins import AtomicCheckpointIO
 from tests.resilience.helpers import TinyModule, random_loader
 
@@ -141,3 +144,37 @@ def test_rng_state_round_trip() -> None:
     random.random(), np.random.rand(), torch.rand(5)  # move every generator on
     callback.load_state_dict(state)
     assert (random.random(), np.random.rand(), torch.rand(1)) == expected
+
+
+class ReadsLengthInConfigureOptimizers(TinyModule):
+    @override
+    def configure_optimizers(self) -> Any:
+        self.trainer.estimated_stepping_batches  # noqa: B018 (sets up the train loader before a checkpoint is read)
+        return super().configure_optimizers()
+
+
+@pytest.mark.parametrize(
+    "module_cls", [TinyModule, ReadsLengthInConfigureOptimizers], ids=["lazy", "control-eager"]
+)
+def test_resume_says_when_the_data_position_could_not_be_restored(tmp_path: Path, module_cls: type) -> None:
+    def fit(ckpt_path: Path | None = None, **limits: int) -> ResumableDataLoader:
+        generator = torch.Generator().manual_seed(0)
+        data = TensorDataset(torch.randn(40, 8, generator=generator), torch.randn(40, generator=generator))
+        loader = ResumableDataLoader(data, batch_size=8, shuffle=True)
+        checkpoint = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=0, save_last=True)
+        trainer = Trainer(
+            accelerator="cpu", **limits, logger=False, enable_progress_bar=False,
+            enable_model_summary=False, callbacks=[checkpoint, ExactResume()],
+        )  # fmt: skip
+        trainer.fit(module_cls(), loader, ckpt_path=ckpt_path)
+        return trainer.train_dataloader
+
+    fit(max_steps=2)  # last.ckpt in the middle of the first epoch (5 batches)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = fit(
+            tmp_path / "last.ckpt", max_epochs=1
+        )  # a length in epochs: asking for it sets up the data
+    said = [w for w in caught if "position in the training data was not restored" in str(w.message)]
+    assert loader.position_loaded is (module_cls is TinyModule)
+    assert len(said) == (module_cls is not TinyModule)
