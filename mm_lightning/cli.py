@@ -31,13 +31,12 @@ from importlib import import_module
 from typing import Any
 
 from jsonargparse import DefaultHelpFormatter
-from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ThroughputMonitor
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from typing_extensions import override
 
 import mm_lightning.strategies  # noqa: F401  (registers the "ddp_explicit" strategy name)
-from mm_lightning import lightning_compat as compat
 from mm_lightning.callbacks import (
     BadRecordLogger,
     EmbeddingWriter,
@@ -49,7 +48,6 @@ from mm_lightning.callbacks import (
     PeakMemoryMonitor,
     PreemptionCheckpoint,
     ProgressLines,
-    ResilientCheckpoint,
     RetrievalGridLogger,
     RunSummary,
     StepTimeMonitor,
@@ -83,8 +81,11 @@ TRAINER_DEFAULTS: dict[str, Any] = {
 # (--checkpoint.every_n_train_steps 500, --nan_guard.max_consecutive 5) or replaced by a user's class
 # (nan_guard: {class_path: my_callbacks.MyGuard}); a user's own callbacks go in trainer.callbacks.
 CALLBACK_GROUPS: dict[str, type] = {
-    # last.ckpt every N steps and at epoch end, "best" by the monitored metric after each validation
-    "checkpoint": ResilientCheckpoint,
+    # last.ckpt, whatever the metrics: at each epoch end, or every N steps (--checkpoint.every_n_train_steps N)
+    # or every T (--checkpoint.train_time_interval): Lightning takes one of the three per callback
+    "checkpoint": ModelCheckpoint,
+    # the best checkpoint by the monitored metric, chosen after each validation with its fresh value
+    "best_checkpoint": ModelCheckpoint,
     "lr_monitor": LearningRateMonitor,
     # FLOPs of the first training and evaluation batch (torch's FlopCounterMode), for the throughput monitor
     "flops": FlopCounter,
@@ -116,11 +117,15 @@ CALLBACK_GROUPS: dict[str, type] = {
 
 # The groups' settings that differ from the callback classes' own defaults.
 CALLBACK_DEFAULTS: dict[str, dict[str, Any]] = {
-    "checkpoint": {
+    # Two stock callbacks: one with a monitor would wait for the metric before writing last.ckpt. Without a
+    # monitor the top-1 checkpoint is the latest one, saved as last.ckpt (rewritten in place: a run directory holds
+    # one run, the CLI refuses a fresh fit into one with checkpoints).
+    "checkpoint": {"filename": "last", "save_top_k": 1, "enable_version_counter": False},
+    "best_checkpoint": {
         "filename": "best-{epoch}-{step}",
         "monitor": "val/r1_t2i",
         "mode": "max",
-        "save_last": True,
+        "save_top_k": 1,
         "auto_insert_metric_name": False,
     },
     "lr_monitor": {"logging_interval": "step"},
@@ -311,19 +316,20 @@ class MultimodalCLI(LightningCLI):
         self.resume_overrides.before_checkpoint_hparams(self, parser)
 
     def default_checkpoint_dir(self) -> None:
-        """``checkpoint.dirpath``: the user's (config file or command line), else ``<run dir>/checkpoints``."""
+        """``checkpoint.dirpath``: the user's (config file or command line), else ``<run dir>/checkpoints``; the best
+        checkpoint goes to the same folder unless ``best_checkpoint.dirpath`` is set."""
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
-        checkpoint = config.get("checkpoint")  # None when the config drops it
-        init_args = checkpoint.get("init_args") if checkpoint is not None else None
         run_dir = config.get("trainer", {}).get("default_root_dir")
-        if init_args is not None and "dirpath" in init_args and init_args.get("dirpath") is None and run_dir:
-            init_args.dirpath = checkpoint_dir_of(run_dir)
-
-    @override
-    def instantiate_trainer(self, **kwargs: Any) -> Any:
-        # a callback group set to null was dropped by the user: leave it out
-        return compat.instantiate_trainer_without_dropped_callbacks(self, **kwargs)
+        folder = checkpoint_dir_of(run_dir) if run_dir else None
+        for group in ("checkpoint", "best_checkpoint"):
+            callback = config.get(group)  # None when the config drops it
+            init_args = callback.get("init_args") if callback is not None else None
+            if init_args is None or "dirpath" not in init_args:
+                continue
+            if init_args.get("dirpath") is None:
+                init_args.dirpath = folder
+            folder = init_args.dirpath
 
     @override
     def before_instantiate_classes(self) -> None:

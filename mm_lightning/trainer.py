@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightning.pytorch import LightningDataModule, LightningModule, Trainer
+from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.cli import instantiate_class
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
@@ -38,11 +38,15 @@ class AuditOptions:
 class MultimodalTrainer(Trainer):
     """``Trainer`` with :meth:`audit`; constructed with exactly ``Trainer``'s arguments.
 
-    Warns when a CPU run starts more processes than the machine has cores (each then gets a fraction of one).
+    A ``None`` among the callbacks is left out: the CLI passes one for each callback group a config drops
+    (``nan_guard: null``). Warns when a CPU run starts more processes than the machine has cores (each then gets
+    a fraction of one).
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, *args: Any, callbacks: list[Callback] | Callback | None = None, **kwargs: Any) -> None:
+        if isinstance(callbacks, list):
+            callbacks = [c for c in callbacks if c is not None]
+        super().__init__(*args, callbacks=callbacks, **kwargs)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         if isinstance(self.accelerator, CPUAccelerator) and self.num_devices > cores:  # processes per node
             rank_zero_warn(

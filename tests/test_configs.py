@@ -139,18 +139,18 @@ def test_run_dir_moves_logs_and_checkpoints(capsys: pytest.CaptureFixture[str]) 
     assert config["trainer"]["default_root_dir"] == "runs/a"
     # derived from the run directory after parsing, unless set (tests below), so printed as unset
     assert config["checkpoint"]["init_args"]["dirpath"] is None
+    assert config["best_checkpoint"]["init_args"]["dirpath"] is None
     assert "save_dir" not in config["trainer"]["logger"]["init_args"]
     assert config["trainer"]["plugins"][0]["class_path"] == "mm_lightning.plugins.AtomicCheckpointIO"
 
 
 def _checkpoint_dir(*args: str) -> str:
-    from mm_lightning.callbacks import ResilientCheckpoint
-
     cli = cli_main(
         ["--config", str(CONFIGS / "demo.yaml"), "--trainer.default_root_dir", "runs/a", *args], run=False
     )
-    [checkpoint] = [c for c in cli.trainer.callbacks if isinstance(c, ResilientCheckpoint)]
-    return os.path.relpath(checkpoint.dirpath)
+    last, best = cli.trainer.checkpoint_callbacks
+    assert (last.monitor, best.monitor) == (None, "val/r1_t2i") and best.dirpath == last.dirpath
+    return os.path.relpath(last.dirpath)
 
 
 def test_checkpoint_dirpath_is_honoured_from_a_config_file_and_the_command_line(tmp_path: Path) -> None:

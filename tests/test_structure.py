@@ -1,5 +1,5 @@
 """The package stays readable as a template: no import cycle, no module over 400 lines, one-way layers, no
-deprecation shims, and Lightning's private names only in ``lightning_compat.py``.
+deprecation shims, no private Lightning name.
 
 Imports are read from the source (every ``import``, also those inside functions), so a lazy import that
 would close a cycle counts too.
@@ -11,7 +11,6 @@ import ast
 import re
 from pathlib import Path
 
-from mm_lightning import lightning_compat
 from tests.conftest import REPO
 
 PACKAGE = REPO / "mm_lightning"
@@ -173,18 +172,64 @@ def test_no_deprecation_shims() -> None:
         assert "DeprecationWarning" not in path.read_text(), f"{name}: a deprecation shim"
 
 
-def test_lightning_private_names_only_in_compat() -> None:
-    private = {attribute for _, _, attribute in lightning_compat.private_api()}
-    pattern = re.compile(r"\.(" + "|".join(sorted(private)) + r")\b")
-    users = [
-        f"{name}: {match.group(1)}"
-        for name, path in module_files(PACKAGE).items()
-        if name != "mm_lightning.lightning_compat"
-        for match in pattern.finditer(path.read_text())
-    ]
-    assert users == []
-    # control: the pattern finds the uses where they are allowed
-    assert len(pattern.findall(Path(lightning_compat.__file__).read_text())) >= len(private)
+ASSIGNED_OR_DEFINED = (re.compile(r"self\.(_[a-z]\w*)\s*[:=]"), re.compile(r"def (_[a-z]\w*)\("))
+
+
+def private_names_defined(root: Path) -> set[str]:
+    """``_name``s a package defines: attributes it assigns on ``self`` and functions or methods it defines."""
+    return {
+        name
+        for path in root.rglob("*.py")
+        for pattern in ASSIGNED_OR_DEFINED
+        for name in pattern.findall(path.read_text(errors="ignore"))
+    }
+
+
+def private_lightning_uses(root: Path) -> list[str]:
+    """``module:line name`` for every private Lightning name the package reads: an attribute or a ``getattr`` string
+    that Lightning defines and the package does not, or an import from a private Lightning module or name."""
+    import lightning
+
+    lightning_names = private_names_defined(Path(lightning.__file__).parent)
+    ours = private_names_defined(root)
+    found = []
+    for name, path in module_files(root).items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            used = None
+            if isinstance(node, ast.Attribute):
+                used = node.attr
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", "") in (
+                "getattr",
+                "hasattr",
+                "setattr",
+            ):
+                used = next((a.value for a in node.args[1:2] if isinstance(a, ast.Constant)), None)
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("lightning"):
+                parts = [*node.module.split("."), *(a.name for a in node.names)]
+                used = next((part for part in parts if part.startswith("_")), None)
+                if used is not None:
+                    found.append(f"{name}:{node.lineno} {used}")
+                continue
+            if isinstance(used, str) and used in lightning_names and used not in ours:
+                found.append(f"{name}:{node.lineno} {used}")
+    return found
+
+
+def test_no_private_lightning_name() -> None:
+    assert private_lightning_uses(PACKAGE) == []
+
+
+def test_control_a_private_lightning_name_is_found(tmp_path: Path) -> None:
+    code = (
+        "from lightning.pytorch.trainer.connectors.logger_connector import _LoggerConnector\n"
+        "def f(trainer, cb):\n"
+        "    cb._save_last_checkpoint(trainer, {})\n"
+        "    return getattr(trainer, '_logger_connector').should_update_logs\n"
+    )
+    pkg = _write(tmp_path, {"pkg/__init__.py": "", "pkg/a.py": code})
+    assert private_lightning_uses(pkg) == [
+        "pkg.a:1 _LoggerConnector", "pkg.a:3 _save_last_checkpoint", "pkg.a:4 _logger_connector",
+    ]  # fmt: skip
 
 
 def _write(root: Path, files: dict[str, str]) -> Path:

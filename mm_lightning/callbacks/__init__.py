@@ -1,7 +1,7 @@
 """Every callback of the project: checkpointing and resume, bad-record counts, NaN guard, monitors, FLOP counter, prediction writer."""
 
 from mm_lightning.callbacks.bad_records import BadRecordLogger
-from mm_lightning.callbacks.checkpoint import ExactResume, PreemptionCheckpoint, ResilientCheckpoint
+from mm_lightning.callbacks.checkpoint import ExactResume, PreemptionCheckpoint
 from mm_lightning.callbacks.feature_cache import LockedImageFeatures
 from mm_lightning.callbacks.flops import FlopCounter
 from mm_lightning.callbacks.monitors import (
@@ -28,7 +28,6 @@ __all__ = [
     "PeakMemoryMonitor",
     "PreemptionCheckpoint",
     "ProgressLines",
-    "ResilientCheckpoint",
     "RetrievalGridLogger",
     "RunSummary",
     "StepTimeMonitor",

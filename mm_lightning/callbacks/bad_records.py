@@ -13,8 +13,8 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from mm_lightning import lightning_compat as compat
 from mm_lightning.data.skips import SkipLog
+from mm_lightning.log_steps import loggers_write_this_step
 
 
 class BadRecordLogger(pl.Callback):
@@ -31,6 +31,7 @@ class BadRecordLogger(pl.Callback):
         self.local = SkipLog(keep)  # found by this rank's loaders
         self.indexed = SkipLog(keep)  # dropped while indexing (the same on every rank)
         self._warned = False
+        self._steps_before = 0  # optimizer steps done when the current training batch started
 
     @property
     def reasons(self) -> list[str]:
@@ -72,6 +73,12 @@ class BadRecordLogger(pl.Callback):
         return self.gathered(trainer).count
 
     @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._steps_before = trainer.global_step
+
+    @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
@@ -79,7 +86,7 @@ class BadRecordLogger(pl.Callback):
         # Only on the steps the loggers write (the same on every rank, so the all-reduce stays collective):
         # TensorBoard gets the same points as when logged every step, without a per-step all-reduce and
         # Lightning's ~0.5-1 ms per self.log; Lightning's logger cadence stays the single source of truth.
-        if compat.writes_logs_this_step(trainer):
+        if loggers_write_this_step(trainer, self._steps_before):
             total = float(self.total(trainer))
             pl_module.log("data/skipped", total, on_step=True, on_epoch=False, batch_size=1)
 

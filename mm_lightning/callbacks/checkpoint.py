@@ -1,10 +1,10 @@
-"""Checkpoint callbacks that survive kills: ``last.ckpt`` every N steps, exact RNG resume, preemption.
+"""Checkpoint callbacks for runs that get stopped: exact RNG resume, and saving when the job is told to stop.
 
-Saves are atomic through the checkpoint IO plugin :class:`~mm_lightning.plugins.AtomicCheckpointIO` (the CLI
-installs it; in plain Python pass ``Trainer(plugins=[AtomicCheckpointIO()])``).
+``last.ckpt`` every N steps and the best checkpoint are Lightning's own ``ModelCheckpoint`` (the CLI adds two:
+see ``mm_lightning/cli.py``). Saves are atomic through the checkpoint IO plugin
+:class:`~mm_lightning.plugins.AtomicCheckpointIO` (the CLI installs it; in plain Python pass
+``Trainer(plugins=[AtomicCheckpointIO()])``).
 
-* :class:`ResilientCheckpoint` is a drop-in ``ModelCheckpoint`` whose ``last.ckpt`` is written every
-  ``every_n_train_steps`` and at every training epoch end, independently of the monitored metric.
 * :class:`ExactResume` stores Python / NumPy / torch RNG states in the checkpoint (as tensors, so it loads
   with ``weights_only=True``), reseeds per batch and re-applies the train loader's saved position when Lightning
   skipped it, which makes a mid-epoch resume bit-exact.
@@ -32,90 +32,8 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from mm_lightning import lightning_compat as compat
 from mm_lightning.data.loader import ResumableDataLoader
-from mm_lightning.plugins.io import AtomicCheckpointIO
 from mm_lightning.seeding import derive_seed, global_seed
-
-
-class ResilientCheckpoint(ModelCheckpoint):
-    """``ModelCheckpoint`` whose ``last.ckpt`` never waits for validation and whose "best" uses fresh metrics.
-
-    With a ``monitor``, stock ``ModelCheckpoint`` (Lightning 2.6) defers step-triggered saves, ``last.ckpt``
-    included, until the metric exists and then compares each step's checkpoint against the *previous*
-    validation's value; a run killed before its first validation has no checkpoint at all. Here:
-
-    * ``last.ckpt`` is written every ``every_n_train_steps`` optimizer steps and at each training epoch end
-      (after that epoch's validation), whatever the monitor;
-    * with a ``monitor``, top-k checkpoints are considered right after each validation, with its metrics;
-      without one, top-k saving is Lightning's.
-
-    Takes exactly ``ModelCheckpoint``'s arguments; ``save_last`` defaults to ``True`` ("link" is not supported)
-    and ``enable_version_counter`` to ``False``: a run directory holds one run, whose ``last.ckpt`` is
-    overwritten in place (never ``last-v1.ckpt``), so ``--ckpt_path last`` always means this directory's latest
-    state.
-    """
-
-    def __init__(
-        self, *args: Any, save_last: bool | None = True, enable_version_counter: bool = False, **kwargs: Any
-    ) -> None:
-        if save_last == "link":
-            raise ValueError("ResilientCheckpoint writes last.ckpt itself; use save_last=True, not 'link'.")
-        super().__init__(*args, save_last=save_last, enable_version_counter=enable_version_counter, **kwargs)
-        self._last_only_step: int | None = None
-
-    @override
-    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if stage == "fit" and not isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO):
-            rank_zero_warn(
-                "ResilientCheckpoint: checkpoints are not written atomically (a kill during a save can corrupt"
-                " last.ckpt); pass Trainer(plugins=[mm_lightning.plugins.AtomicCheckpointIO()])."
-            )
-        super().setup(trainer, pl_module, stage)
-
-    @override
-    def on_train_batch_end(
-        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        if self.monitor is None:
-            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        every = compat.every_n_train_steps(self)
-        if every >= 1 and trainer.global_step % every == 0:
-            self.save_last_now(trainer)
-
-    @override
-    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self.monitor is None:
-            super().on_validation_end(trainer, pl_module)
-        elif not compat.should_skip_saving(self, trainer):
-            compat.save_topk(self, trainer)
-
-    @override
-    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self.monitor is None:
-            super().on_train_epoch_end(trainer, pl_module)
-        # Always rewritten here (even if this step was saved after its batch) so that a resume starts the next
-        # epoch with the state *after* epoch-end validation, as an uninterrupted run does.
-        self.save_last_now(trainer, force=True)
-
-    def save_last_now(self, trainer: Trainer, force: bool = False) -> None:
-        """Write ``last.ckpt`` for the current state (every rank must call this; rank 0 writes).
-
-        Args:
-            trainer: The running trainer.
-            force: Rewrite even if ``last.ckpt`` already holds this global step.
-        """
-        if not self.save_last or trainer.fast_dev_run or trainer.state.fn != "fit" or trainer.sanity_checking:
-            return
-        step = trainer.global_step
-        saved_step, saved_path = compat.last_saved(self)
-        if not force and step in (saved_step, self._last_only_step):
-            return
-        compat.save_last(self, trainer)
-        # Lightning's top-k logic skips any step marked as saved; a last-only save must not cost the step its
-        # deferred "best" checkpoint at the next validation.
-        compat.set_last_saved(self, saved_step, saved_path)
-        self._last_only_step = step
 
 
 class ExactResume(Callback):
@@ -372,13 +290,13 @@ class PreemptionCheckpoint(Callback):
 
     @staticmethod
     def _save_last(trainer: Trainer) -> str:
-        for callback in trainer.checkpoint_callbacks:
-            if isinstance(callback, ResilientCheckpoint):
-                callback.save_last_now(trainer, force=True)
-                return callback.last_model_path
-            if isinstance(callback, ModelCheckpoint) and callback.save_last:
-                compat.save_last(callback, trainer)
-                return callback.last_model_path
-        path = os.path.join(trainer.default_root_dir, "checkpoints", "last.ckpt")
+        """Writes ``last.ckpt`` in the first ``ModelCheckpoint``'s folder (every rank calls this)."""
+        checkpoints = [
+            c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint) and c.dirpath
+        ]
+        if checkpoints:
+            path = checkpoints[0].format_checkpoint_name({}, ModelCheckpoint.CHECKPOINT_NAME_LAST)
+        else:
+            path = os.path.join(trainer.default_root_dir, "checkpoints", "last.ckpt")
         trainer.save_checkpoint(path)
         return path

@@ -13,8 +13,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from mm_lightning import lightning_compat as compat
 from mm_lightning.grad_norms import step_grad_norms
+from mm_lightning.log_steps import ends_epoch_or_run, loggers_write_this_step
 
 
 class NonFiniteTrainingError(RuntimeError):
@@ -107,7 +107,7 @@ class NaNGuard(Callback):
         """Logged when the count changes, on the steps the loggers write and at the first step, so that
         trainer.callback_metrics holds the current count and TensorBoard gets the same points as if logged every
         step, without Lightning's ~0.5-1 ms per self.log on every other step."""
-        if self.skipped_steps != self._logged or compat.writes_logs_this_step(trainer):
+        if self.skipped_steps != self._logged or loggers_write_this_step(trainer):
             pl_module.log(
                 "train/skipped_steps", float(self.skipped_steps), on_step=True, on_epoch=False, batch_size=1
             )
@@ -139,7 +139,7 @@ class NaNGuard(Callback):
         self._pending = torch.stack(
             [skipped + bad_long, consecutive, tripped | trips_now.long(), torch.where(trips_now, step, at)]
         )
-        if compat.writes_logs_this_step(trainer) or compat.ends_training_or_epoch(trainer):
+        if loggers_write_this_step(trainer) or ends_epoch_or_run(trainer):
             self._read(trainer)
             self._log_count(trainer, trainer.lightning_module)
 

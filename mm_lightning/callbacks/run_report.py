@@ -16,6 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_only
 from typing_extensions import override
 
@@ -46,29 +47,29 @@ class RunSummary(Callback):
     @rank_zero_only
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         lines = [f"Finished fit at step {trainer.global_step}."]
-        checkpoint = trainer.checkpoint_callback
+        checkpoints = [c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)]
+        best = next((c for c in checkpoints if c.monitor and c.best_model_path), None)
+        # a callback without a monitor keeps the latest checkpoint as its "best" (the CLI's: last.ckpt)
+        saved = [c.last_model_path or ("" if c.monitor else c.best_model_path) for c in checkpoints]
+        last = next((path for path in saved if path), "")
         log_dir = _log_dir(trainer)
         config = os.path.join(log_dir, "config.yaml") if log_dir else None
-        if checkpoint is not None and getattr(checkpoint, "best_model_path", ""):
-            score = checkpoint.best_model_score
-            value = (
-                f"{checkpoint.monitor}: {float(score):.4f}  "
-                if score is not None and checkpoint.monitor
-                else ""
-            )
-            lines.append(f"  best {value}{checkpoint.best_model_path}")
-        if checkpoint is not None and getattr(checkpoint, "last_model_path", ""):
-            lines.append(f"  last checkpoint: {checkpoint.last_model_path}")
+        if best is not None:
+            score = best.best_model_score
+            value = f"{best.monitor}: {float(score):.4f}  " if score is not None and best.monitor else ""
+            lines.append(f"  best {value}{best.best_model_path}")
+        if last:
+            lines.append(f"  last checkpoint: {last}")
         validated = _metrics(trainer, "val/")
         if validated:
             lines.append(f"  last validation: {validated}")
         if log_dir:
             lines.append(f"  logs: {log_dir}  (tensorboard --logdir {os.path.dirname(log_dir)})")
         if config and os.path.exists(config):
-            best = getattr(checkpoint, "best_model_path", "") or getattr(checkpoint, "last_model_path", "")
+            tested = best.best_model_path if best is not None else last
             lines.append(f"  train further: python -m mm_lightning fit --config {config} --ckpt_path last")
-            if best:
-                lines.append(f"  test it: python -m mm_lightning test --config {config} --ckpt_path {best}")
+            if tested:
+                lines.append(f"  test it: python -m mm_lightning test --config {config} --ckpt_path {tested}")
         print("\n".join(lines), flush=True)
 
     @override

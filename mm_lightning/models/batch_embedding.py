@@ -11,7 +11,13 @@ from typing import Any
 
 from torch import Tensor
 
-from mm_lightning.models.gradcache import Batch, GradientCache, check_strategy, warn_if_inexact
+from mm_lightning.models.gradcache import (
+    Batch,
+    GradientCache,
+    check_ddp_wrapper,
+    check_strategy,
+    warn_if_inexact,
+)
 from mm_lightning.models.towers.base import EncoderOutput
 
 Embedded = tuple[EncoderOutput, Tensor, EncoderOutput, Tensor]
@@ -22,6 +28,9 @@ class WholeBatch:
 
     def setup(self, trainer_strategy: object, model: Any) -> None:
         """Checks at fit start (none needed)."""
+
+    def check_wrapper(self, wrapped: object) -> None:
+        """Checks the model as the strategy wrapped it, when training starts (none needed)."""
 
     def embed(self, model: Any, batch: Batch) -> Embedded:
         """``(image_out, image_emb, text_out, text_emb)`` of the batch, with their graphs."""
@@ -63,6 +72,10 @@ class GradientCaching(WholeBatch):
                 "text_encoder": (model.text_encoder, model.text_config),
             },
         )
+
+    def check_wrapper(self, wrapped: object) -> None:
+        """Refuses a DDP wrapper that would reduce the towers' gradients before pass 2 computes them."""
+        check_ddp_wrapper(wrapped)
 
     def embed(self, model: Any, batch: Batch) -> Embedded:
         """Pass 1: the whole batch's outputs, chunk by chunk without graph."""

@@ -146,17 +146,15 @@ def warn_if_inexact(chunks: int, towers: Mapping[str, tuple[nn.Module, Any]]) ->
 def check_strategy(strategy: object) -> None:
     """Raises a clear error for the distributed strategies gradient caching cannot run under.
 
-    ``DistributedDataParallel`` must not look for unused parameters or assume a static graph: both decide
-    which gradients are ready from the forward graph, and pass 1 builds no graph through the towers, so the
-    towers' gradients would be reduced before pass 2 computes them. Sharded strategies (FSDP, DeepSpeed,
-    model parallel) own their parameters' gradients and are not supported; they are another way to fit a
-    large batch (see docs/scaling.md, large batches).
+    Sharded strategies (FSDP, DeepSpeed, model parallel) own their parameters' gradients and are not supported;
+    they are another way to fit a large batch (see docs/scaling.md, large batches). ``DistributedDataParallel``
+    must not look for unused parameters or assume a static graph (:func:`check_ddp_wrapper`, once it wraps the model):
+    both decide which gradients are ready from the forward graph, and pass 1 builds no graph through the towers.
 
     Args:
         strategy: the trainer's strategy.
     """
     from lightning.pytorch.strategies import (
-        DDPStrategy,
         DeepSpeedStrategy,
         FSDPStrategy,
         ModelParallelStrategy,
@@ -168,14 +166,20 @@ def check_strategy(strategy: object) -> None:
             f"gradient caching (grad_cache.chunks > 1) does not run under the sharded strategy {name}: use chunks=1 "
             "there, or DDP / ddp_explicit with chunks"
         )
-    if isinstance(strategy, DDPStrategy):
-        kwargs = getattr(strategy, "_ddp_kwargs", {})
-        for option in ("find_unused_parameters", "static_graph"):
-            if kwargs.get(option):
-                raise ValueError(
-                    f"gradient caching (grad_cache.chunks > 1) needs {name}({option}=False): pass 1 builds no graph "
-                    "through the towers, so DDP would reduce their gradients before pass 2 computes them"
-                )
+
+
+def check_ddp_wrapper(wrapped: object) -> None:
+    """Refuses a ``DistributedDataParallel`` wrapper that would reduce the towers' gradients too early.
+
+    Args:
+        wrapped: The model as the strategy wraps it (``trainer.strategy.model``), once training starts.
+    """
+    for option in ("find_unused_parameters", "static_graph"):
+        if getattr(wrapped, option, False):
+            raise ValueError(
+                f"gradient caching (grad_cache.chunks > 1) needs DDP with {option}=False: pass 1 builds no graph "
+                "through the towers, so DDP would reduce their gradients before pass 2 computes them"
+            )
 
 
 def split_batch(batch: Batch, chunks: int) -> list[dict[str, Any]]:

@@ -18,15 +18,15 @@ from dataclasses import asdict, is_dataclass
 from typing import Any
 
 import torch
-from lightning.pytorch import LightningModule
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.strategies import FSDPStrategy
 from torch import Tensor, nn
 from typing_extensions import override
 
-from mm_lightning import lightning_compat as compat
 from mm_lightning import process_exit
 from mm_lightning.data.skips import STAND_IN_KEY
 from mm_lightning.embeddings import l2_normalize
+from mm_lightning.log_steps import ends_epoch_or_run, loggers_write_this_step
 from mm_lightning.metrics import RetrievalMetrics, first_occurrence
 from mm_lightning.models.batch_embedding import batch_embedding
 from mm_lightning.models.config import (
@@ -188,10 +188,15 @@ class MultimodalModule(LightningModule):
         batch and at ``max_steps``, TensorBoard gets the same points and ``trainer.callback_metrics`` holds current
         values at an epoch's end, without Lightning's ~0.7 ms per ``self.log`` call on every other step.
         """
-        trainer = self._trainer
-        return (
-            trainer is None or compat.writes_logs_this_step(trainer) or compat.ends_training_or_epoch(trainer)
-        )
+        trainer = self.running_trainer()
+        return trainer is None or loggers_write_this_step(trainer) or ends_epoch_or_run(trainer)
+
+    def running_trainer(self) -> Trainer | None:
+        """The trainer running this module, or ``None`` (a plain loop calling ``training_step``)."""
+        try:
+            return self.trainer
+        except RuntimeError:  # "not attached to a Trainer"
+            return None
 
     @override
     def backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
@@ -199,6 +204,10 @@ class MultimodalModule(LightningModule):
         # accumulation divisor)
         if not self.batch_embedding.backward(loss):
             super().backward(loss, *args, **kwargs)
+
+    @override
+    def on_train_start(self) -> None:
+        self.batch_embedding.check_wrapper(self.trainer.strategy.model)
 
     @override
     def setup(self, stage: str) -> None:
@@ -212,7 +221,8 @@ class MultimodalModule(LightningModule):
         # here (once per process, after the strategy is set up) and in place, so checkpoint keys do not change
         if self.hparams.compile and not self._towers_compiled:
             self.compile_towers()
-        if self._trainer is not None and isinstance(self.trainer.strategy, FSDPStrategy):
+        trainer = self.running_trainer()
+        if trainer is not None and isinstance(trainer.strategy, FSDPStrategy):
             # FSDP cannot flatten 0-d parameters (the temperature, SigLIP's bias): make them 1-element
             for module in self.model.contrastive.modules():
                 for name, param in list(module.named_parameters(recurse=False)):

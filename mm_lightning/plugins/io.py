@@ -15,14 +15,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from fsspec.utils import get_protocol
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from typing_extensions import override
-
-from mm_lightning.lightning_compat import is_local_path
 
 _TMP_PREFIX = ".tmp-"
 # Keys every checkpoint written by Lightning's Trainer holds (Lightning's resume reads both).
 LIGHTNING_KEYS = ("pytorch-lightning_version", "state_dict")
+
+
+def is_local_path(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is on the local filesystem (no ``s3://``-style protocol), as Lightning decides it."""
+    return get_protocol(str(path)) == "file"
 
 
 class CheckpointFileError(ValueError):

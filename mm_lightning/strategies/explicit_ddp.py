@@ -21,6 +21,7 @@ from typing import Any, Literal
 import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
+from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch import Tensor
@@ -144,7 +145,7 @@ class ExplicitAllReduceDDPStrategy(DDPStrategy):
             assert self.lightning_module is not None
             candidates: Iterable[Parameter] = self.lightning_module.parameters()
         else:
-            inner = getattr(optimizer, "_optimizer", optimizer)  # unwrap LightningOptimizer
+            inner = optimizer.optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
             candidates = (p for group in inner.param_groups for p in group["params"])
         seen: set[int] = set()
         params = []

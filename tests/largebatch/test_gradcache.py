@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -133,9 +134,12 @@ def test_strategies_that_cannot_run_gradient_caching_are_refused() -> None:
 
     gradcache.check_strategy(DDPStrategy())
     gradcache.check_strategy(mm_lightning.strategies.ExplicitAllReduceDDPStrategy())
+    # once DDP wraps the model: its options as DistributedDataParallel keeps them
+    gradcache.check_ddp_wrapper(SimpleNamespace(find_unused_parameters=False, static_graph=False))
+    gradcache.check_ddp_wrapper(torch.nn.Linear(1, 1))  # not wrapped (one process, ddp_explicit)
     with pytest.raises(ValueError, match="find_unused_parameters=False"):
-        gradcache.check_strategy(DDPStrategy(find_unused_parameters=True))
+        gradcache.check_ddp_wrapper(SimpleNamespace(find_unused_parameters=True, static_graph=False))
     with pytest.raises(ValueError, match="static_graph=False"):
-        gradcache.check_strategy(DDPStrategy(static_graph=True))
+        gradcache.check_ddp_wrapper(SimpleNamespace(find_unused_parameters=False, static_graph=True))
     with pytest.raises(ValueError, match="sharded strategy FSDPStrategy"):
         gradcache.check_strategy(FSDPStrategy())

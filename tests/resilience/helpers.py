@@ -184,4 +184,4 @@ class KeepEpochEndCheckpoint(Callback):
         # At the second epoch's start last.ckpt holds the end of the first (written after its validation).
         if trainer.current_epoch == 1 and trainer.is_global_zero:
             self.to.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(trainer.checkpoint_callback.last_model_path, self.to / "last.ckpt")
+            shutil.copyfile(trainer.checkpoint_callback.best_model_path, self.to / "last.ckpt")  # the latest

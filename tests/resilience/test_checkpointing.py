@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import TensorDataset
 from typing_extensions import override
 
-from mm_lightning.callbacks import ExactResume, ResilientCheckpoint
+from mm_lightning.callbacks import ExactResume
 from mm_lightning.data.loader import ResumableDataLoader
 from mm_lightning.plugins import AtomicCheckpointIO
 from tests.resilience.helpers import TinyModule, random_loader
@@ -81,60 +82,65 @@ class LastCheckpointSteps(Callback):
         self._sample()
 
 
-@pytest.mark.parametrize(
-    "checkpoint_cls", [ResilientCheckpoint, ModelCheckpoint], ids=["resilient", "control-stock"]
-)
-def test_last_checkpoint_every_n_steps_and_epoch_end_despite_monitor(
-    tmp_path: Path, checkpoint_cls: type
-) -> None:
-    checkpoint = checkpoint_cls(
-        dirpath=tmp_path, monitor="val/loss", save_top_k=1, save_last=True, every_n_train_steps=3
-    )
-    sampler = LastCheckpointSteps(tmp_path / "last.ckpt")
+def last_and_best(dirpath: Path, every: int) -> list[ModelCheckpoint]:
+    """The CLI's pair of stock callbacks: last.ckpt every ``every`` steps, the best after each validation."""
+    return [
+        ModelCheckpoint(
+            dirpath=dirpath, filename="last", every_n_train_steps=every, enable_version_counter=False
+        ),
+        ModelCheckpoint(dirpath=dirpath, monitor="val/loss", save_top_k=1),
+    ]
+
+
+def one_with_a_monitor(dirpath: Path, every: int) -> list[ModelCheckpoint]:
+    """Control: one stock callback doing both (it waits for the monitored metric)."""
+    return [
+        ModelCheckpoint(
+            dirpath=dirpath, monitor="val/loss", save_top_k=1, save_last=True, every_n_train_steps=every
+        )
+    ]
+
+
+def fit_with(callbacks: list[Callback], epochs: int) -> None:
     trainer = Trainer(
         accelerator="cpu",
-        max_epochs=2,
+        max_epochs=epochs,
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
         plugins=[AtomicCheckpointIO()],
-        callbacks=[sampler, checkpoint],
+        callbacks=callbacks,
     )
     trainer.fit(
         TinyModule(), random_loader(40), random_loader(16)
     )  # 5 steps per epoch, validation at its end
-    if checkpoint_cls is ResilientCheckpoint:
-        assert sampler.steps == {3, 5, 6, 9, 10}
-    else:  # stock (Lightning 2.6.6 gives {6, 9}): waits for the monitored metric and skips epoch ends
-        assert {3, 5, 10}.isdisjoint(sampler.steps)
 
 
-@pytest.mark.parametrize(
-    "checkpoint_cls", [ResilientCheckpoint, ModelCheckpoint], ids=["resilient", "control-stock"]
-)
-def test_best_checkpoint_follows_each_validation(tmp_path: Path, checkpoint_cls: type) -> None:
+@pytest.mark.parametrize("checkpoints", [last_and_best, one_with_a_monitor], ids=["pair", "control-one"])
+def test_last_checkpoint_every_n_steps_before_the_first_validation(
+    tmp_path: Path, checkpoints: Callable
+) -> None:
+    sampler = LastCheckpointSteps(tmp_path / "last.ckpt")
+    fit_with([sampler, *checkpoints(tmp_path, 3)], epochs=2)
+    if checkpoints is last_and_best:
+        assert sampler.steps == {3, 6, 9}
+        assert sorted(p.name for p in tmp_path.glob("*.ckpt")) == ["epoch=1-step=10.ckpt", "last.ckpt"]
+    else:  # (Lightning 2.6.6 gives {6, 9}): waits for the monitored metric, none before the first validation
+        assert 3 not in sampler.steps
+
+
+@pytest.mark.parametrize("checkpoints", [last_and_best, one_with_a_monitor], ids=["pair", "control-one"])
+def test_best_checkpoint_follows_each_validation(tmp_path: Path, checkpoints: Callable) -> None:
     # every_n_train_steps == steps per epoch: last.ckpt is written after step 5's batch, "best" must wait for
     # the validation that follows it.
-    checkpoint = checkpoint_cls(
-        dirpath=tmp_path, monitor="val/loss", save_top_k=1, save_last=True, every_n_train_steps=5
-    )
-    trainer = Trainer(
-        accelerator="cpu",
-        max_epochs=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        plugins=[AtomicCheckpointIO()],
-        callbacks=[checkpoint],
-    )
-    trainer.fit(TinyModule(), random_loader(40), random_loader(16))
-    if checkpoint_cls is ResilientCheckpoint:
-        assert Path(checkpoint.best_model_path).name == "epoch=0-step=5.ckpt"
+    callbacks = checkpoints(tmp_path, 5)
+    fit_with(callbacks, epochs=1)
+    if checkpoints is last_and_best:
+        assert Path(callbacks[1].best_model_path).name == "epoch=0-step=5.ckpt"
         assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 5
-    else:  # stock: the deferred save of "best" is dropped
-        assert checkpoint.best_model_path == ""
+    else:  # the deferred save of "best" is dropped
+        assert callbacks[0].best_model_path == ""
 
 
 def test_rng_state_round_trip() -> None:

@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
-from mm_lightning.callbacks import PreemptionCheckpoint, ResilientCheckpoint
+from mm_lightning.callbacks import PreemptionCheckpoint
 from mm_lightning.callbacks.nan_guard import NaNGuard, NonFiniteTrainingError
 from tests.resilience.helpers import SaveParamsAtEnd, TinyModule, UnsyncedNaNGuard, fit_tiny, run_on_two_ranks
 
@@ -50,7 +51,9 @@ def _ddp_scenarios(out_dir: str) -> None:
         except NonFiniteTrainingError as error:
             (run_dir / f"rank{rank}.err").write_text(str(error))
     run_dir = Path(out_dir) / "preempt"
-    checkpoint = ResilientCheckpoint(dirpath=run_dir / "ckpts", every_n_train_steps=1000, save_top_k=0)
+    checkpoint = ModelCheckpoint(
+        dirpath=run_dir / "ckpts", every_n_train_steps=1000, save_top_k=0, save_last=True
+    )
     callbacks = [
         SignalSelf(rank=1, step=3),
         PreemptionCheckpoint(),
@@ -60,7 +63,8 @@ def _ddp_scenarios(out_dir: str) -> None:
     try:
         fit_tiny(TinyModule(), callbacks, steps=50, devices=2, strategy="ddp")
     except SIGTERMException:
-        (run_dir / f"rank{rank}.exit").write_text(str(checkpoint.last_model_path))
+        saved = Path(checkpoint.dirpath) / "last.ckpt"
+        (run_dir / f"rank{rank}.exit").write_text(str(saved) if saved.exists() else "")
 
 
 @pytest.fixture(scope="module")

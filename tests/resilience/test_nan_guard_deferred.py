@@ -11,8 +11,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from mm_lightning import lightning_compat as compat
 from mm_lightning.callbacks.nan_guard import NaNGuard, NonFiniteTrainingError
+from mm_lightning.log_steps import ends_epoch_or_run, loggers_write_this_step
 from tests.resilience.helpers import TinyModule, fit_tiny
 from tests.resilience.test_nan_guard import ParamsAfterEachStep
 
@@ -52,7 +52,7 @@ class ProbedGuard(NaNGuard):
         self, trainer: Trainer, pl_module: LightningModule, optimizer: Optimizer
     ) -> None:
         calls: list[str] = []
-        may_read = compat.writes_logs_this_step(trainer) or compat.ends_training_or_epoch(trainer)
+        may_read = loggers_write_this_step(trainer) or ends_epoch_or_run(trainer)
         with _counting_host_reads(calls):
             super().on_before_optimizer_step(trainer, pl_module, optimizer)
         self.steps.append((bool(calls), may_read))
@@ -123,7 +123,7 @@ class SyncCheckedGuard(ProbedGuard):
     def on_before_optimizer_step(
         self, trainer: Trainer, pl_module: LightningModule, optimizer: Optimizer
     ) -> None:
-        may_read = compat.writes_logs_this_step(trainer) or compat.ends_training_or_epoch(trainer)
+        may_read = loggers_write_this_step(trainer) or ends_epoch_or_run(trainer)
         torch.cuda.set_sync_debug_mode("warn" if may_read else "error")
         try:
             super().on_before_optimizer_step(trainer, pl_module, optimizer)

@@ -18,7 +18,7 @@ from typing_extensions import override
 
 from mm_lightning.callbacks.checkpoint import reseed_torch
 from mm_lightning.callbacks.nan_guard import NaNGuard
-from mm_lightning.lightning_compat import writes_logs_this_step
+from mm_lightning.log_steps import loggers_write_this_step
 from tests.resilience.helpers import TinyModule, random_loader
 from tests.resilience.test_monitors import MemoryLogger
 
@@ -36,12 +36,23 @@ class LogsValue(TinyModule):
         every = self.trainer.log_every_n_steps
         log = {
             "every_step": True,
-            "gated": writes_logs_this_step(self.trainer),
+            "gated": loggers_write_this_step(self.trainer),
+            "gated_after_the_step": False,
             "wrong_gate": self.global_step % every == 0,  # control: off by one step
         }[self.gate]
         if log:
             self.log("train/value", float(100 * self.current_epoch + batch_idx), batch_size=1)
         return loss
+
+    @override
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self.steps_before = self.global_step
+
+    @override
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        # where a callback logs (after the optimizer step): the step count read when the batch started
+        if self.gate == "gated_after_the_step" and loggers_write_this_step(self.trainer, self.steps_before):
+            self.log("train/value", float(100 * self.current_epoch + batch_idx), batch_size=1)
 
 
 def _logged(module: LightningModule, logger: MemoryLogger, **trainer_kwargs: Any) -> list[tuple[int, float]]:
@@ -65,6 +76,7 @@ def test_logging_only_on_logger_steps_writes_the_same_points(accumulate: int) ->
     every = _logged(LogsValue("every_step"), MemoryLogger(), **kwargs)
     assert len(every) >= 3
     assert _logged(LogsValue("gated"), MemoryLogger(), **kwargs) == every
+    assert _logged(LogsValue("gated_after_the_step"), MemoryLogger(), **kwargs) == every
     assert _logged(LogsValue("wrong_gate"), MemoryLogger(), **kwargs) != every  # control: the check can fail
 
 

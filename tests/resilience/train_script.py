@@ -14,11 +14,12 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
+from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 from typing_extensions import override
 
-from mm_lightning.callbacks import ExactResume, PreemptionCheckpoint, ResilientCheckpoint
+from mm_lightning.callbacks import ExactResume, PreemptionCheckpoint
 from mm_lightning.callbacks.nan_guard import NaNGuard
 from mm_lightning.plugins import AtomicCheckpointIO
 from tests.resilience.helpers import TinyModule, flat_params
@@ -84,7 +85,9 @@ def main() -> None:
         enable_model_summary=False,
         plugins=[AtomicCheckpointIO()],
         callbacks=[
-            ResilientCheckpoint(dirpath=args.root / "ckpts", every_n_train_steps=args.every, save_top_k=0),
+            ModelCheckpoint(
+                dirpath=args.root / "ckpts", every_n_train_steps=args.every, save_top_k=0, save_last=True
+            ),
             PreemptionCheckpoint(),
             NaNGuard(),
             StepMarkers(args.root, args.sleep, args.val_sleep),

@@ -39,4 +39,4 @@ def test_user_callbacks_dropped_replaced_and_added_from_yaml(tmp_path: Path) -> 
     assert (
         "NaNGuard" not in names and "RetrievalGridLogger" not in names and "LearningRateMonitor" not in names
     )
-    assert {"ResilientCheckpoint", "ThroughputMonitor", "PreemptionCheckpoint", "ExactResume"} <= set(names)
+    assert {"ModelCheckpoint", "ThroughputMonitor", "PreemptionCheckpoint", "ExactResume"} <= set(names)
