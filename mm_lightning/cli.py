@@ -81,11 +81,13 @@ TRAINER_DEFAULTS: dict[str, Any] = {
 # (--checkpoint.every_n_train_steps 500, --nan_guard.max_consecutive 5) or replaced by a user's class
 # (nan_guard: {class_path: my_callbacks.MyGuard}); a user's own callbacks go in trainer.callbacks.
 CALLBACK_GROUPS: dict[str, type] = {
-    # last.ckpt, whatever the metrics: at each epoch end, or every N steps (--checkpoint.every_n_train_steps N)
-    # or every T (--checkpoint.train_time_interval): Lightning takes one of the three per callback
-    "checkpoint": ModelCheckpoint,
-    # the best checkpoint by the monitored metric, chosen after each validation with its fresh value
+    # the best checkpoint by the monitored metric, chosen after each validation with its fresh value (listed
+    # first: saved first when both save at the same point, so last.ckpt records its current state)
     "best_checkpoint": ModelCheckpoint,
+    # last.ckpt, whatever the metrics: at each epoch end, or every N steps (--checkpoint.every_n_train_steps N)
+    # or every T (--checkpoint.train_time_interval), Lightning takes one of the three; and when training ends
+    # (the preemption group)
+    "checkpoint": ModelCheckpoint,
     "lr_monitor": LearningRateMonitor,
     # FLOPs of the first training and evaluation batch (torch's FlopCounterMode), for the throughput monitor
     "flops": FlopCounter,
@@ -256,6 +258,9 @@ class MultimodalCLI(LightningCLI):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("trainer_class", MultimodalTrainer)
         kwargs.setdefault("parser_class", CheckedParser)
+        # the module's optim options are the one way to set the optimizer: LightningCLI's --optimizer and
+        # --lr_scheduler would replace its per-tower parameter groups and warmup + cosine schedule
+        kwargs.setdefault("auto_configure_optimizers", False)
         self.resume_overrides = ResumeOverrides()
         self.exit_code = 0
         super().__init__(*args, **kwargs)
@@ -322,6 +327,12 @@ class MultimodalCLI(LightningCLI):
         config = self.config[subcommand] if subcommand else self.config
         run_dir = config.get("trainer", {}).get("default_root_dir")
         folder = checkpoint_dir_of(run_dir) if run_dir else None
+        last = config.get("checkpoint")
+        if last is not None and (last.get("init_args") or {}).get("monitor") is not None:
+            self.parser.error(
+                "checkpoint.monitor is set: the checkpoint group keeps last.ckpt whatever the metrics; set the"
+                " monitored metric on the best checkpoint instead (--best_checkpoint.monitor, --best_checkpoint.mode)"
+            )
         for group in ("checkpoint", "best_checkpoint"):
             callback = config.get(group)  # None when the config drops it
             init_args = callback.get("init_args") if callback is not None else None
@@ -368,9 +379,6 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> MultimodalCLI:
         trainer_defaults=TRAINER_DEFAULTS,
         seed_everything_default=42,
         save_config_kwargs={"overwrite": True},
-        # the module's optim options are the one way to set the optimizer: LightningCLI's --optimizer and
-        # --lr_scheduler would replace its per-tower parameter groups and warmup + cosine schedule
-        auto_configure_optimizers=False,
         args=args,
         run=run,
     )

@@ -148,7 +148,7 @@ def _checkpoint_dir(*args: str) -> str:
     cli = cli_main(
         ["--config", str(CONFIGS / "demo.yaml"), "--trainer.default_root_dir", "runs/a", *args], run=False
     )
-    last, best = cli.trainer.checkpoint_callbacks
+    best, last = cli.trainer.checkpoint_callbacks  # best first: last.ckpt then records its fresh state
     assert (last.monitor, best.monitor) == (None, "val/r1_t2i") and best.dirpath == last.dirpath
     return os.path.relpath(last.dirpath)
 
@@ -159,3 +159,9 @@ def test_checkpoint_dirpath_is_honoured_from_a_config_file_and_the_command_line(
     overlay.write_text("checkpoint:\n  dirpath: elsewhere/yaml\n")
     assert _checkpoint_dir("--config", str(overlay)) == os.path.join("elsewhere", "yaml")
     assert _checkpoint_dir("--checkpoint.dirpath", "elsewhere/cli") == os.path.join("elsewhere", "cli")
+
+
+def test_a_monitor_on_the_last_checkpoint_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli_main(["--config", str(CONFIGS / "demo.yaml"), "--checkpoint.monitor", "val/loss"], run=False)
+    assert "--best_checkpoint.monitor" in capsys.readouterr().err

@@ -84,9 +84,9 @@ class ExactResume(Callback):
         if self._saved_position and isinstance(loader, ResumableDataLoader) and not loader.position_loaded:
             rank_zero_warn(
                 "The checkpoint's position in the training data was not restored, so this epoch starts over with"
-                " a new order: the train loader was set up before the checkpoint was read (typically"
-                " configure_optimizers reading trainer.estimated_stepping_batches; ask for it lazily, as"
-                " mm_lightning.models.optim.warmup_cosine does)."
+                " a new order. Lightning restores it only mid-epoch and only into a loader set up after the"
+                " checkpoint is read (configure_optimizers reading trainer.estimated_stepping_batches sets it up"
+                " earlier); the built-in data modules keep it themselves, in checkpoints written since they do."
             )
         self._saved_position = False
 
@@ -150,7 +150,12 @@ def _only_cpu_or_cuda() -> bool:
 
 
 class PreemptionCheckpoint(Callback):
-    """Save ``last.ckpt`` and exit cleanly (code 0) when the job is told to stop (SIGTERM, SIGUSR1, Ctrl-C).
+    """Save ``last.ckpt`` and exit cleanly (code 0) when the job is told to stop (SIGTERM, SIGUSR1, Ctrl-C), and
+    when training ends.
+
+    At the end (``max_steps``, ``max_epochs``, early stopping): a ``ModelCheckpoint`` with a step or time cadence
+    saves nothing then, so the steps after its last save would be in no checkpoint and ``last.ckpt`` would not be
+    the trained model. (With the default epoch cadence this rewrites the same state once.)
 
     Lightning 2.6 on SIGTERM only sets ``trainer.received_sigterm`` and raises ``SIGTERMException`` after the
     current batch (or in the middle of validation) *without* saving; SIGUSR1 is handled only under SLURM with
@@ -168,10 +173,14 @@ class PreemptionCheckpoint(Callback):
 
     Args:
         signals: Names of the signals that mean "save and stop".
+        save_at_end: Also write ``last.ckpt`` when training ends.
     """
 
-    def __init__(self, signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1", "SIGINT")) -> None:
+    def __init__(
+        self, signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1", "SIGINT"), save_at_end: bool = True
+    ) -> None:
         self.signals = tuple(signal.Signals[name] for name in signals)
+        self.save_at_end = save_at_end
         self.received: signal.Signals | None = None
         self._active = False
         self._previous: dict[signal.Signals, Any] = {}
@@ -221,6 +230,11 @@ class PreemptionCheckpoint(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # Lightning's own handler (registered after `setup`) would raise in the middle of validation.
         self._install()
+
+    @override
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.save_at_end and not trainer.fast_dev_run:
+            self._save_last(trainer)
 
     @override
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:

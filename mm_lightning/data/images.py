@@ -63,7 +63,7 @@ def orient(image: torch.Tensor, orientation: int) -> torch.Tensor:
     return image.flip(flips) if flips else image
 
 
-_PIL_GUARD_LOCK = threading.Lock()
+_PIL_GUARD_LOCK = threading.RLock()
 
 
 @contextmanager
@@ -72,7 +72,8 @@ def pil_guard_lifted() -> Iterator[None]:
 
     PIL's check (``Image.MAX_IMAGE_PIXELS``, a process-wide setting the user's program owns) would fire first with
     another message, warn below 2x its limit and refuse a size the user allowed with ``max_pixels``. It is restored
-    as soon as the header is read; the lock keeps concurrent reads of this module from restoring it wrongly.
+    as soon as the header (or a format's pixels) is read; the lock keeps this module's own concurrent reads from
+    restoring it wrongly. Another thread of the program opening an image at that moment is not checked by PIL.
     """
     with _PIL_GUARD_LOCK:
         previous = Image.MAX_IMAGE_PIXELS
@@ -173,10 +174,11 @@ class EncodedImage:
         if scale > 1:
             width, height = img.size
             img.draft(img.mode if img.mode == "CMYK" else "RGB", (width // scale, height // scale))
-        img.seek(0)  # animated GIF/PNG/WebP: first frame
-        if not self.is_jpeg:
-            img = ImageOps.exif_transpose(img)
-        array = np.array(_to_rgb(img, self.background), dtype=np.uint8)
+        with pil_guard_lifted():  # some formats (TIFF) check the size again when their pixels load
+            img.seek(0)  # animated GIF/PNG/WebP: first frame
+            if not self.is_jpeg:
+                img = ImageOps.exif_transpose(img)
+            array = np.array(_to_rgb(img, self.background), dtype=np.uint8)
         return torch.from_numpy(array).permute(2, 0, 1)
 
     def close(self) -> None:
@@ -198,6 +200,8 @@ class _decode_errors:
     def __exit__(self, kind: type | None, err: BaseException | None, tb: object) -> bool:
         if err is None or isinstance(err, ImageDecodeError):
             return False
+        if isinstance(err, Image.DecompressionBombError):
+            raise ImageDecodeError(f"image too large for PIL's own limit ({err})") from err
         if isinstance(err, UnidentifiedImageError):
             raise ImageDecodeError("not a decodable image (unknown or corrupt format)") from err
         if isinstance(err, (OSError, SyntaxError, ValueError, RuntimeError, EOFError)):

@@ -278,14 +278,8 @@ def _broadcast_coalesced(tensors: list[Tensor], src: int = 0) -> None:
 
 def sync_module_states(module: Module) -> None:
     """Copies rank 0's parameters and buffers to every rank, as ``DistributedDataParallel`` does when it wraps a
-    model: one broadcast per dtype of all the tensors flattened together."""
-    tensors = [t for t in [*module.parameters(), *module.buffers()] if t.numel() > 0]
-    by_dtype: dict[torch.dtype, list[Tensor]] = {}
-    for tensor in tensors:
-        by_dtype.setdefault(tensor.dtype, []).append(tensor)
+    model (one broadcast per tensor, in place: once per fit, no extra copy of the model)."""
     with torch.no_grad():
-        for group in by_dtype.values():
-            flat = torch.cat([t.detach().reshape(-1) for t in group])
-            dist.broadcast(flat, src=0)
-            for tensor, value in zip(group, flat.split([t.numel() for t in group]), strict=True):
-                tensor.copy_(value.view_as(tensor))
+        for tensor in [*module.parameters(), *module.buffers()]:
+            if tensor.numel() > 0:
+                dist.broadcast(tensor.data, src=0)

@@ -167,7 +167,7 @@ def test_decompression_bomb_guard(tmp_path: Path) -> None:
     _check_rgb(decode_image_file(str(path), max_pixels=60_000), (300, 200))
 
 
-@pytest.mark.parametrize("suffix", ["png", "jpg"])
+@pytest.mark.parametrize("suffix", ["png", "jpg", "tiff"])
 def test_max_pixels_is_the_limit_and_pils_own_setting_is_left_as_it_was(
     tmp_path: Path, suffix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

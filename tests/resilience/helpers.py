@@ -184,4 +184,5 @@ class KeepEpochEndCheckpoint(Callback):
         # At the second epoch's start last.ckpt holds the end of the first (written after its validation).
         if trainer.current_epoch == 1 and trainer.is_global_zero:
             self.to.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(trainer.checkpoint_callback.best_model_path, self.to / "last.ckpt")  # the latest
+            latest = next(c for c in trainer.checkpoint_callbacks if c.monitor is None)  # keeps last.ckpt
+            shutil.copyfile(latest.best_model_path, self.to / "last.ckpt")

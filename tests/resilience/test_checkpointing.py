@@ -20,7 +20,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import TensorDataset
 from typing_extensions import override
 
-from mm_lightning.callbacks import ExactResume
+from mm_lightning.callbacks import ExactResume, PreemptionCheckpoint
 from mm_lightning.data.loader import ResumableDataLoader
 from mm_lightning.plugins import AtomicCheckpointIO
 from tests.resilience.helpers import TinyModule, random_loader
@@ -82,13 +82,14 @@ class LastCheckpointSteps(Callback):
         self._sample()
 
 
-def last_and_best(dirpath: Path, every: int) -> list[ModelCheckpoint]:
-    """The CLI's pair of stock callbacks: last.ckpt every ``every`` steps, the best after each validation."""
+def last_and_best(dirpath: Path, every: int | None) -> list[ModelCheckpoint]:
+    """The CLI's pair of stock callbacks: the best after each validation, last.ckpt every ``every`` steps (None:
+    at each epoch end)."""
     return [
+        ModelCheckpoint(dirpath=dirpath, monitor="val/loss", save_top_k=1),
         ModelCheckpoint(
             dirpath=dirpath, filename="last", every_n_train_steps=every, enable_version_counter=False
         ),
-        ModelCheckpoint(dirpath=dirpath, monitor="val/loss", save_top_k=1),
     ]
 
 
@@ -137,7 +138,7 @@ def test_best_checkpoint_follows_each_validation(tmp_path: Path, checkpoints: Ca
     callbacks = checkpoints(tmp_path, 5)
     fit_with(callbacks, epochs=1)
     if checkpoints is last_and_best:
-        assert Path(callbacks[1].best_model_path).name == "epoch=0-step=5.ckpt"
+        assert Path(callbacks[0].best_model_path).name == "epoch=0-step=5.ckpt"
         assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 5
     else:  # the deferred save of "best" is dropped
         assert callbacks[0].best_model_path == ""
@@ -184,3 +185,23 @@ def test_resume_says_when_the_data_position_could_not_be_restored(tmp_path: Path
     said = [w for w in caught if "position in the training data was not restored" in str(w.message)]
     assert loader.position_loaded is (module_cls is TinyModule)
     assert len(said) == (module_cls is not TinyModule)
+
+
+@pytest.mark.parametrize("save_at_end", [True, False], ids=["saved", "control-not-saved"])
+def test_last_checkpoint_holds_the_end_of_training(tmp_path: Path, save_at_end: bool) -> None:
+    """A step cadence that does not divide the run: the end is saved by the preemption callback."""
+    fit_with(
+        [*last_and_best(tmp_path, 3), PreemptionCheckpoint(save_at_end=save_at_end)], epochs=2
+    )  # 10 steps
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == (10 if save_at_end else 9)
+
+
+@pytest.mark.parametrize("best_first", [True, False], ids=["best-first", "control-last-first"])
+def test_last_checkpoint_records_the_fresh_best(tmp_path: Path, best_first: bool) -> None:
+    """Both save after the epoch's validation; last.ckpt must hold the best callback's state after its save, or a
+    resumed run would believe an older, deleted file is the best."""
+    best, last = last_and_best(tmp_path, None)
+    fit_with([best, last] if best_first else [last, best], epochs=1)
+    states = torch.load(tmp_path / "last.ckpt", weights_only=True)["callbacks"]
+    [saved_best] = [v["best_model_path"] for k, v in states.items() if "val/loss" in k]
+    assert (saved_best == best.best_model_path != "") is best_first
