@@ -1,9 +1,9 @@
 """What importing modules does to the process: PIL's pixel limit, the warnings filters, the ``atexit`` handlers.
 
-Run as ``python tests/import_effects.py MODULE...``: imports every module of the ``mm_lightning`` package first to
-learn which other modules (torch, Lightning, PIL...) it pulls in, so that a fresh process can import those before
-taking its snapshot; then imports the named modules (default: every module of the package) and prints one JSON line
-with the changes. Libraries' own import-time effects are thus left out; only the named modules' remain.
+Run as ``python tests/import_effects.py [MODULE...]``. It first learns, from a fresh process that imports every
+module of the ``mm_lightning`` package, which other modules (torch, Lightning, PIL...) the package pulls in, and
+imports those, so that their own import-time effects are left out. Then it imports every module of the package,
+then the named modules (a control), and prints one JSON line: the changes each of the two steps made.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import warnings
 
 
 def package_modules() -> list[str]:
-    """Every module of the package, imported in a stable order."""
+    """Every module of the package, in a stable order."""
     import mm_lightning
 
     names = ["mm_lightning"]
@@ -39,7 +39,7 @@ def snapshot() -> dict[str, object]:
 def dependencies() -> list[str]:
     """Modules outside the package that importing all of it loads, in import order (from a fresh process)."""
     code = (
-        "import sys, json; from tests.import_effects import package_modules; import importlib;"
+        "import sys, json, importlib; from tests.import_effects import package_modules;"
         "[importlib.import_module(m) for m in package_modules()];"
         "print(json.dumps([m for m in sys.modules if not m.startswith(('mm_lightning', 'tests'))]))"
     )
@@ -47,18 +47,22 @@ def dependencies() -> list[str]:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def main(modules: list[str]) -> None:
+def changes_by_importing(modules: list[str]) -> dict[str, list[object]]:
+    before = snapshot()
+    for name in modules:
+        importlib.import_module(name)
+    after = snapshot()
+    return {key: [before[key], after[key]] for key in before if before[key] != after[key]}
+
+
+def main(controls: list[str]) -> None:
     for name in dependencies():
         try:
             importlib.import_module(name)
         except Exception:  # a private or platform-specific submodule that cannot be imported on its own
             pass
-    before = snapshot()
-    for name in modules or package_modules():
-        importlib.import_module(name)
-    after = snapshot()
-    changes = {key: [before[key], after[key]] for key in before if before[key] != after[key]}
-    print(json.dumps(changes))
+    package = changes_by_importing(package_modules())
+    print(json.dumps({"package": package, "controls": changes_by_importing(controls)}))
 
 
 if __name__ == "__main__":
