@@ -369,7 +369,7 @@ class MultimodalDataModule(pl.LightningDataModule):
         loader = ResumableDataLoader(
             dataset, sampler=sampler, shuffle=sampler is None, drop_last=True, **kwargs
         )
-        return self.train_position.track(loader)
+        return self.train_position.track(loader, self.trainer)
 
     @override
     def val_dataloader(self) -> DataLoader | list:

@@ -133,11 +133,11 @@ class ResumableDataLoader(StartsWorkersOutsideTheGroup, StatefulDataLoader):
         if yielded and yielded >= len(self):
             for _ in super().__iter__():  # the epoch's rest: nothing left, only the iterator's end is reached
                 pass
-            self._resumed_at = 0
+            self._resumed_at = self._yielded = 0
             if epoch is not None:
                 self._set_epoch(epoch + 1)
-        else:
-            self._resumed_at = yielded
+        else:  # also what state_dict reports until the next iterator starts
+            self._resumed_at = self._yielded = yielded
 
 
 class TrainPosition:
@@ -156,11 +156,17 @@ class TrainPosition:
         self.loader: ResumableDataLoader | None = None
         self.pending: dict[str, Any] | None = None
 
-    def track(self, loader: ResumableDataLoader) -> ResumableDataLoader:
-        """Remember ``loader`` as the one whose position is saved, after giving it the resumed run's position."""
-        if self.pending is not None:
+    def track(self, loader: ResumableDataLoader, trainer: Any = None) -> ResumableDataLoader:
+        """Remember ``loader`` as the one whose position is saved, after giving it the resumed run's position.
+
+        Args:
+            loader: The train loader just built.
+            trainer: The trainer it is built for: a position is given only to a fit resumed from a checkpoint
+                (not one read by an earlier ``validate``/``test`` in the same process).
+        """
+        if self.pending is not None and getattr(trainer, "ckpt_path", None) is not None:
             loader.load_state_dict(self.pending)
-            self.pending = None
+        self.pending = None
         self.loader = loader
         return loader
 

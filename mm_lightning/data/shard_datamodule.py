@@ -185,7 +185,7 @@ class ShardDataModule(MultimodalDataModule):
         self.check_a_batch(len(sampler), f"{len(dataset)} samples")
         # Every rank's sampler has the same length, so drop_last gives every rank the same number of batches.
         loader = ResumableDataLoader(dataset, sampler=sampler, drop_last=True, **self._loader_kwargs())
-        return self.train_position.track(loader)
+        return self.train_position.track(loader, self.trainer)
 
 
 class DemoShardDataModule(ShardDataModule):

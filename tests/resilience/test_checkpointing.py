@@ -10,6 +10,7 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,7 @@ from torch.utils.data import TensorDataset
 from typing_extensions import override
 
 from mm_lightning.callbacks import ExactResume, PreemptionCheckpoint
-from mm_lightning.data.loader import ResumableDataLoader
+from mm_lightning.data.loader import ResumableDataLoader, TrainPosition
 from mm_lightning.plugins import AtomicCheckpointIO
 from tests.resilience.helpers import TinyModule, random_loader
 
@@ -205,3 +206,22 @@ def test_last_checkpoint_records_the_fresh_best(tmp_path: Path, best_first: bool
     states = torch.load(tmp_path / "last.ckpt", weights_only=True)["callbacks"]
     [saved_best] = [v["best_model_path"] for k, v in states.items() if "val/loss" in k]
     assert (saved_best == best.best_model_path != "") is best_first
+
+
+def test_a_saved_position_goes_only_to_a_fit_resumed_from_a_checkpoint() -> None:
+    """A position read by an earlier ``validate(ckpt_path=...)`` is not given to a later fresh ``fit``."""
+    data = TensorDataset(torch.arange(40.0), torch.arange(40.0))
+    saved = ResumableDataLoader(data, batch_size=8, shuffle=True)
+    batches = iter(saved)
+    next(batches), next(batches)
+    state = {TrainPosition.KEY: saved.state_dict()}
+    for ckpt_path, applied in ((None, False), ("last.ckpt", True)):
+        position = TrainPosition()
+        position.load_state_dict(state)
+        loader = position.track(
+            ResumableDataLoader(data, batch_size=8, shuffle=True), SimpleNamespace(ckpt_path=ckpt_path)
+        )
+        assert loader.position_loaded is applied and position.pending is None
+        assert position.state_dict()[TrainPosition.KEY]["mm_lightning_batches_yielded"] == (
+            2 if applied else 0
+        )
