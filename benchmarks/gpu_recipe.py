@@ -210,7 +210,7 @@ def gpu_report(sets: dict[str, Path], batch_size: int, workers: int) -> tuple[st
     for set_name, jsonl in sets.items():
         try:
             rates = nvjpeg_rates(encoded_files(jsonl), batch_size)
-        except Exception as err:  # keep the other figures of a rare device session
+        except Exception as err:  # keep the other figures of a short GPU run
             print(f"nvJPEG on {set_name} failed: {err!r}", flush=True)
             continue
         print(

@@ -42,7 +42,7 @@ def rss_mb() -> float:
 
 
 class ListDataset:
-    """The seeds' layout: every record a dict in one Python list."""
+    """The plain layout: every record a dict in one Python list."""
 
     def __init__(self, path: str) -> None:
         with open(path) as f:

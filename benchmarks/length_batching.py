@@ -4,7 +4,7 @@
 
 For each dataset, token slots (batch size x longest caption in the batch) over one epoch of (image, caption)
 pairs, with the real tokenizer: random batches (dynamic padding), LengthGroupedSampler batches (grouped by the
-index's word-count proxy, as MultimodalDataModule does), and the seeds' pad-to-512 for reference.
+index's word-count proxy, as MultimodalDataModule does), and padding every caption to 512 tokens for reference.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The run's seed and the seeds derived from it: the one place that reads ``PL_GLOBAL_SEED``.
+"""The run's seed and every seed derived from it: the one place that reads ``PL_GLOBAL_SEED``.
 
 ``seed_everything`` (the CLI's ``--seed_everything``) records the seed in ``PL_GLOBAL_SEED``, which spawned
 workers and DDP processes inherit; everything that needs "the run's seed" asks :func:`global_seed`, and every

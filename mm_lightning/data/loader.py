@@ -192,7 +192,7 @@ def ignore_stop_signals(worker_id: int, rank: int | None = None) -> None:
 
     Args:
         worker_id: The worker's number.
-        rank: The process's global rank, for the seeds (Lightning passes its own the same way).
+        rank: The process's global rank, for the workers' seeds (Lightning passes its own the same way).
     """
     os.setpgid(0, 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)

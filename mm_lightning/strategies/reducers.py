@@ -1,4 +1,4 @@
-"""Explicit gradient all-reduce: the seeds' per-parameter loop and a bucketed variant.
+"""Explicit gradient all-reduce: the textbook per-parameter loop and a bucketed variant.
 
 Both reducers leave every participating rank with the same gradients DDP would produce:
 
