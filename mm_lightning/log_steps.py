@@ -1,8 +1,8 @@
 """When Lightning sends a training batch's ``self.log`` values to the loggers, from the trainer's public state.
 
-Values logged on other steps never reach a logger; skipping them saves Lightning's per-call bookkeeping
-(``self.log`` costs ~0.5-1 ms on a CPU core) and, for counts gathered across ranks or kept on the device, an
-all-reduce or a host sync per step.
+Values logged on other steps never reach a logger; skipping them saves Lightning's per-call bookkeeping of
+``self.log`` (docs/benchmarks.md, training overhead) and, for counts gathered across ranks or kept on the device,
+an all-reduce or a host sync per step.
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ class BadRecordLogger(pl.Callback):
         self._count(batch, "train")
         # Only on the steps the loggers write (the same on every rank, so the all-reduce stays collective):
         # TensorBoard gets the same points as when logged every step, without a per-step all-reduce and
-        # Lightning's ~0.5-1 ms per self.log; Lightning's logger cadence stays the single source of truth.
+        # Lightning's per-call cost of self.log (docs/benchmarks.md, training overhead).
         if loggers_write_this_step(trainer, self._steps_before):
             total = float(self.total(trainer))
             pl_module.log("data/skipped", total, on_step=True, on_epoch=False, batch_size=1)

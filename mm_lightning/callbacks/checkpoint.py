@@ -130,8 +130,8 @@ def reseed_torch(seed: int) -> None:
     """``torch.manual_seed(seed)`` for the generators in use, without its per-call cost on CPU-only runs.
 
     ``torch.manual_seed`` also seeds CUDA; while CUDA is not initialized (every CPU run) it queues that call
-    together with a formatted stack trace (``traceback.format_stack``), about 1-2 ms per call inside Lightning's
-    deep stack: too much for every batch. The CPU generator and, once initialized, the CUDA generators get the
+    together with a formatted stack trace (``traceback.format_stack``), which inside Lightning's deep stack costs
+    more than a training batch can spare (docs/benchmarks.md, training overhead). The CPU generator and, once initialized, the CUDA generators get the
     same seed as from ``torch.manual_seed``; other accelerators (MPS, XPU, ...) go through ``torch.manual_seed``.
 
     Args:

@@ -106,7 +106,7 @@ class NaNGuard(Callback):
     def _log_count(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Logged when the count changes, on the steps the loggers write and at the first step, so that
         trainer.callback_metrics holds the current count and TensorBoard gets the same points as if logged every
-        step, without Lightning's ~0.5-1 ms per self.log on every other step."""
+        step, without Lightning's per-call cost of self.log on every other step."""
         if self.skipped_steps != self._logged or loggers_write_this_step(trainer):
             pl_module.log(
                 "train/skipped_steps", float(self.skipped_steps), on_step=True, on_epoch=False, batch_size=1

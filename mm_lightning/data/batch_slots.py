@@ -2,8 +2,8 @@
 
 Without them, every batch a worker returns gets a fresh shared-memory segment: created, page-faulted in by the
 worker, its file descriptor passed to the main process over a socket, mapped and page-faulted again there, and
-unmapped at the end -- about 5 ms of CPU per 32x3x224x224 uint8 batch with 2 workers, ~6 % of the loader's work
-on real photos (``benchmarks/loader_breakdown.py``). With slots, each worker stacks its images into one of a few
+unmapped at the end: a measurable share of the loader's work on real photos (``benchmarks/loader_breakdown.py``,
+figures in docs/benchmarks.md). With slots, each worker stacks its images into one of a few
 segments mapped once by every process, and the batch carries only the slot's number across the queue.
 
 Safety rests on reference counting, not on timing: in the main process the batch's image tensor is a view of

@@ -3,8 +3,7 @@
 :class:`EncodedImage` reads only the header first (size, EXIF orientation), so a caller can choose its crop
 before any pixel is decoded and then ask for a DCT-scaled decode (libjpeg's 1/2, 1/4, 1/8), which skips most
 of the inverse DCT, upsampling and colour-conversion work. JPEGs are decoded by ``simplejpeg`` (libjpeg-turbo,
-the fastest per core of the decoders measured: 1.38 ms vs torchvision's 1.92 ms and PIL's 2.48 ms for a
-640x480 camera photo) when it is installed, else by PIL (scaled) or ``torchvision.io.decode_jpeg`` (full
+the fastest per core of the decoders measured, figures in docs/benchmarks.md) when it is installed, else by PIL (scaled) or ``torchvision.io.decode_jpeg`` (full
 size). CMYK JPEGs and everything else (PNG incl. 16-bit and palette with transparency, GIF, 1-bit,
 LA/RGBA...) go through PIL, with alpha composited on a background colour. EXIF orientation is applied to all.
 """

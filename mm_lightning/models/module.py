@@ -186,7 +186,7 @@ class MultimodalModule(LightningModule):
 
         The loggers receive values only every ``log_every_n_steps``: logged on those steps, on each epoch's last
         batch and at ``max_steps``, TensorBoard gets the same points and ``trainer.callback_metrics`` holds current
-        values at an epoch's end, without Lightning's ~0.7 ms per ``self.log`` call on every other step.
+        values at an epoch's end, without Lightning's per-call cost of ``self.log`` on every other step.
         """
         trainer = self.running_trainer()
         return trainer is None or loggers_write_this_step(trainer) or ends_epoch_or_run(trainer)
