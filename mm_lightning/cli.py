@@ -14,14 +14,11 @@ Examples::
     python -m mm_lightning fit --config configs/demo.yaml
     python -m mm_lightning fit --config configs/demo.yaml --trainer.default_root_dir runs/try2
     python -m mm_lightning fit --config configs/base.yaml --config configs/ddp_explicit.yaml --data.batch_size 64
-    python -m mm_lightning fit --config configs/demo.yaml --print_config
-    python -m mm_lightning audit --config configs/demo.yaml
     python -m mm_lightning shard --config configs/demo.yaml --out data/demo_shards --samples_per_shard 500
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -36,7 +33,6 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from typing_extensions import override
 
-import mm_lightning.strategies  # noqa: F401  (registers the "ddp_explicit" strategy name)
 from mm_lightning.callbacks import (
     BadRecordLogger,
     EmbeddingWriter,
@@ -54,9 +50,11 @@ from mm_lightning.callbacks import (
 )
 from mm_lightning.data import MultimodalDataModule
 from mm_lightning.errors import cli_message, show_traceback
+from mm_lightning.lazy import PUBLIC_PATHS
 from mm_lightning.models import MultimodalModule
 from mm_lightning.models.towers.tokenizers import tokenizer_of
 from mm_lightning.resume import ResumeOverrides
+from mm_lightning.strategies import expand_strategy_name  # (also registers the "ddp_explicit" name)
 from mm_lightning.trainer import MultimodalTrainer, instantiate_datamodule
 
 # python -m mm_lightning export ... / zeroshot ...: mm_lightning.export / mm_lightning.zeroshot ``main(argv)``, with
@@ -174,41 +172,6 @@ def checkpoint_dir_of(run_dir: str) -> str:
     return os.path.join(run_dir, "checkpoints")
 
 
-def expand_strategy_name(args: list[str]) -> list[str]:
-    """``--trainer.strategy <registry name>`` followed by ``--trainer.strategy.<option>``: the name becomes its class
-    (plus the options the registry entry implies), so nested options apply to it.
-
-    jsonargparse takes nested options only under a class, and Lightning's registry names (``ddp_explicit``,
-    ``ddp_spawn``...) are plain strings to it; the README's spelling
-    ``--trainer.strategy ddp_explicit --trainer.strategy.mode per_parameter`` works this way.
-    """
-    from lightning.pytorch.strategies import StrategyRegistry
-
-    if not any(a.startswith("--trainer.strategy.") for a in args):
-        return args
-    out: list[str] = []
-    i = 0
-    while i < len(args):
-        arg, name = args[i], None
-        if arg == "--trainer.strategy" and i + 1 < len(args):
-            name, i = args[i + 1], i + 2
-        elif arg.startswith("--trainer.strategy="):
-            name, i = arg.split("=", 1)[1], i + 1
-        else:
-            out.append(arg)
-            i += 1
-            continue
-        if name not in StrategyRegistry:
-            out += ["--trainer.strategy", name]
-            continue
-        entry = StrategyRegistry[name]
-        cls = entry["strategy"]
-        out += ["--trainer.strategy", f"{cls.__module__}.{cls.__qualname__}"]
-        for key, value in entry["init_params"].items():
-            out += [f"--trainer.strategy.{key}", value if isinstance(value, str) else json.dumps(value)]
-    return out
-
-
 class PartsHelpFormatter(DefaultHelpFormatter):
     """``--help`` that names where the built-in towers and losses are instead of listing, under each of those
     options, every ``nn.Module`` class loaded at the time (hundreds of torch and transformers classes each)."""
@@ -245,10 +208,13 @@ class CheckedParser(LightningArgumentParser):
         if "trainer.strategy" in message and "NestedArg" in message:
             message += (
                 "\nA strategy registry name in a config file (e.g. strategy: ddp_explicit) takes no nested options;"
-                " give the class instead (strategy: {class_path: ExplicitAllReduceDDPStrategy, init_args: {mode:"
-                " per_parameter}}, as configs/ddp_explicit.yaml does), or the name on the command line:"
+                " give the class instead (strategy: {class_path: mm_lightning.strategies.ExplicitAllReduceDDPStrategy,"
+                " init_args: {mode: per_parameter}}, as configs/ddp_explicit.yaml does), or the name on the command line:"
                 " --trainer.strategy ddp_explicit --trainer.strategy.mode per_parameter."
             )
+        short_name = re.search(r"Expected a dot import path string: (\w+)\b", message)
+        if short_name and short_name.group(1) in PUBLIC_PATHS:  # a built-in class loads when a run names it
+            message += f"\nName the class by its path: {PUBLIC_PATHS[short_name.group(1)]}"
         return super().error(message, ex)
 
 

@@ -16,10 +16,12 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics.utilities.distributed import gather_all_tensors
 
+from mm_lightning.errors import ExplainedError
+
 _LOCAL = threading.local()
 
 
-class CollectiveError(RuntimeError):
+class CollectiveError(ExplainedError, RuntimeError):
     """A collective failed: a peer process died, hung or became unreachable."""
 
 

@@ -13,36 +13,26 @@ import re
 
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-from mm_lightning.callbacks.nan_guard import NonFiniteTrainingError
-from mm_lightning.callbacks.prediction import OutputFolderError
-from mm_lightning.data.records import RecordError
-from mm_lightning.data.samples import TooManyBadRecords
-from mm_lightning.data.sources.shards import ShardError
-from mm_lightning.data.splits import EmptySplitError, MissingTrainingFile, NoTrainingBatch
-from mm_lightning.distributed import CollectiveError
-from mm_lightning.models.losses.base import LossContractError
-from mm_lightning.models.towers.base import UnknownModelError
-from mm_lightning.models.towers.contract import TowerContractError
-from mm_lightning.offline import PretrainedUnavailable
-from mm_lightning.plugins.io import CheckpointFileError
-
 TRACEBACK_ENV = "MM_LIGHTNING_TRACEBACK"
-USER_ERRORS: tuple[type[BaseException], ...] = (
-    RecordError,
-    TooManyBadRecords,
-    EmptySplitError,
-    NoTrainingBatch,
-    MissingTrainingFile,
-    ShardError,
-    CheckpointFileError,
-    CollectiveError,
-    NonFiniteTrainingError,
-    OutputFolderError,
-    TowerContractError,
-    UnknownModelError,
-    LossContractError,
-    PretrainedUnavailable,
-)
+
+
+class ExplainedError(Exception):
+    """Base of the project's errors whose message already says what is wrong and where (file, line, reason):
+    the command line prints it without a traceback."""
+
+
+def explained_error_names() -> set[str]:
+    """Names of every ``ExplainedError`` class loaded so far (those a DataLoader worker can raise: the main
+    process loaded the same data modules)."""
+    names: set[str] = set()
+    pending = [ExplainedError]
+    while pending:
+        cls = pending.pop()
+        names.add(cls.__name__)
+        pending += cls.__subclasses__()
+    return names
+
+
 # what to do, for errors whose message says what is wrong but not how to go on
 FIXES = {
     "RecordError": "Fix or remove that record, or skip bad records with --data.init_args.on_bad_record skip (each "
@@ -76,8 +66,7 @@ def _from_worker(err: BaseException) -> tuple[str, str] | None:
     whose message holds the worker's traceback, ending in ``<module>.<Kind>: <message>``)."""
     text = str(err)
     caught = re.match(r"Caught (\w+) in DataLoader worker process \d+", text)
-    names = {cls.__name__ for cls in USER_ERRORS}
-    if not caught or caught.group(1) not in names:
+    if not caught or caught.group(1) not in explained_error_names():
         return None
     kind = caught.group(1)
     lines = text.splitlines()
@@ -93,7 +82,7 @@ def cli_message(err: BaseException) -> str | None:
     library_fix = next(
         (f for cls, text, f in LIBRARY_ERRORS if isinstance(err, cls) and text in str(err)), None
     )
-    if isinstance(err, USER_ERRORS) or library_fix:
+    if isinstance(err, ExplainedError) or library_fix:
         kind, message = type(err).__name__, str(err)
     else:
         unwrapped = _from_worker(err)

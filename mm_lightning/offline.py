@@ -6,6 +6,8 @@ import os
 from collections.abc import Callable
 from typing import TypeVar
 
+from mm_lightning.errors import ExplainedError
+
 Loaded = TypeVar("Loaded")
 
 # Local choices that work without internet access, named in the messages.
@@ -19,7 +21,7 @@ LOCAL_IMAGE = (
 )
 
 
-class PretrainedUnavailable(OSError):
+class PretrainedUnavailable(ExplainedError, OSError):
     """Pretrained weights or a tokenizer are neither local nor cached, and downloading them failed."""
 
 

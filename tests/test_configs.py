@@ -129,7 +129,10 @@ def test_nested_options_under_a_strategy_name_say_how_to_fix(
         cli_main(["fit", *args, "--trainer.strategy.mode", "per_parameter", "--print_config"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert "class_path: ExplicitAllReduceDDPStrategy" in err and "configs/ddp_explicit.yaml" in err
+    assert (
+        "class_path: mm_lightning.strategies.ExplicitAllReduceDDPStrategy" in err
+        and "configs/ddp_explicit.yaml" in err
+    )
 
 
 def test_run_dir_moves_logs_and_checkpoints(capsys: pytest.CaptureFixture[str]) -> None:

@@ -43,7 +43,7 @@ def mismatches(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dict[s
 
 
 def test_registered_with_explicit_signature() -> None:
-    assert StrategyRegistry["ddp_explicit"]["strategy"] is ExplicitAllReduceDDPStrategy
+    assert type(StrategyRegistry.get("ddp_explicit")) is ExplicitAllReduceDDPStrategy
     assert StrategyRegistry["ddp_explicit_spawn"]["init_params"] == {"start_method": "spawn"}
     params = inspect.signature(ExplicitAllReduceDDPStrategy.__init__).parameters
     # jsonargparse builds --trainer.strategy.* from this signature; a **kwargs would expose every DDP argument.

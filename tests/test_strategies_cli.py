@@ -19,10 +19,10 @@ from tests.strategies.launch import REPO
 STRATEGY_ARGS = {
     "ddp": ["--trainer.strategy", "ddp"],
     "ddp_explicit": ["--trainer.strategy", "ddp_explicit"],
-    # A string strategy name takes no nested options; the class name does (as does configs/ddp_explicit.yaml).
+    # A string strategy name takes no nested options; the class does (as in configs/ddp_explicit.yaml).
     "per_parameter": [
         "--trainer.strategy",
-        "ExplicitAllReduceDDPStrategy",
+        "mm_lightning.strategies.ExplicitAllReduceDDPStrategy",
         "--trainer.strategy.mode",
         "per_parameter",
     ],

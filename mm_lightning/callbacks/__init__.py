@@ -1,34 +1,23 @@
 """Every callback of the project: checkpointing and resume, bad-record counts, NaN guard, monitors, FLOP counter, prediction writer."""
 
-from mm_lightning.callbacks.bad_records import BadRecordLogger
-from mm_lightning.callbacks.checkpoint import ExactResume, PreemptionCheckpoint
-from mm_lightning.callbacks.feature_cache import LockedImageFeatures
-from mm_lightning.callbacks.flops import FlopCounter
-from mm_lightning.callbacks.monitors import (
-    GradNormMonitor,
-    PeakMemoryMonitor,
-    RetrievalGridLogger,
-    StepTimeMonitor,
-)
-from mm_lightning.callbacks.nan_guard import NaNGuard, NonFiniteTrainingError
-from mm_lightning.callbacks.prediction import EmbeddingWriter
-from mm_lightning.callbacks.run_report import ProgressLines, RunSummary
-from mm_lightning.callbacks.summary import ModelSummary
+from mm_lightning.lazy import lazy_exports
 
-__all__ = [
-    "BadRecordLogger",
-    "EmbeddingWriter",
-    "ExactResume",
-    "FlopCounter",
-    "GradNormMonitor",
-    "LockedImageFeatures",
-    "ModelSummary",
-    "NaNGuard",
-    "NonFiniteTrainingError",
-    "PeakMemoryMonitor",
-    "PreemptionCheckpoint",
-    "ProgressLines",
-    "RetrievalGridLogger",
-    "RunSummary",
-    "StepTimeMonitor",
-]
+_EXPORTS = {
+    "BadRecordLogger": "mm_lightning.callbacks.bad_records",
+    "EmbeddingWriter": "mm_lightning.callbacks.prediction",
+    "ExactResume": "mm_lightning.callbacks.checkpoint",
+    "FlopCounter": "mm_lightning.callbacks.flops",
+    "GradNormMonitor": "mm_lightning.callbacks.monitors",
+    "LockedImageFeatures": "mm_lightning.callbacks.feature_cache",
+    "ModelSummary": "mm_lightning.callbacks.summary",
+    "NaNGuard": "mm_lightning.callbacks.nan_guard",
+    "NonFiniteTrainingError": "mm_lightning.callbacks.nan_guard",
+    "PeakMemoryMonitor": "mm_lightning.callbacks.monitors",
+    "PreemptionCheckpoint": "mm_lightning.callbacks.checkpoint",
+    "ProgressLines": "mm_lightning.callbacks.run_report",
+    "RetrievalGridLogger": "mm_lightning.callbacks.monitors",
+    "RunSummary": "mm_lightning.callbacks.run_report",
+    "StepTimeMonitor": "mm_lightning.callbacks.monitors",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

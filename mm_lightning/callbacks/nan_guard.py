@@ -13,11 +13,12 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from mm_lightning.errors import ExplainedError
 from mm_lightning.grad_norms import step_grad_norms
 from mm_lightning.log_steps import ends_epoch_or_run, loggers_write_this_step
 
 
-class NonFiniteTrainingError(RuntimeError):
+class NonFiniteTrainingError(ExplainedError, RuntimeError):
     """Raised on every rank when too many consecutive optimizer steps had a non-finite loss or gradient."""
 
 

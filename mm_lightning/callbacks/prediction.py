@@ -27,10 +27,12 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from torch import Tensor
 from typing_extensions import override
 
+from mm_lightning.errors import ExplainedError
+
 FIELDS = ("image_embeddings", "text_embeddings", "image_id", "index")
 
 
-class OutputFolderError(FileExistsError):
+class OutputFolderError(ExplainedError, FileExistsError):
     """The prediction folder cannot be written as asked (a file, or a folder holding earlier results)."""
 
 

@@ -2,34 +2,25 @@
 tokenization. ``MultimodalDataModule`` reads JSONL files, ``ShardDataModule`` shards (and weighted mixes).
 """
 
-from __future__ import annotations
+from mm_lightning.lazy import lazy_exports
 
-from mm_lightning.data.collate import MultimodalCollate
-from mm_lightning.data.datamodule import MultimodalDataModule
-from mm_lightning.data.demo import DemoDataModule
-from mm_lightning.data.records import Record, RecordError
-from mm_lightning.data.samplers import LengthGroupedSampler
-from mm_lightning.data.samples import BadRecordPolicy, SampleBuilder, TooManyBadRecords
-from mm_lightning.data.shard_datamodule import DemoShardDataModule, ShardDataModule, Source
-from mm_lightning.data.skips import SkipLog
-from mm_lightning.data.sources.jsonl import JsonlIndex
-from mm_lightning.data.splits import EmptySplitError, NoTrainingBatch
-
-__all__ = [
-    "BadRecordPolicy",
-    "DemoDataModule",
-    "DemoShardDataModule",
-    "EmptySplitError",
-    "JsonlIndex",
-    "LengthGroupedSampler",
-    "MultimodalCollate",
-    "MultimodalDataModule",
-    "NoTrainingBatch",
-    "Record",
-    "RecordError",
-    "SampleBuilder",
-    "ShardDataModule",
-    "SkipLog",
-    "Source",
-    "TooManyBadRecords",
-]
+_EXPORTS = {
+    "BadRecordPolicy": "mm_lightning.data.samples",
+    "DemoDataModule": "mm_lightning.data.demo",
+    "DemoShardDataModule": "mm_lightning.data.shard_datamodule",
+    "EmptySplitError": "mm_lightning.data.splits",
+    "JsonlIndex": "mm_lightning.data.sources.jsonl",
+    "LengthGroupedSampler": "mm_lightning.data.samplers",
+    "MultimodalCollate": "mm_lightning.data.collate",
+    "MultimodalDataModule": "mm_lightning.data.datamodule",
+    "NoTrainingBatch": "mm_lightning.data.splits",
+    "Record": "mm_lightning.data.records",
+    "RecordError": "mm_lightning.data.records",
+    "SampleBuilder": "mm_lightning.data.samples",
+    "ShardDataModule": "mm_lightning.data.shard_datamodule",
+    "SkipLog": "mm_lightning.data.skips",
+    "Source": "mm_lightning.data.shard_datamodule",
+    "TooManyBadRecords": "mm_lightning.data.samples",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
+from mm_lightning.errors import ExplainedError
+
 ErrorKind = Literal[
     "malformed_json",  # not JSON, not an object, nested too deep, a number too long, undecodable bytes
     "missing_key",  # the image or text key is absent
@@ -28,7 +30,7 @@ ErrorKind = Literal[
 ERROR_KINDS: tuple[str, ...] = ErrorKind.__args__  # type: ignore[attr-defined]
 
 
-class RecordError(ValueError):
+class RecordError(ExplainedError, ValueError):
     """A bad record. The message names the source file, the line (or sample key), the field, the image and why.
 
     Args:

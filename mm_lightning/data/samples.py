@@ -27,6 +27,7 @@ from mm_lightning.data.images import DEFAULT_MAX_PIXELS, ImageDecodeError, decod
 from mm_lightning.data.records import Record, RecordError, record_errors
 from mm_lightning.data.skips import SKIPPED_KEY, STAND_IN_KEY
 from mm_lightning.data.transforms import DecodeResizedCrop
+from mm_lightning.errors import ExplainedError
 from mm_lightning.seeding import derived_rng
 
 ORIGIN_KEY = (
@@ -139,7 +140,7 @@ class SampleBuilder:
             return self.transform(image)
 
 
-class TooManyBadRecords(RuntimeError):
+class TooManyBadRecords(ExplainedError, RuntimeError):
     """``skip`` found no valid record to stand in for a bad one within ``max_replacements`` tries."""
 
 

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 from typing import Literal
 
 from mm_lightning.data.sources.jsonl import JsonlIndex
+from mm_lightning.errors import ExplainedError
 
 Split = Literal["train", "val", "test", "predict"]
 
@@ -19,7 +20,7 @@ STAGE_SPLITS: dict[str, tuple[str, ...]] = {
 }
 
 
-class MissingTrainingFile(FileNotFoundError):
+class MissingTrainingFile(ExplainedError, FileNotFoundError):
     """The training JSONL named in the config does not exist."""
 
     def __init__(self, command: str, path: str) -> None:
@@ -55,7 +56,7 @@ def splits_with_files(files: Mapping[str, str | None], splits: Iterable[str], co
     return chosen
 
 
-class NoTrainingBatch(ValueError):
+class NoTrainingBatch(ExplainedError, ValueError):
     """The training split holds fewer samples than one batch per device: no training step would run.
 
     Refused at the start: the run would otherwise end "successfully" without a step (``drop_last``), and records
@@ -78,7 +79,7 @@ class NoTrainingBatch(ValueError):
         )
 
 
-class EmptySplitError(ValueError):
+class EmptySplitError(ExplainedError, ValueError):
     """A split's file holds no valid record (empty, or every line bad)."""
 
     def __init__(self, label: str, index: JsonlIndex) -> None:

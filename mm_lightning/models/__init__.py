@@ -1,33 +1,23 @@
 """Model parts: towers, fusion, losses, the ``DualEncoder`` network and the ``MultimodalModule`` that trains it."""
 
-from mm_lightning.models.config import (
-    FusionConfig,
-    GradCacheConfig,
-    ObjectiveConfig,
-    OptimConfig,
-    TowerTraining,
-)
-from mm_lightning.models.dual_encoder import DualEncoder
-from mm_lightning.models.fusion import CrossAttentionFusion
-from mm_lightning.models.itm import ImageTextMatching
-from mm_lightning.models.losses import ContrastiveLoss, DynamicWeightAveraging, SigLipLoss
-from mm_lightning.models.module import MultimodalModule
-from mm_lightning.models.towers import EncoderOutput, HFTextTower, TorchvisionTower
+from mm_lightning.lazy import lazy_exports
 
-__all__ = [
-    "ContrastiveLoss",
-    "CrossAttentionFusion",
-    "DualEncoder",
-    "DynamicWeightAveraging",
-    "EncoderOutput",
-    "FusionConfig",
-    "GradCacheConfig",
-    "HFTextTower",
-    "ImageTextMatching",
-    "MultimodalModule",
-    "ObjectiveConfig",
-    "OptimConfig",
-    "SigLipLoss",
-    "TorchvisionTower",
-    "TowerTraining",
-]
+_EXPORTS = {
+    "ContrastiveLoss": "mm_lightning.models.losses",
+    "CrossAttentionFusion": "mm_lightning.models.fusion",
+    "DualEncoder": "mm_lightning.models.dual_encoder",
+    "DynamicWeightAveraging": "mm_lightning.models.losses",
+    "EncoderOutput": "mm_lightning.models.towers",
+    "FusionConfig": "mm_lightning.models.config",
+    "GradCacheConfig": "mm_lightning.models.config",
+    "HFTextTower": "mm_lightning.models.towers",
+    "ImageTextMatching": "mm_lightning.models.itm",
+    "MultimodalModule": "mm_lightning.models.module",
+    "ObjectiveConfig": "mm_lightning.models.config",
+    "OptimConfig": "mm_lightning.models.config",
+    "SigLipLoss": "mm_lightning.models.losses",
+    "TorchvisionTower": "mm_lightning.models.towers",
+    "TowerTraining": "mm_lightning.models.config",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

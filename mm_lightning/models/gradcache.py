@@ -34,6 +34,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import get_device_states, set_device_states
 
+from mm_lightning.models.towers.base import batchnorm_layers
+
 Batch = Mapping[str, Any]
 Encode = Callable[[Batch], dict[str, Tensor]]
 
@@ -88,11 +90,6 @@ class _Pending:
     autocast: _Autocast
     leaves: dict[str, Tensor]
     sizes: list[int]
-
-
-def batchnorm_layers(module: nn.Module) -> dict[str, nn.Module]:
-    """The BatchNorm layers of ``module`` by name (any ``_BatchNorm``: 1d/2d/3d, SyncBatchNorm, timm's)."""
-    return {n: m for n, m in module.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)}
 
 
 def dropout_layers(module: nn.Module) -> list[str]:
@@ -214,7 +211,7 @@ def _batch_size(batch: Batch) -> int:
 class GradientCache:
     """Runs towers in chunks without keeping their graphs, then back-propagates a full-batch loss exactly.
 
-    Usage (what :class:`~mm_lightning.models.batch_embedding.GradientCaching` does for ``MultimodalModule``)::
+    Usage (what :class:`~mm_lightning.models.chunked_embedding.GradientCaching` does for ``MultimodalModule``)::
 
         cache = GradientCache([image_tower, text_tower], chunks=4)
         outputs = cache.embed(encode, batch)   # pass 1: full-batch outputs, leaves that require grad

@@ -23,7 +23,6 @@ from lightning.pytorch.strategies import FSDPStrategy
 from torch import Tensor, nn
 from typing_extensions import override
 
-from mm_lightning import process_exit
 from mm_lightning.data.skips import STAND_IN_KEY
 from mm_lightning.embeddings import l2_normalize
 from mm_lightning.log_steps import ends_epoch_or_run, loggers_write_this_step
@@ -212,6 +211,8 @@ class MultimodalModule(LightningModule):
     @override
     def setup(self, stage: str) -> None:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
+            from mm_lightning import process_exit
+
             process_exit.install()  # gloo ranks would otherwise abort at interpreter exit (see process_exit.py)
         if stage == "fit":
             self.batch_embedding.setup(self.trainer.strategy, self.model)

@@ -1,5 +1,11 @@
 """Trainer plugins: :class:`AtomicCheckpointIO` (atomic saves, checked loads)."""
 
-from mm_lightning.plugins.io import AtomicCheckpointIO, CheckpointFileError, check_checkpoint_file
+from mm_lightning.lazy import lazy_exports
 
-__all__ = ["AtomicCheckpointIO", "CheckpointFileError", "check_checkpoint_file"]
+_EXPORTS = {
+    "AtomicCheckpointIO": "mm_lightning.plugins.io",
+    "CheckpointFileError": "mm_lightning.plugins.io",
+    "check_checkpoint_file": "mm_lightning.plugins.io",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -19,6 +19,8 @@ from fsspec.utils import get_protocol
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from typing_extensions import override
 
+from mm_lightning.errors import ExplainedError
+
 _TMP_PREFIX = ".tmp-"
 # Keys every checkpoint written by Lightning's Trainer holds (Lightning's resume reads both).
 LIGHTNING_KEYS = ("pytorch-lightning_version", "state_dict")
@@ -29,7 +31,7 @@ def is_local_path(path: str | os.PathLike) -> bool:
     return get_protocol(str(path)) == "file"
 
 
-class CheckpointFileError(ValueError):
+class CheckpointFileError(ExplainedError, ValueError):
     """A checkpoint file that cannot be used; the message names the file and what is wrong with it."""
 
 

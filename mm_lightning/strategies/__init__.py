@@ -1,29 +1,77 @@
-"""Training strategies. Importing this package registers ``ddp_explicit`` in Lightning's StrategyRegistry."""
+"""Training strategies. Importing this package registers ``ddp_explicit`` (and ``ddp_explicit_spawn``) in
+Lightning's StrategyRegistry; the strategy's modules load only when a run uses it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
 
 from lightning.pytorch.strategies import StrategyRegistry
 
-from mm_lightning.strategies.explicit_ddp import CollectiveError, ExplicitAllReduceDDPStrategy
-from mm_lightning.strategies.reducers import (
-    BucketedReducer,
-    GradientReducer,
-    OverlappingBucketedReducer,
-    PerParameterReducer,
-)
+from mm_lightning.lazy import lazy_exports
 
-__all__ = [
-    "BucketedReducer",
-    "CollectiveError",
-    "ExplicitAllReduceDDPStrategy",
-    "GradientReducer",
-    "OverlappingBucketedReducer",
-    "PerParameterReducer",
-]
+_EXPORTS = {
+    "BucketedReducer": "mm_lightning.strategies.reducers",
+    "CollectiveError": "mm_lightning.strategies.explicit_ddp",
+    "ExplicitAllReduceDDPStrategy": "mm_lightning.strategies.explicit_ddp",
+    "GradientReducer": "mm_lightning.strategies.reducers",
+    "OverlappingBucketedReducer": "mm_lightning.strategies.reducers",
+    "PerParameterReducer": "mm_lightning.strategies.reducers",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+EXPLICIT_ALL_REDUCE = "mm_lightning.strategies.ExplicitAllReduceDDPStrategy"
+
+
+def explicit_all_reduce(**init_params: Any) -> Any:
+    """The registry's constructor for ``ddp_explicit``: imports the strategy when a run names it."""
+    from mm_lightning.strategies.explicit_ddp import ExplicitAllReduceDDPStrategy
+
+    return ExplicitAllReduceDDPStrategy(**init_params)
+
+
+explicit_all_reduce.class_path = EXPLICIT_ALL_REDUCE  # type: ignore[attr-defined]  (what the CLI expands the name to)
 
 for _name, _start_method in (("ddp_explicit", "popen"), ("ddp_explicit_spawn", "spawn")):
     StrategyRegistry.register(
         _name,
-        ExplicitAllReduceDDPStrategy,
+        explicit_all_reduce,
         description=f"DDP with an explicit gradient all-reduce, start_method '{_start_method}'",
         override=True,
         start_method=_start_method,
     )
+
+
+def expand_strategy_name(args: list[str]) -> list[str]:
+    """``--trainer.strategy <registry name>`` followed by ``--trainer.strategy.<option>``: the name becomes its class
+    (plus the options the registry entry implies), so nested options apply to it.
+
+    jsonargparse takes nested options only under a class, and Lightning's registry names (``ddp_explicit``,
+    ``ddp_spawn``...) are plain strings to it; the README's spelling
+    ``--trainer.strategy ddp_explicit --trainer.strategy.mode per_parameter`` works this way.
+    """
+    if not any(a.startswith("--trainer.strategy.") for a in args):
+        return args
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg, name = args[i], None
+        if arg == "--trainer.strategy" and i + 1 < len(args):
+            name, i = args[i + 1], i + 2
+        elif arg.startswith("--trainer.strategy="):
+            name, i = arg.split("=", 1)[1], i + 1
+        else:
+            out.append(arg)
+            i += 1
+            continue
+        if name not in StrategyRegistry:
+            out += ["--trainer.strategy", name]
+            continue
+        entry = StrategyRegistry[name]
+        build = entry["strategy"]  # a class, or a constructor that names its class (mm_lightning.strategies)
+        class_path = getattr(build, "class_path", f"{build.__module__}.{build.__qualname__}")
+        out += ["--trainer.strategy", class_path]
+        for key, value in entry["init_params"].items():
+            out += [f"--trainer.strategy.{key}", value if isinstance(value, str) else json.dumps(value)]
+    return out

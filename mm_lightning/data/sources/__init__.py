@@ -1,5 +1,10 @@
 """Where records come from: a JSONL file + image files (``jsonl``), WebDataset shards (``shards``)."""
 
-from mm_lightning.data.sources.jsonl import JsonlIndex, RecordParser
+from mm_lightning.lazy import lazy_exports
 
-__all__ = ["JsonlIndex", "RecordParser"]
+_EXPORTS = {
+    "JsonlIndex": "mm_lightning.data.sources.jsonl",
+    "RecordParser": "mm_lightning.data.sources.jsonl",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

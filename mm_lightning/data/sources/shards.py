@@ -36,8 +36,10 @@ from wids.wids import IndexedTarSamples
 from wids.wids_dl import ULockFile
 from wids.wids_lru import LRUCache
 
+from mm_lightning.errors import ExplainedError
 
-class ShardError(RuntimeError):
+
+class ShardError(ExplainedError, RuntimeError):
     """A shard that cannot be listed, fetched or opened (missing, truncated, not a tar); names the shard.
 
     Args:

@@ -4,30 +4,21 @@ A loss is chosen by ``class_path`` (``model.loss``): :class:`ContrastiveLoss` (C
 :class:`SigLipLoss`, or your own class under the contract of :mod:`mm_lightning.models.losses.base`.
 """
 
-from mm_lightning.models.losses.base import (
-    LossContractError,
-    PairLogits,
-    PairLoss,
-    ScaledPairLoss,
-    check_loss,
-    loss_terms,
-)
-from mm_lightning.models.losses.clip import ContrastiveLoss
-from mm_lightning.models.losses.hard_negatives import sample_hard_negatives
-from mm_lightning.models.losses.siglip import SigLipLoss
-from mm_lightning.models.losses.weighting import DynamicWeightAveraging, complexity_weights, weighted_sum
+from mm_lightning.lazy import lazy_exports
 
-__all__ = [
-    "ContrastiveLoss",
-    "DynamicWeightAveraging",
-    "LossContractError",
-    "PairLogits",
-    "PairLoss",
-    "ScaledPairLoss",
-    "SigLipLoss",
-    "check_loss",
-    "complexity_weights",
-    "loss_terms",
-    "sample_hard_negatives",
-    "weighted_sum",
-]
+_EXPORTS = {
+    "ContrastiveLoss": "mm_lightning.models.losses.clip",
+    "DynamicWeightAveraging": "mm_lightning.models.losses.weighting",
+    "LossContractError": "mm_lightning.models.losses.base",
+    "PairLogits": "mm_lightning.models.losses.base",
+    "PairLoss": "mm_lightning.models.losses.base",
+    "ScaledPairLoss": "mm_lightning.models.losses.base",
+    "SigLipLoss": "mm_lightning.models.losses.siglip",
+    "check_loss": "mm_lightning.models.losses.base",
+    "complexity_weights": "mm_lightning.models.losses.weighting",
+    "loss_terms": "mm_lightning.models.losses.base",
+    "sample_hard_negatives": "mm_lightning.models.losses.hard_negatives",
+    "weighted_sum": "mm_lightning.models.losses.weighting",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

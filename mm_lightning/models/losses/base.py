@@ -36,6 +36,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from mm_lightning.errors import ExplainedError
+
 
 class PairLogits(NamedTuple):
     """Scores of the local rows against the candidate columns.
@@ -155,7 +157,7 @@ class ScaledPairLoss(PairLoss):
         return self.logit_scale.clamp(max=self.max_log_scale).exp()
 
 
-class LossContractError(ValueError):
+class LossContractError(ExplainedError, ValueError):
     """A user's loss does not do what the pair-loss contract (:mod:`mm_lightning.models.losses.base`) asks."""
 
 

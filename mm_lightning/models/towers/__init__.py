@@ -6,26 +6,21 @@ and carries ``pooled_dim``, ``token_dim`` and the ``data_config`` its weights ex
 serves as a tower under the contract of :mod:`mm_lightning.models.towers.contract`.
 """
 
-from mm_lightning.models.towers.base import EncoderOutput, Tower
-from mm_lightning.models.towers.clip import CLIPImageTower, CLIPTextTower
-from mm_lightning.models.towers.contract import TowerContractError
-from mm_lightning.models.towers.hf_text import HFTextTower
-from mm_lightning.models.towers.hf_vision import HFVisionTower
-from mm_lightning.models.towers.open_clip import OpenCLIPImageTower, OpenCLIPTextTower
-from mm_lightning.models.towers.timm import TimmTower
-from mm_lightning.models.towers.torchvision import SmallResNet, TorchvisionTower
+from mm_lightning.lazy import lazy_exports
 
-__all__ = [
-    "CLIPImageTower",
-    "CLIPTextTower",
-    "EncoderOutput",
-    "HFTextTower",
-    "HFVisionTower",
-    "OpenCLIPImageTower",
-    "OpenCLIPTextTower",
-    "SmallResNet",
-    "TimmTower",
-    "TorchvisionTower",
-    "Tower",
-    "TowerContractError",
-]
+_EXPORTS = {
+    "CLIPImageTower": "mm_lightning.models.towers.clip",
+    "CLIPTextTower": "mm_lightning.models.towers.clip",
+    "EncoderOutput": "mm_lightning.models.towers.base",
+    "HFTextTower": "mm_lightning.models.towers.hf_text",
+    "HFVisionTower": "mm_lightning.models.towers.hf_vision",
+    "OpenCLIPImageTower": "mm_lightning.models.towers.open_clip",
+    "OpenCLIPTextTower": "mm_lightning.models.towers.open_clip",
+    "SmallResNet": "mm_lightning.models.towers.torchvision",
+    "TimmTower": "mm_lightning.models.towers.timm",
+    "TorchvisionTower": "mm_lightning.models.towers.torchvision",
+    "Tower": "mm_lightning.models.towers.base",
+    "TowerContractError": "mm_lightning.models.towers.contract",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

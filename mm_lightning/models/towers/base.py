@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
+from mm_lightning.errors import ExplainedError
 from mm_lightning.preprocessing import IMAGENET_MEAN, IMAGENET_STD
 
 
@@ -30,7 +31,7 @@ class EncoderOutput:
     mask: Tensor
 
 
-class UnknownModelError(ValueError):
+class UnknownModelError(ExplainedError, ValueError):
     """A tower names a model its library does not have."""
 
     def __init__(self, tower: str, name: str, known: list[str], listing: str) -> None:
@@ -187,3 +188,8 @@ def load_checked_state_dict(
     if problems:
         warnings.warn(f"{source} loaded partially: " + "; ".join(problems), stacklevel=2)
     module.load_state_dict(state, strict=False)
+
+
+def batchnorm_layers(module: nn.Module) -> dict[str, nn.Module]:
+    """The BatchNorm layers of ``module`` by name (any ``_BatchNorm``: 1d/2d/3d, SyncBatchNorm, timm's)."""
+    return {n: m for n, m in module.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)}

@@ -43,6 +43,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from mm_lightning.errors import ExplainedError
 from mm_lightning.models.towers.base import EncoderOutput, Tower, image_data_config
 
 Kind = Literal["image", "text"]
@@ -50,7 +51,7 @@ DRY_BATCH = 2  # BatchNorm in a tower's forward needs more than one sample
 DRY_CAPTION_LENGTH = 8
 
 
-class TowerContractError(ValueError):
+class TowerContractError(ExplainedError, ValueError):
     """A user's tower does not do what the tower contract (:mod:`mm_lightning.models.towers.contract`) asks."""
 
 
