@@ -224,12 +224,13 @@ class Bench:
         common = {"batch_size": self.batch_size, "num_workers": workers, "persistent_workers": workers > 0}
 
         def ours(normalize_on: str) -> tuple[DataLoader, object]:  # "device": what a Trainer does
-            dm = MultimodalDataModule(
+            dm = MultimodalDataModule(  # its defaults, but for the batch size and workers
                 train_file=str(self.jsonl),
                 tokenizer=self.tokenizer,
                 image_size=224,
                 normalize_on=normalize_on,
-                **common,
+                batch_size=self.batch_size,
+                num_workers=workers,
             )
             dm.setup("fit")
             return dm.train_dataloader(), dm.normalize_batch

@@ -172,7 +172,7 @@ def recipe_rate(
             batch_size=batch_size,
             num_workers=workers,
             pin_memory=True,
-            persistent_workers=True,
+            image_config=model.data_config["image"],
         )
         steps = 3 * warmup + steps
     else:

@@ -44,7 +44,9 @@ def run(data: Path, args: argparse.Namespace, cache: bool, root: Path) -> tuple[
     config = recipe_config("lit", args.image_size)
     seed_everything(0)
     model = build_module(config["model"])
-    dm = datamodule(config, data, num_workers=args.workers, batch_size=args.batch_size)
+    dm = datamodule(
+        config, data, model.data_config["image"], num_workers=args.workers, batch_size=args.batch_size
+    )
     dm.files["val"] = None
     clock = StepClock()
     callbacks = [clock, *([LockedImageFeatures(cache_dir=str(root / "cache"))] if cache else [])]

@@ -118,6 +118,7 @@ def run(
         train_file=str(train),
         val_file=str(val),
         tokenizer=tokenizer_of(model_args["text_tower"]),
+        image_config=config,  # the tower's resize
         image_size=96,
         mean=config["mean"],
         std=config["std"],

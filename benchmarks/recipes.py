@@ -103,8 +103,11 @@ def recipe_config(name: str, image_size: int, overrides: list[str] | None = None
     return config
 
 
-def datamodule(config: dict[str, Any], data: Path, **overrides: Any) -> MultimodalDataModule:
-    """The recipe's data options (batch size, caption length, workers, ...) on the benchmark's files."""
+def datamodule(
+    config: dict[str, Any], data: Path, image_config: dict[str, Any], **overrides: Any
+) -> MultimodalDataModule:
+    """The recipe's data options (batch size, caption length, workers, ...) on the benchmark's files, preparing
+    images as the model's image tower expects (``image_config``, as the CLI links it)."""
     options = {
         k: v
         for k, v in config["data"].get("init_args", {}).items()
@@ -116,6 +119,7 @@ def datamodule(config: dict[str, Any], data: Path, **overrides: Any) -> Multimod
         val_file=str(data / "val.jsonl"),
         test_file=str(data / "test.jsonl"),
         tokenizer=tokenizer_of(config["model"]["text_tower"]),
+        image_config=image_config,
         **options,
     )
 
@@ -140,9 +144,8 @@ def run_recipe(name: str, data: Path, args: argparse.Namespace, root: Path) -> d
     config = recipe_config(name, args.image_size, args.set)
     seed_everything(config.get("seed_everything", 0), workers=True)
     model = build_module(config["model"])
-    dm = datamodule(
-        config, data, num_workers=args.workers, **({"batch_size": args.batch_size} if args.batch_size else {})
-    )
+    batch_size = {"batch_size": args.batch_size} if args.batch_size else {}
+    dm = datamodule(config, data, model.data_config["image"], num_workers=args.workers, **batch_size)
     trainer_options = config.get("trainer", {})
     checkpoints = root / name / "checkpoints"
     shutil.rmtree(checkpoints, ignore_errors=True)  # an earlier run's (the recipe's feature cache stays)
@@ -191,9 +194,8 @@ def run_baseline(name: str, data: Path, args: argparse.Namespace) -> dict[str, f
     features = {}
     for split in ("train", "val", "test"):
         # every caption of every image, evaluation crop: the test loader's protocol on each split's file
-        dm = datamodule(config, data, num_workers=args.workers, batch_size=64)
+        dm = datamodule(config, data, model.data_config["image"], num_workers=args.workers, batch_size=64)
         dm.files["test"] = dm.files[split]
-        dm.follow_image_tower(model.data_config["image"])  # size, mean/std and resize the tower expects
         dm.setup("test")
         features[split] = tower_features(model, dm)
     runs = [train_heads(features, args, seed) for seed in range(args.baseline_seeds)]

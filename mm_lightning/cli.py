@@ -172,6 +172,14 @@ def checkpoint_dir_of(run_dir: str) -> str:
     return os.path.join(run_dir, "checkpoints")
 
 
+def image_config_of(model: Any) -> dict[str, Any] | None:
+    """The image tower's preprocessing (``MultimodalModule.data_config["image"]``), or None for a tower without one."""
+    try:
+        return model.data_config["image"]
+    except (AttributeError, KeyError, NotImplementedError):
+        return None
+
+
 class PartsHelpFormatter(DefaultHelpFormatter):
     """``--help`` that names where the built-in towers and losses are instead of listing, under each of those
     options, every ``nn.Module`` class loaded at the time (hundreds of torch and transformers classes each)."""
@@ -257,6 +265,10 @@ class MultimodalCLI(LightningCLI):
         )
         parser.link_arguments("model.text_tower", "data.init_args.tokenizer", compute_fn=tokenizer_of)
         parser.link_arguments("trainer.default_root_dir", "trainer.logger.init_args.save_dir")
+        # the image tower's preprocessing reaches the data once, when both are built: data follows the model
+        parser.link_arguments(
+            "model", "data.init_args.image_config", compute_fn=image_config_of, apply_on="instantiate"
+        )
         # checkpoint.dirpath defaults to <run dir>/checkpoints in parse_arguments: not a link, which would silently
         # replace a dirpath the user set
 

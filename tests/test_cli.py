@@ -31,8 +31,7 @@ def test_overrides_reach_the_objects(tmp_path: Path) -> None:
     text, image = cli.model.hparams.text_tower["init_args"], cli.model.hparams.image_tower["init_args"]
     assert cli.datamodule.hparams.tokenizer == text["name"] == "mm-lightning/demo-bert"
     assert image["image_size"] == 32 and cli.datamodule.hparams.image_size is None
-    cli.datamodule.follow_image_tower(cli.model.data_config["image"])
-    assert cli.datamodule.image_size == 32
+    assert cli.datamodule.image_size == 32  # linked when the CLI built the two
 
 
 def test_tokenizer_always_follows_the_text_encoder(tmp_path: Path) -> None:
@@ -42,18 +41,18 @@ def test_tokenizer_always_follows_the_text_encoder(tmp_path: Path) -> None:
 
 
 def test_image_size_flows_from_the_tower_and_a_set_data_size_wins_with_a_warning(tmp_path: Path) -> None:
-    cli = cli_main([*tiny_demo_args(tmp_path), "--model.image_tower.init_args.image_size", "48"], run=False)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # following the tower says nothing
-        cli.datamodule.follow_image_tower(cli.model.data_config["image"])
+        warnings.filterwarnings("error", "data.image_size")  # following the tower says nothing
+        cli = cli_main(
+            [*tiny_demo_args(tmp_path), "--model.image_tower.init_args.image_size", "48"], run=False
+        )
     assert cli.datamodule.image_size == 48 == cli.model.data_config["image"]["input_size"][-1]
     assert cli.datamodule.sample_builder("val").transform.size == 48
     # the user's data.image_size wins, and the run says it differs from the tower's
-    cli = cli_main([*tiny_demo_args(tmp_path), "--data.init_args.image_size", "40"], run=False)
+    with pytest.warns(UserWarning, match=r"data.image_size 40 differs from the image tower's input size 32"):
+        cli = cli_main([*tiny_demo_args(tmp_path), "--data.init_args.image_size", "40"], run=False)
     # nothing is pushed back into the model
     assert cli.model.hparams.image_tower["init_args"]["image_size"] == 32
-    with pytest.warns(UserWarning, match=r"data.image_size 40 differs from the image tower's input size 32"):
-        cli.datamodule.follow_image_tower(cli.model.data_config["image"])
     assert cli.datamodule.image_size == 40 and cli.datamodule.sample_builder("val").transform.size == 40
 
 

@@ -21,7 +21,6 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from mm_lightning.data.dataset import ImageTextDataset
 from mm_lightning.data.features import CachedFeatures, FeatureTable, build_rows, fingerprint
 from mm_lightning.data.splits import STAGE_SPLITS
 from mm_lightning.seeding import global_seed
@@ -89,14 +88,9 @@ class LockedImageFeatures(pl.Callback):
         tower = pl_module.model.image_encoder
         weights = {"tower": type(tower).__qualname__, "state": tower.state_dict()}
         for split in STAGE_SPLITS[stage]:
-            dataset = getattr(dm, "datasets", {}).get(split)
+            dataset = dm.image_feature_split(split)
             if dataset is None:
                 continue
-            if not isinstance(dataset, ImageTextDataset):
-                raise ValueError(
-                    f"LockedImageFeatures: the {split} split is read from {type(dataset).__name__}; cached features"
-                    " are served for JSONL splits (MultimodalDataModule's files)"
-                )
             views = self.views if split == "train" else 0
             builder = dm.sample_builder(split if views else "val", dataset.builder.confine_root)
             transform = {k: repr(v) for k, v in vars(builder.transform).items()}
@@ -112,8 +106,7 @@ class LockedImageFeatures(pl.Callback):
             def encode(images: torch.Tensor) -> torch.Tensor:
                 return pl_module.model.encode_images(images.to(pl_module.device))[0].pooled
 
-            index = dataset.index
-            records = [index.pair(int(row)).record for row in index.first_pair_of_images()]
+            records = dataset.image_records()
             skip = dm.hparams.on_bad_record == "skip"
             self.computed[split] = build_rows(
                 records, pixels, encode, table, views, seed, (trainer.global_rank, trainer.world_size),
@@ -122,7 +115,7 @@ class LockedImageFeatures(pl.Callback):
             )  # fmt: skip
             trainer.strategy.barrier("image_features")
             table.reload()  # every process's share
-            dataset.builder.features = CachedFeatures(table, views)
+            dataset.serve_features(CachedFeatures(table, views))
             rank_zero_info(
                 f"LockedImageFeatures: {split}: {len(table)} cached rows in {table.folder} "
                 f"({self.computed[split]} computed here, {views or 'evaluation-crop'} view(s) per image)"

@@ -57,13 +57,12 @@ class MultimodalDataModule(pl.LightningDataModule):
         tokenizer: HF tokenizer name or local path (the CLI links it to ``model.text_tower``).
         max_length: truncate captions to this many tokens.
         pad_to_multiple_of: pad each batch's token length up to a multiple of this (e.g. 8), or ``None``.
-        image_size: output image side; null (default) follows the image tower's input size
-            (the image tower's ``image_size``, or what a pretrained tower's weights expect), or 224 without a model (the
-            ``audit`` and ``shard`` commands). Set, it wins (with a warning when it differs from the tower's).
+        image_size: output image side; null (default) follows ``image_config`` (the image tower's input size), else
+            224. Set, it wins (with a warning when it differs from the tower's).
         batch_size: batch size per device.
         num_workers: DataLoader worker processes per device.
         pin_memory: pin host memory for faster host-to-device copies.
-        persistent_workers: keep workers alive across epochs; they also reuse shared-memory image slots.
+        persistent_workers: keep workers alive across epochs, reusing shared-memory slots for image batches.
         prefetch_factor: batches each worker prepares ahead (only with ``num_workers > 0``).
         multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or ``None`` (platform default).
         on_bad_record: ``"raise"`` stops with file, line, image and reason; ``"skip"`` replaces the bad sample
@@ -76,8 +75,7 @@ class MultimodalDataModule(pl.LightningDataModule):
         train_scale: area range of the training random resized crop.
         horizontal_flip: random horizontal flips in training (off: captions say "left"/"right").
         mean: normalization mean per channel (0-1 units). Null (default): what the image tower's weights expect
-            (its ``data_config``: timm's pretrained config, the Hugging Face image processor, CLIP's), or the
-            ImageNet statistics when no model is attached.
+            (``image_config``), else the ImageNet statistics.
         std: normalization std per channel; null follows the image tower like ``mean``.
         normalize_on: where uint8 images become normalized float32. ``"device"``: after the host-to-device
             copy (``on_after_batch_transfer``; 4x fewer bytes through worker queues, pinned memory and PCIe);
@@ -86,6 +84,9 @@ class MultimodalDataModule(pl.LightningDataModule):
         reduced_decode: let JPEGs decode at 1/2, 1/4 or 1/8 size when the crop still needs no upsampling.
         confine_to_root: reject image paths (absolute, ``..``, links) that leave ``image_root``.
         max_image_pixels: refuse images above this many pixels (decompression bombs); ``None`` disables.
+        image_config: the image tower's preprocessing (its ``data_config``: ``input_size``, ``mean``, ``std``,
+            ``interpolation``), which the options left unset follow. The CLI passes ``model.data_config["image"]``
+            when it builds the two; in Python pass it yourself (as timm's ``resolve_data_config`` is used).
     """
 
     def __init__(
@@ -104,7 +105,7 @@ class MultimodalDataModule(pl.LightningDataModule):
         batch_size: PositiveInt = 32,
         num_workers: int = 0,
         pin_memory: bool = False,
-        persistent_workers: bool = False,
+        persistent_workers: bool = True,
         prefetch_factor: int | None = None,
         multiprocessing_context: str | None = None,
         on_bad_record: Literal["raise", "skip"] = "raise",
@@ -120,6 +121,7 @@ class MultimodalDataModule(pl.LightningDataModule):
         reduced_decode: bool = True,
         confine_to_root: bool = False,
         max_image_pixels: int | None = DEFAULT_MAX_PIXELS,
+        image_config: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -133,6 +135,7 @@ class MultimodalDataModule(pl.LightningDataModule):
         self.datasets: dict[str, ImageTextDataset] = {}
         self._collates: dict[bool, MultimodalCollate] = {}
         self.train_position = TrainPosition()
+        self.follow_image_tower(image_config)
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -234,7 +237,8 @@ class MultimodalDataModule(pl.LightningDataModule):
 
     def follow_image_tower(self, data_config: dict[str, Any] | None) -> None:
         """Takes the resize interpolation and what the data left unset (``image_size``, ``mean``/``std`` null) from
-        the image tower's ``data_config``: preprocessing flows from the tower to the data, never back.
+        the image tower's ``data_config`` (``image_config``): preprocessing flows from the tower to the data, never
+        back. Before ``setup`` only: datasets already built keep their preprocessing.
 
         Args:
             data_config: the tower's preprocessing (``input_size``, ``mean``, ``std``), or None to keep the current.
@@ -242,17 +246,15 @@ class MultimodalDataModule(pl.LightningDataModule):
         hp = self.hparams
         if not data_config:
             return
+        if self.datasets:
+            raise RuntimeError("follow_image_tower: the datasets are built already; call it before setup")
         side = int(data_config["input_size"][-1]) if data_config.get("input_size") else None
         interpolation = data_config.get("interpolation", "bilinear")
         if interpolation not in INTERPOLATIONS:
             rank_zero_warn(f"the image tower asks for {interpolation!r} resizing; resizing bilinear instead")
             interpolation = "bilinear"
-        if interpolation != self.interpolation:
-            self.datasets.clear()  # built with the previous resize
-            self.interpolation = interpolation
+        self.interpolation = interpolation
         if hp.image_size is None and side is not None:
-            if side != self.image_size:
-                self.datasets.clear()  # built at the previous size
             self.image_size = side
         elif side is not None and hp.image_size != side:
             rank_zero_warn(
@@ -275,18 +277,20 @@ class MultimodalDataModule(pl.LightningDataModule):
         std = tuple(hp.std if hp.std is not None else data_config["std"])
         if [*mean, *std] != [*self.normalize.mean, *self.normalize.std]:
             self.normalize = Normalize(mean, std)
-            self._collates.clear()  # built with the previous statistics
             rank_zero_info(
                 f"Normalizing images as the image tower expects: mean {list(mean)}, std {list(std)}"
             )
 
-    def image_tower_data_config(self) -> dict[str, Any] | None:
-        """The attached model's image-tower preprocessing (``MultimodalModule.data_config``), or None."""
-        model = self.trainer.lightning_module if self.trainer is not None else None
-        try:
-            return model.data_config["image"] if model is not None else None
-        except (AttributeError, KeyError, NotImplementedError):  # a module or tower without a data_config
-            return None
+    def image_feature_split(self, split: Split) -> ImageTextDataset | None:
+        """The built dataset of ``split`` whose images cached features may replace (``serve_features``), or None
+        when the split is not built."""
+        dataset = self.datasets.get(split)
+        if dataset is not None and not isinstance(dataset, ImageTextDataset):
+            raise ValueError(
+                f"cached image features are served for JSONL splits (MultimodalDataModule's files); the {split}"
+                f" split is read from {type(dataset).__name__}"
+            )
+        return dataset
 
     def has_split(self, split: Split) -> bool:
         """Whether ``split`` has data to read (here: its JSONL file is set)."""
@@ -294,7 +298,6 @@ class MultimodalDataModule(pl.LightningDataModule):
 
     @override
     def setup(self, stage: str) -> None:
-        self.follow_image_tower(self.image_tower_data_config())
         for split in STAGE_SPLITS.get(stage, ()):
             if self.has_split(split) and split not in self.datasets:  # type: ignore[arg-type]
                 self.datasets[split] = self.build_dataset(split)  # type: ignore[arg-type]

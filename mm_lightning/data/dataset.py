@@ -56,6 +56,15 @@ class ImageTextDataset(Dataset):
             return self.index.cap_words
         return self.index.cap_words[self.index.first_pair_of_images()]
 
+    def image_records(self) -> list[Any]:
+        """One record per distinct image (its first pair), in index order."""
+        return [self.index.pair(int(row)).record for row in self.index.first_pair_of_images()]
+
+    def serve_features(self, features: Any) -> None:
+        """Serve cached image features (:class:`~mm_lightning.data.features.CachedFeatures`) in place of the
+        decoded images."""
+        self.builder.features = features
+
     def load(self, item: int) -> dict[str, Any]:
         """Load one item or raise :class:`~mm_lightning.data.records.RecordError` (file, line, image, reason)."""
         pair = self.index.pair(self.caption_of(item))

@@ -44,15 +44,11 @@ def test_unset_statistics_follow_the_tower_and_explicit_ones_win() -> None:
 
 @pytest.mark.parametrize("datamodule", [MultimodalDataModule, ShardDataModule])
 @pytest.mark.parametrize("tower_mean", [HALF, None])
-def test_setup_reads_the_attached_models_image_tower(tower_mean: tuple | None, datamodule: type) -> None:
+def test_the_data_follows_the_image_config_it_is_given(tower_mean: tuple | None, datamodule: type) -> None:
     pytest.importorskip("timm")
     config = tiny_kwargs(image_tower=TimmTower("test_resnet", image_size=32, mean=tower_mean, std=tower_mean))
     module = MultimodalModule(**config)
-    trainer = Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False)
-    trainer.strategy.connect(module)
-    dm = datamodule(tokenizer=TOKENIZER)
-    dm.trainer = trainer
-    dm.setup("predict")  # no predict file: only the normalization decision runs
+    dm = datamodule(tokenizer=TOKENIZER, image_config=module.data_config["image"])
     expected = module.data_config["image"]
     assert dm.normalize.mean == pytest.approx(list(expected["mean"]))
     assert dm.normalize.std == pytest.approx(list(expected["std"]))
@@ -62,15 +58,18 @@ def test_setup_reads_the_attached_models_image_tower(tower_mean: tuple | None, d
 
 
 @pytest.mark.parametrize("datamodule", [MultimodalDataModule, ShardDataModule])
-def test_setup_follows_the_towers_input_size_and_interpolation(datamodule: type, tmp_path) -> None:
+def test_the_data_follows_the_towers_input_size_and_interpolation(datamodule: type, tmp_path) -> None:
     pytest.importorskip("timm")
     module = MultimodalModule(**tiny_kwargs(image_tower=TimmTower("test_efficientnet", image_size=40)))
     tower = module.data_config["image"]
     assert tower["interpolation"] == "bicubic" and tower["input_size"][-1] == 40  # what timm's config says
+    unlinked = datamodule(tokenizer=TOKENIZER, val_file=str(tmp_path / "val.jsonl"))
+    assert (unlinked.image_size, unlinked.interpolation) == (224, "bilinear")  # no image config: the defaults
+    dm = datamodule(tokenizer=TOKENIZER, val_file=str(tmp_path / "val.jsonl"), image_config=tower)
+    assert (dm.image_size, dm.interpolation) == (40, "bicubic")
+    # setup never reads the model the trainer holds: a trainer with another tower changes nothing
     trainer = Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False)
-    trainer.strategy.connect(module)
-    dm = datamodule(tokenizer=TOKENIZER, val_file=str(tmp_path / "val.jsonl"))
-    assert (dm.image_size, dm.interpolation) == (224, "bilinear")  # no model yet: the defaults
+    trainer.strategy.connect(MultimodalModule(**tiny_kwargs(image_tower=_tiny_resnet())))
     dm.trainer = trainer
     dm.setup("predict")
     assert (dm.image_size, dm.interpolation) == (40, "bicubic")

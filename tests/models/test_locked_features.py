@@ -53,7 +53,7 @@ def _fit(
     seed_everything(0)
     module = MultimodalModule(**module_kwargs(model or LOCKED))
     dm = datamodule(train_file=str(root / "train.jsonl"), val_file=str(root / "val.jsonl"), tokenizer=TOKENIZER,
-                    batch_size=batch_size, max_length=16)  # fmt: skip
+                    batch_size=batch_size, max_length=16, image_config=module.data_config["image"])  # fmt: skip
     grads = Gradients()
     trainer = Trainer(
         accelerator="cpu", max_steps=4, deterministic=True, logger=False, enable_checkpointing=False,

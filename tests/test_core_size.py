@@ -1,0 +1,62 @@
+"""The core a one-step demo ``fit`` loads stays small, and the opt-in parts load only when a config names them
+(``tests/core_size.py`` runs the fits in a fresh process and reports the loaded modules)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+# today's core, as README's "Where things are" says; lower these as the core shrinks
+MAX_CORE_MODULES = 64
+MAX_CORE_LINES = 8_800
+OPT_IN = {
+    "mm_lightning.strategies.explicit_ddp",
+    "mm_lightning.strategies.reducers",
+    "mm_lightning.data.shard_datamodule",
+    "mm_lightning.data.shard_writer",
+    "mm_lightning.data.sources.shards",
+    "mm_lightning.data.sources.shard_dataset",
+    "mm_lightning.data.sources.mixing",
+    "mm_lightning.data.audit",
+    "mm_lightning.data.features",
+    "mm_lightning.callbacks.feature_cache",
+    "mm_lightning.models.gradcache",
+    "mm_lightning.models.chunked_embedding",
+    "mm_lightning.models.losses.siglip",
+    "mm_lightning.models.towers.timm",
+    "mm_lightning.models.towers.open_clip",
+    "mm_lightning.models.towers.clip",
+    "mm_lightning.models.towers.hf_vision",
+    "mm_lightning.export",
+    "mm_lightning.zeroshot",
+    "mm_lightning.process_exit",
+}
+
+
+@pytest.mark.timeout(300)
+def test_a_one_step_demo_fit_loads_the_core_only(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run(
+        [sys.executable, "tests/core_size.py", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=240, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    loaded = json.loads(result.stdout.strip().splitlines()[-1])
+    core = loaded["core"]
+    assert sorted(OPT_IN & set(core)) == []
+    assert len(core) <= MAX_CORE_MODULES and sum(core.values()) <= MAX_CORE_LINES, (
+        len(core),
+        sum(core.values()),
+    )
+    # control: a run that names gradient caching and the SigLIP loss loads them
+    assert loaded["opt_in"] == [
+        "mm_lightning.models.chunked_embedding",
+        "mm_lightning.models.gradcache",
+        "mm_lightning.models.losses.siglip",
+    ]
