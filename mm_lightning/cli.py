@@ -6,6 +6,7 @@ best checkpoints written atomically, learning-rate and throughput monitors, a se
 agree linked, so a user changes one line:
 
 * ``model.text_tower`` -> ``data.tokenizer`` (the tokenizer always matches the text tower);
+* ``model`` -> ``data.image_config`` when both are built (images prepared as the image tower expects);
 * ``trainer.default_root_dir`` (the run directory) -> the logger's ``save_dir`` and, unless set,
   ``checkpoint.dirpath`` (``<run dir>/checkpoints``): one option moves a run's logs, config and checkpoints.
 
@@ -172,6 +173,20 @@ def checkpoint_dir_of(run_dir: str) -> str:
     return os.path.join(run_dir, "checkpoints")
 
 
+def expand_short_names(args: list[str]) -> list[str]:
+    """A built-in class named by its short name on the command line (``--model.image_tower TimmTower``) becomes its
+    path: LightningCLI resolves short names among the classes already loaded, and a built-in part loads only when
+    a run names it. (In a config file, give the path: ``class_path: mm_lightning.models.towers.TimmTower``.)"""
+    out = list(args)
+    for i, arg in enumerate(args):
+        key, eq, value = arg.partition("=")
+        if eq and key.startswith("--") and value in PUBLIC_PATHS:
+            out[i] = f"{key}={PUBLIC_PATHS[value]}"
+        elif i and args[i - 1].startswith("--") and "=" not in args[i - 1] and arg in PUBLIC_PATHS:
+            out[i] = PUBLIC_PATHS[arg]
+    return out
+
+
 def image_config_of(model: Any) -> dict[str, Any] | None:
     """The image tower's preprocessing (``MultimodalModule.data_config["image"]``), or None for a tower without one."""
     try:
@@ -290,7 +305,7 @@ class MultimodalCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         if args is None or isinstance(args, list):
             given = sys.argv[1:] if args is None else args
-            expanded = expand_strategy_name(given)
+            expanded = expand_short_names(expand_strategy_name(given))
             if expanded != given:
                 args = expanded
         super().parse_arguments(parser, args)

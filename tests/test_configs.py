@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mm_lightning.cli import cli_main
+from mm_lightning.cli import CheckedParser, cli_main, expand_short_names
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 # configs without a model of their own (the towers have no defaults), parsed on top of a recipe: base.yaml unless
@@ -168,3 +168,29 @@ def test_a_monitor_on_the_last_checkpoint_is_refused(capsys: pytest.CaptureFixtu
     with pytest.raises(SystemExit):
         cli_main(["--config", str(CONFIGS / "demo.yaml"), "--checkpoint.monitor", "val/loss"], run=False)
     assert "--best_checkpoint.monitor" in capsys.readouterr().err
+
+
+def test_short_names_of_built_in_classes_on_the_command_line_become_paths() -> None:
+    args = [
+        "--model.image_tower",
+        "TimmTower",
+        "--model.loss=SigLipLoss",
+        "--data.init_args.text_key",
+        "caption",
+    ]
+    assert expand_short_names(args) == [
+        "--model.image_tower", "mm_lightning.models.towers.TimmTower",
+        "--model.loss=mm_lightning.models.losses.SigLipLoss",
+        "--data.init_args.text_key", "caption",  # control: other values stay as given
+    ]  # fmt: skip
+
+
+def test_a_short_name_the_parser_cannot_resolve_gets_its_path(capsys: pytest.CaptureFixture[str]) -> None:
+    # a config file's short class_path of a built-in class not loaded yet: jsonargparse's error, plus the path
+    parser = CheckedParser(exit_on_error=True)
+    with pytest.raises(SystemExit):
+        parser.error('Parser key "model.loss": Expected a dot import path string: SigLipLoss')
+    assert "Name the class by its path: mm_lightning.models.losses.SigLipLoss" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parser.error('Parser key "model.loss": Expected a dot import path string: MyLoss')  # control
+    assert "Name the class by its path" not in capsys.readouterr().err

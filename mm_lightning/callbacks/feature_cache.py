@@ -21,6 +21,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
+from mm_lightning.data.datamodule import MultimodalDataModule
 from mm_lightning.data.features import CachedFeatures, FeatureTable, build_rows, fingerprint
 from mm_lightning.data.splits import STAGE_SPLITS
 from mm_lightning.seeding import global_seed
@@ -84,6 +85,11 @@ class LockedImageFeatures(pl.Callback):
     def serve(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Builds the missing rows of the stage's splits (each process its share) and serves them."""
         dm = trainer.datamodule
+        if not isinstance(dm, MultimodalDataModule):
+            raise ValueError(
+                "LockedImageFeatures serves cached features through the data module's JSONL splits: train with a"
+                f" MultimodalDataModule (the run's data is {type(dm).__name__})"
+            )
         folder = Path(self.cache_dir or Path(trainer.default_root_dir) / "feature_cache")
         tower = pl_module.model.image_encoder
         weights = {"tower": type(tower).__qualname__, "state": tower.state_dict()}

@@ -2,7 +2,8 @@
 
 Use from Python::
 
-    dm = MultimodalDataModule(train_file="train.jsonl", val_file="val.jsonl", tokenizer="bert-base-uncased")
+    dm = MultimodalDataModule(train_file="train.jsonl", val_file="val.jsonl", tokenizer="bert-base-uncased",
+                              image_config=model.data_config["image"])  # images as the image tower expects
     trainer.fit(model, datamodule=dm)
 
 or from the CLI, ``python -m mm_lightning fit --config configs/base.yaml``.
@@ -273,8 +274,8 @@ class MultimodalDataModule(pl.LightningDataModule):
             )
         if hp.mean is not None and hp.std is not None:
             return
-        mean = tuple(hp.mean if hp.mean is not None else data_config["mean"])
-        std = tuple(hp.std if hp.std is not None else data_config["std"])
+        mean = tuple(hp.mean if hp.mean is not None else data_config.get("mean", IMAGENET_MEAN))
+        std = tuple(hp.std if hp.std is not None else data_config.get("std", IMAGENET_STD))
         if [*mean, *std] != [*self.normalize.mean, *self.normalize.std]:
             self.normalize = Normalize(mean, std)
             rank_zero_info(

@@ -6,11 +6,14 @@ then). The training step calls ``embed`` and, from Lightning's ``backward``,
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
 from mm_lightning.models.towers.base import EncoderOutput
+
+if TYPE_CHECKING:
+    from mm_lightning.models.chunked_embedding import GradientCaching
 
 Batch = dict[str, Any]
 Embedded = tuple[EncoderOutput, Tensor, EncoderOutput, Tensor]
@@ -36,7 +39,7 @@ class WholeBatch:
         return False
 
 
-def batch_embedding(chunks: int) -> WholeBatch:
+def batch_embedding(chunks: int) -> WholeBatch | GradientCaching:
     """How to embed training batches: in one forward (``chunks`` 1) or with gradient caching."""
     if chunks < 1:
         raise ValueError(f"grad_cache.chunks must be >= 1, got {chunks}")
