@@ -224,7 +224,7 @@ class Bench:
         common = {"batch_size": self.batch_size, "num_workers": workers, "persistent_workers": workers > 0}
 
         def ours(normalize_on: str) -> tuple[DataLoader, object]:  # "device": what a Trainer does
-            dm = MultimodalDataModule(  # its defaults, but for the batch size and workers
+            dm = MultimodalDataModule(  # its own loader defaults (persistent workers among them)
                 train_file=str(self.jsonl),
                 tokenizer=self.tokenizer,
                 image_size=224,

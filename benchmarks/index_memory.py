@@ -59,7 +59,7 @@ class IndexDataset:
     """Same access through JsonlIndex: offsets in numpy, lines re-read on demand."""
 
     def __init__(self, path: str) -> None:
-        from mm_lightning.data.sources.jsonl import JsonlIndex, RecordParser  # imported (and measured) before
+        from mm_lightning.data.jsonl import JsonlIndex, RecordParser  # imported (and measured) before
 
         self.index = JsonlIndex(RecordParser(path, "image", "text", os.path.dirname(path), False))
 
@@ -77,7 +77,7 @@ def count(batch: list[str]) -> int:
 def child(kind: str, path: str, visit: int, workers: int) -> dict[str, float]:
     from torch.utils.data import DataLoader
 
-    import mm_lightning.data.sources.jsonl  # noqa: F401  (library imports are not index memory)
+    import mm_lightning.data.jsonl  # noqa: F401  (library imports are not index memory)
 
     base = rss_mb()
     start = time.perf_counter()

@@ -36,8 +36,8 @@ from mm_lightning.data import (
     MultimodalDataModule,  # noqa: E402
     ShardDataModule,  # noqa: E402
 )
+from mm_lightning.data.jsonl import RecordParser  # noqa: E402
 from mm_lightning.data.shard_writer import write_shards  # noqa: E402
-from mm_lightning.data.sources.jsonl import RecordParser  # noqa: E402
 from tests.shards.servers import CREDENTIALS, s3_server, upload  # noqa: E402
 
 TOKENIZER = "mm-lightning/demo-bert"

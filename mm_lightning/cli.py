@@ -51,7 +51,7 @@ from mm_lightning.callbacks import (
 )
 from mm_lightning.data import MultimodalDataModule
 from mm_lightning.errors import cli_message, show_traceback
-from mm_lightning.lazy import PUBLIC_PATHS
+from mm_lightning.lazy import PUBLIC_PATHS, expand_short_names
 from mm_lightning.models import MultimodalModule
 from mm_lightning.models.towers.tokenizers import tokenizer_of
 from mm_lightning.resume import ResumeOverrides
@@ -171,20 +171,6 @@ def batch_size_of(batch: dict[str, Any]) -> int:
 def checkpoint_dir_of(run_dir: str) -> str:
     """Where a run directory keeps its checkpoints."""
     return os.path.join(run_dir, "checkpoints")
-
-
-def expand_short_names(args: list[str]) -> list[str]:
-    """A built-in class named by its short name on the command line (``--model.image_tower TimmTower``) becomes its
-    path: LightningCLI resolves short names among the classes already loaded, and a built-in part loads only when
-    a run names it. (In a config file, give the path: ``class_path: mm_lightning.models.towers.TimmTower``.)"""
-    out = list(args)
-    for i, arg in enumerate(args):
-        key, eq, value = arg.partition("=")
-        if eq and key.startswith("--") and value in PUBLIC_PATHS:
-            out[i] = f"{key}={PUBLIC_PATHS[value]}"
-        elif i and args[i - 1].startswith("--") and "=" not in args[i - 1] and arg in PUBLIC_PATHS:
-            out[i] = PUBLIC_PATHS[arg]
-    return out
 
 
 def image_config_of(model: Any) -> dict[str, Any] | None:

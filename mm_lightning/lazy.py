@@ -1,6 +1,7 @@
 """A package's public names, each imported from its module on first use (PEP 562), so importing the package
 loads only what a run touches: ``from mm_lightning.data import ShardDataModule`` loads the shard modules, a run
-on JSONL files never does."""
+on JSONL files never does. On the command line a built-in class's short name becomes its path
+(:func:`expand_short_names`), since LightningCLI resolves short names among the classes loaded so far."""
 
 from __future__ import annotations
 
@@ -27,3 +28,28 @@ def lazy_exports(
         return sorted(exports)
 
     return getattr_, dir_
+
+
+def expand_short_names(args: list[str]) -> list[str]:
+    """A built-in class named by its short name on the command line (``--model.image_tower TimmTower``) becomes its
+    path: LightningCLI resolves short names among the classes already loaded, and a built-in part loads only when
+    a run names it. (In a config file, give the path: ``class_path: mm_lightning.models.towers.TimmTower``.)"""
+    out = list(args)
+    for i, arg in enumerate(args):
+        key, eq, value = arg.partition("=")
+        if eq and takes_a_class(key) and value in PUBLIC_PATHS:
+            out[i] = f"{key}={PUBLIC_PATHS[value]}"
+        elif i and takes_a_class(args[i - 1]) and arg in PUBLIC_PATHS:
+            out[i] = PUBLIC_PATHS[arg]
+    return out
+
+
+CLASS_OPTIONS = {"model.image_tower", "model.text_tower", "model.loss", "trainer.strategy", "trainer.callbacks",
+                 "trainer.plugins", "trainer.logger"}  # fmt: skip
+
+
+def takes_a_class(flag: str) -> bool:
+    """Whether the command-line option ``flag`` names a class: a part, a callback group (``--nan_guard``),
+    ``--data`` or a ``class_path``; a plain value (a run name, a file) is never rewritten."""
+    name = flag[2:].rstrip("+") if flag.startswith("--") else ""
+    return name in CLASS_OPTIONS or name.endswith(".class_path") or (name.isidentifier() and name != "config")

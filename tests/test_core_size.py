@@ -13,7 +13,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # today's core, as README's "Where things are" says; lower these as the core shrinks
-MAX_CORE_MODULES = 64
+MAX_CORE_MODULES = 62
 MAX_CORE_LINES = 8_800
 OPT_IN = {
     "mm_lightning.strategies.explicit_ddp",

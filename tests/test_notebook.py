@@ -14,7 +14,7 @@ from tests.conftest import REPO
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_quickstart_notebook_executes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("QUICKSTART_STEPS", "30")
+    monkeypatch.setenv("QUICKSTART_STEPS", "10")
     monkeypatch.setenv("QUICKSTART_DIR", str(tmp_path))
     notebook = nbformat.read(REPO / "notebooks" / "quickstart.ipynb", as_version=4)
     resources = {"metadata": {"path": str(REPO / "notebooks")}}

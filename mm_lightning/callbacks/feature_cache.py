@@ -86,9 +86,10 @@ class LockedImageFeatures(pl.Callback):
         """Builds the missing rows of the stage's splits (each process its share) and serves them."""
         dm = trainer.datamodule
         if not isinstance(dm, MultimodalDataModule):
+            given = "no data module" if dm is None else f"a {type(dm).__name__}"
             raise ValueError(
-                "LockedImageFeatures serves cached features through the data module's JSONL splits: train with a"
-                f" MultimodalDataModule (the run's data is {type(dm).__name__})"
+                "LockedImageFeatures serves cached features through the data module's JSONL splits: run with a"
+                f" MultimodalDataModule (this run has {given})"
             )
         folder = Path(self.cache_dir or Path(trainer.default_root_dir) / "feature_cache")
         tower = pl_module.model.image_encoder

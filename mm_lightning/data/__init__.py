@@ -9,7 +9,7 @@ _EXPORTS = {
     "DemoDataModule": "mm_lightning.data.demo",
     "DemoShardDataModule": "mm_lightning.data.shard_datamodule",
     "EmptySplitError": "mm_lightning.data.splits",
-    "JsonlIndex": "mm_lightning.data.sources.jsonl",
+    "JsonlIndex": "mm_lightning.data.jsonl",
     "LengthGroupedSampler": "mm_lightning.data.samplers",
     "MultimodalCollate": "mm_lightning.data.collate",
     "MultimodalDataModule": "mm_lightning.data.datamodule",

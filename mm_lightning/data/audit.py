@@ -3,7 +3,7 @@
     python -m mm_lightning audit --config configs/base.yaml [--audit.output audit.json] [--audit.max_error_rate 0.01]
 
 Reads the ``data`` section of a training config (other sections are accepted and ignored) and runs every record
-through the same checks as training (:class:`~mm_lightning.data.sources.jsonl.RecordParser` for each line,
+through the same checks as training (:class:`~mm_lightning.data.jsonl.RecordParser` for each line,
 :class:`~mm_lightning.data.samples.SampleBuilder` for each image, in a process pool), so a record the audit
 passes is one ``fit`` accepts and vice versa. Tokenizes every caption and writes a JSON report with bad records
 by kind (with examples naming file, line and reason), missing/undecodable images, empty and overlong captions,
@@ -27,10 +27,10 @@ from tqdm import tqdm
 from mm_lightning.data.collate import load_tokenizer
 from mm_lightning.data.datamodule import MultimodalDataModule
 from mm_lightning.data.images import pil_guard_lifted
+from mm_lightning.data.jsonl import check_utf8
 from mm_lightning.data.pools import process_pool
 from mm_lightning.data.records import Record, RecordError
 from mm_lightning.data.samples import SampleBuilder
-from mm_lightning.data.sources.jsonl import check_utf8
 from mm_lightning.data.splits import splits_with_files
 
 SIZE_BUCKETS = (0, 32, 64, 128, 224, 384, 512, 1024, 2048)

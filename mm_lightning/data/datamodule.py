@@ -26,6 +26,7 @@ from mm_lightning.data.batch_slots import slots_for
 from mm_lightning.data.collate import MultimodalCollate
 from mm_lightning.data.dataset import CaptionSampling, ImageTextDataset
 from mm_lightning.data.images import DEFAULT_MAX_PIXELS, decode_image_bytes
+from mm_lightning.data.jsonl import JsonlIndex, RecordParser
 from mm_lightning.data.loader import (
     ResumableDataLoader,
     TrainPosition,
@@ -35,7 +36,6 @@ from mm_lightning.data.loader import (
 from mm_lightning.data.samplers import LengthGroupedSampler
 from mm_lightning.data.samples import BadRecordPolicy, SampleBuilder
 from mm_lightning.data.skips import SkipLog
-from mm_lightning.data.sources.jsonl import JsonlIndex, RecordParser
 from mm_lightning.data.splits import STAGE_SPLITS, EmptySplitError, NoTrainingBatch, Split
 from mm_lightning.data.transforms import INTERPOLATIONS, Normalize, eval_transform, train_transform
 from mm_lightning.preprocessing import DEFAULT_IMAGE_SIZE, IMAGENET_MEAN, IMAGENET_STD
@@ -129,9 +129,8 @@ class MultimodalDataModule(pl.LightningDataModule):
         files = (train_file, val_file, test_file, predict_file)
         self.files: dict[str, str | None] = dict(zip(("train", "val", "test", "predict"), files, strict=True))
         self.normalize = Normalize(mean or IMAGENET_MEAN, std or IMAGENET_STD)
-        # the side images are prepared at: data.image_size, else the image tower's (see follow_image_tower)
-        self.image_size = image_size or DEFAULT_IMAGE_SIZE
-        self.interpolation = "bilinear"  # the resize the image tower's weights expect (follow_image_tower)
+        # what images are prepared at: these defaults, or what the image tower expects (follow_image_tower)
+        self.image_size, self.interpolation = image_size or DEFAULT_IMAGE_SIZE, "bilinear"
         self.collate = MultimodalCollate(tokenizer, max_length, pad_to_multiple_of)
         self.datasets: dict[str, ImageTextDataset] = {}
         self._collates: dict[bool, MultimodalCollate] = {}

@@ -1,4 +1,4 @@
-"""Map-style image-caption dataset over a :class:`~mm_lightning.data.sources.jsonl.JsonlIndex`."""
+"""Map-style image-caption dataset over a :class:`~mm_lightning.data.jsonl.JsonlIndex`."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from mm_lightning.data.jsonl import JsonlIndex
 from mm_lightning.data.samples import BadRecordPolicy, SampleBuilder
-from mm_lightning.data.sources.jsonl import JsonlIndex
 from mm_lightning.seeding import derive_seed, global_seed
 
 CaptionSampling = Literal["random", "all"]

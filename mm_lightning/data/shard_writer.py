@@ -36,9 +36,9 @@ from mm_lightning.data.images import (
     decode_image_bytes,
     pil_guard_lifted,
 )
+from mm_lightning.data.jsonl import RecordParser
 from mm_lightning.data.pools import process_pool
 from mm_lightning.data.records import RecordError
-from mm_lightning.data.sources.jsonl import RecordParser
 from mm_lightning.data.splits import splits_with_files
 
 ImageFormat = Literal["copy", "jpg"]

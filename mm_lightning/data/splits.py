@@ -6,7 +6,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Literal
 
-from mm_lightning.data.sources.jsonl import JsonlIndex
+from mm_lightning.data.jsonl import JsonlIndex
 from mm_lightning.errors import ExplainedError
 
 Split = Literal["train", "val", "test", "predict"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mm_lightning.data.sources.jsonl import JsonlIndex, RecordParser
+from mm_lightning.data.jsonl import JsonlIndex, RecordParser
 
 
 def _index(path: Path, **kwargs: object) -> JsonlIndex:

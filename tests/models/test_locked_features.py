@@ -4,6 +4,7 @@ cache is keyed by the tower's weights, the transform and the image bytes (each c
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -238,3 +239,10 @@ def test_two_processes_compute_a_share_each_and_a_restart_none(tmp_path: Path) -
     assert len(keys) == len(set(keys)) > 0  # no row computed twice
     fit("second")
     assert parts() == first  # a restart computes nothing
+
+
+def test_the_cache_refuses_a_run_without_a_jsonl_data_module() -> None:
+    with pytest.raises(ValueError, match="this run has no data module"):
+        LockedImageFeatures().serve(SimpleNamespace(datamodule=None), None, "fit")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="this run has a SimpleNamespace"):
+        LockedImageFeatures().serve(SimpleNamespace(datamodule=SimpleNamespace()), None, "fit")  # type: ignore[arg-type]

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from mm_lightning.data.dataset import ImageTextDataset
+from mm_lightning.data.jsonl import JsonlIndex, RecordParser
 from mm_lightning.data.records import RecordError
 from mm_lightning.data.samples import SampleBuilder
 from mm_lightning.data.shard_writer import write_shards
-from mm_lightning.data.sources.jsonl import JsonlIndex, RecordParser
 from mm_lightning.data.transforms import eval_transform
 from tests.data.helpers import coco_style, save_image, write_jsonl
 from tests.shards.helpers import shard_dataset

@@ -17,7 +17,6 @@ _EXPORTS = {
     "check_loss": "mm_lightning.models.losses.base",
     "complexity_weights": "mm_lightning.models.losses.weighting",
     "loss_terms": "mm_lightning.models.losses.base",
-    "sample_hard_negatives": "mm_lightning.models.losses.hard_negatives",
     "weighted_sum": "mm_lightning.models.losses.weighting",
 }
 __all__ = sorted(_EXPORTS)

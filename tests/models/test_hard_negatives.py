@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from mm_lightning.models.losses import sample_hard_negatives
+from mm_lightning.models.itm import sample_hard_negatives
 
 
 def test_hard_negatives_follow_softmax_and_skip_positives() -> None:
