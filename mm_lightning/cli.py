@@ -173,6 +173,18 @@ def checkpoint_dir_of(run_dir: str) -> str:
     return os.path.join(run_dir, "checkpoints")
 
 
+def public_path(cls: type) -> str:
+    """The shortest import path of ``cls`` through its packages (``mm_lightning.callbacks.NaNGuard``,
+    ``lightning.pytorch.callbacks.ModelCheckpoint``): what a saved config names, so it outlives a move of the class
+    between modules."""
+    parts = cls.__module__.split(".")
+    for end in range(1, len(parts)):
+        package = ".".join(parts[:end])
+        if getattr(import_module(package), cls.__name__, None) is cls:
+            return f"{package}.{cls.__name__}"
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def image_config_of(model: Any) -> dict[str, Any] | None:
     """The image tower's preprocessing (``MultimodalModule.data_config["image"]``), or None for a tower without one."""
     try:
@@ -258,7 +270,7 @@ class MultimodalCLI(LightningCLI):
         parser.set_defaults(
             {
                 group: {
-                    "class_path": f"{cls.__module__}.{cls.__qualname__}",
+                    "class_path": public_path(cls),
                     "init_args": CALLBACK_DEFAULTS.get(group, {}),
                 }
                 for group, cls in CALLBACK_GROUPS.items()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mm_lightning.cli import CheckedParser, cli_main
+from mm_lightning.cli import CheckedParser, cli_main, public_path
 from mm_lightning.lazy import expand_short_names
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -197,3 +197,13 @@ def test_a_short_name_the_parser_cannot_resolve_gets_its_path(capsys: pytest.Cap
     with pytest.raises(SystemExit):
         parser.error('Parser key "model.loss": Expected a dot import path string: MyLoss')  # control
     assert "Name the class by its path" not in capsys.readouterr().err
+
+
+def test_saved_configs_name_callbacks_by_their_package(capsys: pytest.CaptureFixture[str]) -> None:
+    config = _print_config(capsys, "--config", str(CONFIGS / "demo.yaml"))
+    assert config["nan_guard"]["class_path"] == "mm_lightning.callbacks.NaNGuard"
+    assert config["checkpoint"]["class_path"] == "lightning.pytorch.callbacks.ModelCheckpoint"
+    # control: a class its packages do not export keeps its module path
+    assert (
+        public_path(Path) == "pathlib.Path" and public_path(CheckedParser) == "mm_lightning.cli.CheckedParser"
+    )
