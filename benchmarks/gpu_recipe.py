@@ -24,10 +24,9 @@ from torch.utils.flop_counter import FlopCounterMode
 from torchvision.io import ImageReadMode, decode_jpeg
 
 from mm_lightning.data.images import EncodedImage
-from mm_lightning.data.transforms import DecodeResizedCrop
+from mm_lightning.data.transforms import IMAGENET_MEAN, IMAGENET_STD, DecodeResizedCrop
 from mm_lightning.models import MultimodalModule
 from mm_lightning.models.towers import HFTextTower, TorchvisionTower
-from mm_lightning.preprocessing import IMAGENET_MEAN, IMAGENET_STD
 
 BERT_BASE = {
     "hidden_size": 768,

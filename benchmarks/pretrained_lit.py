@@ -34,7 +34,7 @@ from PIL import Image
 
 from mm_lightning.data import MultimodalDataModule
 from mm_lightning.models import MultimodalModule
-from mm_lightning.models.towers.tokenizers import tokenizer_of
+from mm_lightning.models.towers.contract import tokenizer_of
 
 REPO = Path(__file__).resolve().parents[1]
 PARTS = ("image_tower", "text_tower", "loss")  # the model's parts: objects named by class_path + init_args

@@ -42,7 +42,7 @@ from mm_lightning.data import MultimodalDataModule
 from mm_lightning.metrics import retrieval_metrics
 from mm_lightning.models import MultimodalModule
 from mm_lightning.models.losses import ContrastiveLoss
-from mm_lightning.models.towers.tokenizers import tokenizer_of
+from mm_lightning.models.towers.contract import tokenizer_of
 
 REPO = Path(__file__).resolve().parents[1]
 DEV_SET = REPO.parent / "shared" / "devdata" / "coco_mini"

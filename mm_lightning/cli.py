@@ -38,22 +38,17 @@ from mm_lightning.callbacks import (
     BadRecordLogger,
     EmbeddingWriter,
     ExactResume,
-    FlopCounter,
-    GradNormMonitor,
     ModelSummary,
     NaNGuard,
-    PeakMemoryMonitor,
     PreemptionCheckpoint,
     ProgressLines,
-    RetrievalGridLogger,
     RunSummary,
-    StepTimeMonitor,
 )
 from mm_lightning.data import MultimodalDataModule
 from mm_lightning.errors import cli_message, show_traceback
 from mm_lightning.lazy import PUBLIC_PATHS, expand_short_names
 from mm_lightning.models import MultimodalModule
-from mm_lightning.models.towers.tokenizers import tokenizer_of
+from mm_lightning.models.towers.contract import tokenizer_of
 from mm_lightning.resume import ResumeOverrides
 from mm_lightning.strategies import expand_strategy_name  # (also registers the "ddp_explicit" name)
 from mm_lightning.trainer import MultimodalTrainer, instantiate_datamodule
@@ -88,8 +83,6 @@ CALLBACK_GROUPS: dict[str, type] = {
     # (the preemption group)
     "checkpoint": ModelCheckpoint,
     "lr_monitor": LearningRateMonitor,
-    # FLOPs of the first training and evaluation batch (torch's FlopCounterMode), for the throughput monitor
-    "flops": FlopCounter,
     # samples/s and batches/s (and FLOPs/s) over a sliding window of steps
     "throughput": ThroughputMonitor,
     # data/skipped (cumulative, all ranks) + the first reasons, when on_bad_record=skip replaces samples
@@ -104,11 +97,6 @@ CALLBACK_GROUPS: dict[str, type] = {
     "preemption": PreemptionCheckpoint,
     # RNG states and loader position, so a resumed run continues bit for bit
     "exact_resume": ExactResume,
-    # the monitors of docs/training.md's TensorBoard table
-    "step_time": StepTimeMonitor,
-    "peak_memory": PeakMemoryMonitor,
-    "grad_norm": GradNormMonitor,
-    "retrieval_grid": RetrievalGridLogger,
     # what the run produced, printed when fit/validate/test ends
     "run_summary": RunSummary,
     # plain progress lines when the output goes to a file (nohup, SLURM, tee)

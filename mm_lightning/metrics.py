@@ -22,7 +22,7 @@ from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
-from mm_lightning.embeddings import l2_normalize
+from mm_lightning.models.losses.base import l2_normalize
 
 DEFAULT_KS = (1, 5, 10)
 

@@ -62,5 +62,13 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> TinyRun:
     from mm_lightning.cli import cli_main
 
     root = tmp_path_factory.mktemp("tiny_run")
-    cli = cli_main(["fit", *tiny_demo_args(root)])
+    monitors = [
+        "StepTimeMonitor",
+        "PeakMemoryMonitor",
+        "GradNormMonitor",
+        "FlopCounter",
+        "RetrievalGridLogger",
+    ]
+    opt_in = [f"--trainer.callbacks+=mm_lightning.callbacks.{name}" for name in monitors]
+    cli = cli_main(["fit", *tiny_demo_args(root), *opt_in])
     return TinyRun(root=root, log_dir=Path(cli.trainer.logger.log_dir), checkpoint_dir=root / "checkpoints")

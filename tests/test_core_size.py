@@ -13,8 +13,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # today's core, as README's "Where things are" says; lower these as the core shrinks
-MAX_CORE_MODULES = 62
-MAX_CORE_LINES = 8_800
+MAX_CORE_MODULES = 45
+MAX_CORE_LINES = 7_950
 OPT_IN = {
     "mm_lightning.strategies.explicit_ddp",
     "mm_lightning.strategies.reducers",
@@ -36,6 +36,10 @@ OPT_IN = {
     "mm_lightning.export",
     "mm_lightning.zeroshot",
     "mm_lightning.process_exit",
+    "mm_lightning.models.evaluation",
+    "mm_lightning.metrics",
+    "mm_lightning.callbacks.monitors",
+    "mm_lightning.callbacks.flops",
 }
 
 

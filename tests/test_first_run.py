@@ -14,10 +14,10 @@ import pytest
 import torchvision
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
+from mm_lightning.assets import PretrainedUnavailable
 from mm_lightning.cli import main
 from mm_lightning.errors import cli_message
 from mm_lightning.models.towers.torchvision import TorchvisionTower
-from mm_lightning.offline import PretrainedUnavailable
 from mm_lightning.trainer import MultimodalTrainer
 from tests.conftest import DEMO_CONFIG, tiny_demo_args
 

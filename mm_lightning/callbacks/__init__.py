@@ -9,7 +9,7 @@ _EXPORTS = {
     "FlopCounter": "mm_lightning.callbacks.flops",
     "GradNormMonitor": "mm_lightning.callbacks.monitors",
     "LockedImageFeatures": "mm_lightning.callbacks.feature_cache",
-    "ModelSummary": "mm_lightning.callbacks.summary",
+    "ModelSummary": "mm_lightning.callbacks.run_report",
     "NaNGuard": "mm_lightning.callbacks.nan_guard",
     "NonFiniteTrainingError": "mm_lightning.callbacks.nan_guard",
     "PeakMemoryMonitor": "mm_lightning.callbacks.monitors",

@@ -2,7 +2,7 @@
 
 Lines dropped while indexing are known on every rank (each rank indexes the same files) and are counted once;
 bad images are found in the DataLoader workers, travel inside the batch (``batch["skipped"]``) and are summed
-over ranks. The accounting itself is :class:`~mm_lightning.data.skips.SkipLog`.
+over ranks. The accounting itself is :class:`~mm_lightning.data.records.SkipLog`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from mm_lightning.data.skips import SkipLog
+from mm_lightning.data.records import SkipLog
 from mm_lightning.log_steps import loggers_write_this_step
 
 

@@ -22,8 +22,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from mm_lightning.data.datamodule import MultimodalDataModule
+from mm_lightning.data.dataset import STAGE_SPLITS
 from mm_lightning.data.features import CachedFeatures, FeatureTable, build_rows, fingerprint
-from mm_lightning.data.splits import STAGE_SPLITS
 from mm_lightning.seeding import global_seed
 
 

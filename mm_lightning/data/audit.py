@@ -26,12 +26,12 @@ from tqdm import tqdm
 
 from mm_lightning.data.collate import load_tokenizer
 from mm_lightning.data.datamodule import MultimodalDataModule
+from mm_lightning.data.dataset import splits_with_files
 from mm_lightning.data.images import pil_guard_lifted
 from mm_lightning.data.jsonl import check_utf8
 from mm_lightning.data.pools import process_pool
 from mm_lightning.data.records import Record, RecordError
 from mm_lightning.data.samples import SampleBuilder
-from mm_lightning.data.splits import splits_with_files
 
 SIZE_BUCKETS = (0, 32, 64, 128, 224, 384, 512, 1024, 2048)
 TOKEN_BUCKETS = (0, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512)

@@ -8,12 +8,10 @@ from typing import Any
 
 import torch
 
-from mm_lightning.assets import resolve_pretrained
+from mm_lightning.assets import load_pretrained, resolve_pretrained
 from mm_lightning.data.batch_slots import BatchSlots
-from mm_lightning.data.records import FATAL, RecordError, describe
+from mm_lightning.data.records import FATAL, SKIPPED_KEY, STAND_IN_KEY, RecordError, describe
 from mm_lightning.data.samples import ORIGIN_KEY
-from mm_lightning.data.skips import SKIPPED_KEY, STAND_IN_KEY
-from mm_lightning.offline import load_pretrained
 
 
 def load_tokenizer(name_or_path: str) -> Any:

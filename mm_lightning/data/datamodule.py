@@ -24,7 +24,15 @@ from typing_extensions import override
 
 from mm_lightning.data.batch_slots import slots_for
 from mm_lightning.data.collate import MultimodalCollate
-from mm_lightning.data.dataset import CaptionSampling, ImageTextDataset
+from mm_lightning.data.dataset import (
+    STAGE_SPLITS,
+    CaptionSampling,
+    EmptySplitError,
+    ImageTextDataset,
+    LengthGroupedSampler,
+    NoTrainingBatch,
+    Split,
+)
 from mm_lightning.data.images import DEFAULT_MAX_PIXELS, decode_image_bytes
 from mm_lightning.data.jsonl import JsonlIndex, RecordParser
 from mm_lightning.data.loader import (
@@ -33,12 +41,17 @@ from mm_lightning.data.loader import (
     WorkerSafeDataLoader,
     ignore_stop_signals,
 )
-from mm_lightning.data.samplers import LengthGroupedSampler
+from mm_lightning.data.records import SkipLog
 from mm_lightning.data.samples import BadRecordPolicy, SampleBuilder
-from mm_lightning.data.skips import SkipLog
-from mm_lightning.data.splits import STAGE_SPLITS, EmptySplitError, NoTrainingBatch, Split
-from mm_lightning.data.transforms import INTERPOLATIONS, Normalize, eval_transform, train_transform
-from mm_lightning.preprocessing import DEFAULT_IMAGE_SIZE, IMAGENET_MEAN, IMAGENET_STD
+from mm_lightning.data.transforms import (
+    DEFAULT_IMAGE_SIZE,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    INTERPOLATIONS,
+    Normalize,
+    eval_transform,
+    train_transform,
+)
 from mm_lightning.seeding import global_seed
 
 
@@ -158,13 +171,7 @@ class MultimodalDataModule(pl.LightningDataModule):
     def record_parser(
         self, split: Split, file: str | None = None, image_root: str | None = None
     ) -> RecordParser:
-        """The line parser/validator of one JSONL file (also used by the data audit and the shard writer).
-
-        Args:
-            split: the split it feeds.
-            file: the JSONL file (default: the split's ``<split>_file``).
-            image_root: its image folder (default: ``image_root``, else the file's folder).
-        """
+        """The line parser of one JSONL file (default: the split's ``<split>_file``), also used by the audit."""
         hp = self.hparams
         file = file or self.files[split]
         if file is None:
@@ -173,12 +180,7 @@ class MultimodalDataModule(pl.LightningDataModule):
         return RecordParser(file, hp.image_key, hp.text_key, root, hp.confine_to_root)
 
     def build_index(self, parser: RecordParser, label: str) -> JsonlIndex:
-        """Index one JSONL file (validates every line; bad lines raise or are counted per ``on_bad_record``).
-
-        Args:
-            parser: the file's record parser.
-            label: what the file is, for the error when no valid record is left (``train_file``, ...).
-        """
+        """Indexes one JSONL file, validating every line; ``label`` names the file in the error when none is valid."""
         index = JsonlIndex(parser, self.hparams.on_bad_record)
         if index.num_captions == 0:
             raise EmptySplitError(label, index)
@@ -344,12 +346,7 @@ class MultimodalDataModule(pl.LightningDataModule):
         return (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)
 
     def check_a_batch(self, per_rank: int, where: str) -> None:
-        """Refuses a training split without one full batch per device (see :class:`NoTrainingBatch`).
-
-        Args:
-            per_rank: training samples each rank's loader draws per epoch.
-            where: the split's source and what was found there, for the message.
-        """
+        """Refuses a training split without one full batch per device (:class:`NoTrainingBatch`)."""
         if per_rank < self.hparams.batch_size:
             raise NoTrainingBatch(where, per_rank, self.hparams.batch_size, self._rank_info()[0])
 

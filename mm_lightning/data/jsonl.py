@@ -16,8 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mm_lightning.data.records import Record, RecordError, record_errors, validate_captions
-from mm_lightning.data.skips import SkipLog
+from mm_lightning.data.records import Record, RecordError, SkipLog, record_errors, validate_captions
 
 
 class RecordParser:

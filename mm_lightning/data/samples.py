@@ -24,8 +24,7 @@ from typing import Any, Literal
 import torch
 
 from mm_lightning.data.images import DEFAULT_MAX_PIXELS, ImageDecodeError, decode_image_file
-from mm_lightning.data.records import Record, RecordError, record_errors
-from mm_lightning.data.skips import SKIPPED_KEY, STAND_IN_KEY
+from mm_lightning.data.records import SKIPPED_KEY, STAND_IN_KEY, Record, RecordError, record_errors
 from mm_lightning.data.transforms import DecodeResizedCrop
 from mm_lightning.errors import ExplainedError
 from mm_lightning.seeding import derived_rng

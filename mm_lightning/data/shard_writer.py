@@ -30,6 +30,7 @@ from PIL import Image
 from tqdm import tqdm
 from webdataset import TarWriter
 
+from mm_lightning.data.dataset import splits_with_files
 from mm_lightning.data.images import (
     DEFAULT_MAX_PIXELS,
     ImageDecodeError,
@@ -39,7 +40,6 @@ from mm_lightning.data.images import (
 from mm_lightning.data.jsonl import RecordParser
 from mm_lightning.data.pools import process_pool
 from mm_lightning.data.records import RecordError
-from mm_lightning.data.splits import splits_with_files
 
 ImageFormat = Literal["copy", "jpg"]
 DESCRIPTOR = "shards.json"

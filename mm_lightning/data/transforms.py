@@ -6,7 +6,8 @@ and only then decodes -- at the largest JPEG DCT scale (1/2, 1/4, 1/8) at which 
 upsampling -- and resizes the crop. It also accepts an already decoded uint8 tensor (then it only crops).
 Geometry runs on uint8 in the workers (4x less memory traffic than float); float conversion and
 normalization run on the batch after transfer (see ``benchmarks/data_pipeline.py``), or in the collate
-when ``normalize_on="worker"`` (and outside a Trainer).
+when ``normalize_on="worker"`` (and outside a Trainer). The defaults when nothing else says: ImageNet
+statistics and a 224 px side.
 """
 
 from __future__ import annotations
@@ -27,7 +28,12 @@ from mm_lightning.data.images import (
     dct_scale_for,
     read_image_bytes,
 )
-from mm_lightning.preprocessing import IMAGENET_MEAN, IMAGENET_STD
+
+# ImageNet statistics of 0-1 images (torchvision's and timm's defaults)
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+# the image side when neither the data nor an image tower sets one (e.g. `audit` without a model)
+DEFAULT_IMAGE_SIZE = 224
 
 INTERPOLATIONS = ("bilinear", "bicubic")  # antialiased resizes torch runs on uint8 directly
 Box = tuple[int, int, int, int]  # top, left, height, width in displayed full-size pixels

@@ -4,7 +4,7 @@ from mm_lightning.lazy import lazy_exports
 
 _EXPORTS = {
     "ContrastiveLoss": "mm_lightning.models.losses",
-    "CrossAttentionFusion": "mm_lightning.models.fusion",
+    "CrossAttentionFusion": "mm_lightning.models.itm",
     "DualEncoder": "mm_lightning.models.dual_encoder",
     "DynamicWeightAveraging": "mm_lightning.models.losses",
     "EncoderOutput": "mm_lightning.models.towers",

@@ -12,20 +12,20 @@ on, the cross-attention fusion with its match head. :class:`~mm_lightning.models
     scores = image_emb @ text_emb.T
 
 ``model.data_config`` says how images must be prepared (``mean``, ``std``, ``input_size``, ``interpolation``) and
-which tokenizer the text tower reads.
+which tokenizer the text tower reads. A training batch is embedded in one forward (:class:`WholeBatch`) or in
+chunks with exact gradient caching (``grad_cache.chunks > 1``, loaded only then).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.pytorch.cli import instantiate_class
 from torch import Tensor, nn
 from typing_extensions import override
 
-from mm_lightning.embeddings import l2_normalize
 from mm_lightning.models.config import (
     DEFAULT_FUSION,
     DEFAULT_TRAINING,
@@ -35,8 +35,13 @@ from mm_lightning.models.config import (
 )
 from mm_lightning.models.itm import ImageTextMatching
 from mm_lightning.models.losses import ContrastiveLoss, check_loss, loss_terms
-from mm_lightning.models.towers import EncoderOutput
-from mm_lightning.models.towers.base import batchnorm_layers
+from mm_lightning.models.losses.base import l2_normalize
+from mm_lightning.models.towers.base import (
+    EncoderOutput,
+    batchnorm_layers,
+    projection_for,
+    take_over_logit_scale,
+)
 from mm_lightning.models.towers.contract import (
     adopt_tower,
     call_text_tower,
@@ -47,7 +52,9 @@ from mm_lightning.models.towers.contract import (
     takes_token_type_ids,
     train_last_groups,
 )
-from mm_lightning.models.towers.pretrained import projection_for, take_over_logit_scale
+
+if TYPE_CHECKING:
+    from mm_lightning.models.chunked_embedding import GradientCaching
 
 # the LightningModule keeps the network under this attribute (checkpoint keys start with "model.")
 CHECKPOINT_PREFIX = "model."
@@ -300,3 +307,38 @@ class DualEncoder(nn.Module):
             image_out.tokens, text_out.tokens, text_out.mask, logits, ids, weights
         )
         return terms, {"itm_accuracy": itm_accuracy}
+
+
+Batch = dict[str, Any]
+Embedded = tuple[EncoderOutput, Tensor, EncoderOutput, Tensor]
+
+
+class WholeBatch:
+    """Embeds a training batch in one forward of each tower (the default; see :class:`GradientCaching`)."""
+
+    def setup(self, trainer_strategy: object, model: Any) -> None:
+        """Checks at fit start (none needed)."""
+
+    def check_wrapper(self, wrapped: object) -> None:
+        """Checks the model as the strategy wrapped it, when training starts (none needed)."""
+
+    def embed(self, model: Any, batch: Batch) -> Embedded:
+        """``(image_out, image_emb, text_out, text_emb)`` of the batch, with their graphs."""
+        image_out, image_emb = model.encode_images(batch["image"])
+        text_out, text_emb = model.encode_text(batch)
+        return image_out, image_emb, text_out, text_emb
+
+    def backward(self, loss: Tensor) -> bool:
+        """Back-propagates ``loss`` itself when it must (False: the ordinary backward is right)."""
+        return False
+
+
+def batch_embedding(chunks: int) -> WholeBatch | GradientCaching:
+    """How to embed training batches: in one forward (``chunks`` 1) or with gradient caching."""
+    if chunks < 1:
+        raise ValueError(f"grad_cache.chunks must be >= 1, got {chunks}")
+    if chunks == 1:
+        return WholeBatch()
+    from mm_lightning.models.chunked_embedding import GradientCaching
+
+    return GradientCaching(chunks)

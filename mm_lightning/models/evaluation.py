@@ -1,4 +1,7 @@
-"""Which rows an evaluation loss counts: each valid record once per epoch, whatever the world size.
+"""Evaluation epochs (validation, test): retrieval metrics over the whole split and the loss on its unique rows.
+
+:class:`Evaluation` is built by the module at its first evaluation epoch, so a run that never evaluates never
+loads this code. Which rows the loss counts: each valid record once per epoch, whatever the world size.
 
 An evaluation batch can hold rows that are not records of their own: under ``on_bad_record: skip`` a copy of
 another record stands in for each bad one (``batch["stand_in"]``), and a distributed sampler pads the last
@@ -15,11 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor
+from lightning.pytorch import LightningModule
+from torch import Tensor, nn
 
-from mm_lightning.data.skips import STAND_IN_KEY
+from mm_lightning.data.records import STAND_IN_KEY
 from mm_lightning.distributed import gather_rows, pad_to_global_length, single_process, world
-from mm_lightning.models.losses.weighting import weighted_sum
+from mm_lightning.metrics import RetrievalMetrics, first_occurrence
+from mm_lightning.models.losses.base import l2_normalize, weighted_sum
 from mm_lightning.models.towers.base import EncoderOutput
 
 
@@ -149,3 +154,46 @@ def unique_rows_loss(
             rows.ids, rows.weights, rows.image_out, rows.image_emb, rows.text_out, rows.text_emb
         )
     return weighted_sum(terms, term_weights), rows.count
+
+
+class Evaluation(nn.Module):
+    """One evaluation epoch's state (the retrieval metrics, the rows scored) and its step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.retrieval = RetrievalMetrics()
+        self.rows = EvalRows()
+
+    def start_epoch(self) -> None:
+        self.rows.reset()
+
+    def step(self, module: LightningModule, batch: dict[str, Tensor], stage: str) -> dict[str, Tensor]:
+        """Logs ``<stage>/loss`` and adds the batch to the metrics; encodes each distinct image once (rows
+        repeat an image once per caption). Returns the batch's normalized embeddings, one row per pair, for
+        callbacks (e.g. the retrieval grid) without a second forward."""
+        image_ids, first, column = first_occurrence(batch["image_id"])
+        unique_out, unique_emb = module.model.encode_images(batch["image"][first])
+        text_out, text_emb = module.model.encode_text(batch)
+        # the loss sees one row per pair (caption), as in training
+        image_out = EncoderOutput(
+            unique_out.pooled[column], unique_out.tokens[column], unique_out.mask[column]
+        )
+        outputs = (image_out, unique_emb[column], text_out, text_emb)
+        weights = module.sample_weights(batch)
+        loss, rows = unique_rows_loss(self.rows, module.model, batch, outputs, weights, module.term_weights)
+        # weighted by the rows that count, so the epoch value is the mean over unique valid records
+        module.log(f"{stage}/loss", loss, batch_size=rows, sync_dist=True)
+        self.retrieval.update(unique_emb, image_ids, text_emb, batch["image_id"], batch["index"])
+        return {
+            "image_embeddings": l2_normalize(unique_emb[column].float()),
+            "text_embeddings": l2_normalize(text_emb.float()),
+        }
+
+    def end_epoch(self, module: LightningModule, stage: str) -> None:
+        """Logs ``<stage>/r{1,5,10}_{t2i,i2t}`` and ``alignment_gap`` over the epoch's unique rows."""
+        if self.retrieval.update_count == 0:
+            return
+        metrics = self.retrieval.compute()  # gathered over ranks by torchmetrics: identical on every rank
+        self.retrieval.reset()
+        # plain numbers: already global, nothing to reduce (a tensor would make Lightning ask for sync_dist)
+        module.log_dict({f"{stage}/{k}": float(v) for k, v in metrics.items()})

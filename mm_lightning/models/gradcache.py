@@ -14,7 +14,7 @@ objective and its exact gradient:
 
 Peak activation memory is one chunk's; the price is one extra forward of the towers.
 
-``MultimodalModule`` embeds its training batches through :mod:`mm_lightning.models.batch_embedding`: in one
+``MultimodalModule`` embeds its training batches through :mod:`mm_lightning.models.dual_encoder`: in one
 forward, or with ``model.grad_cache.chunks > 1`` through this module; the training step is the same either way.
 
 Under ``DistributedDataParallel`` the gradient must be all-reduced once, after all chunks: chunks 1..k-1 are

@@ -7,8 +7,8 @@ by ``class_path`` (``model.image_tower``, ``model.text_tower``, ``model.loss``),
 ``--model.optim.lr``, ...
 
 Logged: ``train/loss`` (weighted total), ``train/loss_<term>``, ``train/temperature``, ``train/weight_*``; per
-evaluation epoch ``{val,test}/r{1,5,10}_{t2i,i2t}``, ``alignment_gap`` (:class:`~mm_lightning.metrics.RetrievalMetrics`)
-and ``{val,test}/loss`` over the unique valid records (:mod:`mm_lightning.models.evaluation`).
+evaluation epoch ``{val,test}/r{1,5,10}_{t2i,i2t}``, ``alignment_gap`` and ``{val,test}/loss`` over the unique
+valid records (:mod:`mm_lightning.models.evaluation`).
 """
 
 from __future__ import annotations
@@ -23,11 +23,8 @@ from lightning.pytorch.strategies import FSDPStrategy
 from torch import Tensor, nn
 from typing_extensions import override
 
-from mm_lightning.data.skips import STAND_IN_KEY
-from mm_lightning.embeddings import l2_normalize
+from mm_lightning.data.records import STAND_IN_KEY
 from mm_lightning.log_steps import ends_epoch_or_run, loggers_write_this_step
-from mm_lightning.metrics import RetrievalMetrics, first_occurrence
-from mm_lightning.models.batch_embedding import batch_embedding
 from mm_lightning.models.config import (
     DEFAULT_FUSION,
     DEFAULT_GRAD_CACHE,
@@ -41,11 +38,9 @@ from mm_lightning.models.config import (
     TowerTraining,
     as_config,
 )
-from mm_lightning.models.dual_encoder import PARTS, DualEncoder
-from mm_lightning.models.evaluation import EvalRows, unique_rows_loss
+from mm_lightning.models.dual_encoder import PARTS, DualEncoder, batch_embedding
 from mm_lightning.models.losses import DynamicWeightAveraging, complexity_weights, weighted_sum
 from mm_lightning.models.optim import clip_gradients, optimizer_and_schedule
-from mm_lightning.models.towers import EncoderOutput
 
 
 class MultimodalModule(LightningModule):
@@ -124,8 +119,7 @@ class MultimodalModule(LightningModule):
         # how training batches are embedded: in one forward, or in chunks with exact gradient caching
         self.batch_embedding = batch_embedding(self.grad_cache_config.chunks)
         self._towers_compiled = False
-        self.retrieval = RetrievalMetrics()
-        self.eval_rows = EvalRows()  # which evaluation rows the loss counts (unique valid records)
+        self.evaluation = None  # built at the first validation or test epoch
         # FLOPs of one batch of the running stage, for ThroughputMonitor (set by the FlopCounter callback)
         self.flops_per_batch: int | None = None
 
@@ -147,7 +141,8 @@ class MultimodalModule(LightningModule):
         """L2-normalized fp32 image and text embeddings of a batch (one row per pair)."""
         return self.model(batch)
 
-    def _sample_weights(self, batch: dict[str, Tensor]) -> Tensor | None:
+    def sample_weights(self, batch: dict[str, Tensor]) -> Tensor | None:
+        """Per-pair loss weights (``objective.sample_weighting: complexity``), or None: equal weights."""
         if self.objective.sample_weighting != "complexity":
             return None
         return complexity_weights(batch["image"], batch["attention_mask"])
@@ -156,7 +151,7 @@ class MultimodalModule(LightningModule):
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         model = self.model
         image_out, image_emb, text_out, text_emb = self.batch_embedding.embed(model, batch)
-        ids, weights = batch["image_id"], self._sample_weights(batch)
+        ids, weights = batch["image_id"], self.sample_weights(batch)
         terms, metrics = model.losses(ids, weights, image_out, image_emb, text_out, text_emb)
         term_weights: dict[str, Any] = self.term_weights
         if self.dwa is not None:  # DWA weighs the itc and itm terms; a loss's other terms keep theirs
@@ -235,58 +230,36 @@ class MultimodalModule(LightningModule):
         self.model.compile_towers(self.hparams.compile if isinstance(self.hparams.compile, dict) else {})
         self._towers_compiled = True
 
-    def _eval_step(self, batch: dict[str, Tensor], stage: str) -> dict[str, Tensor]:
-        """Encodes each distinct image of the batch once (rows repeat an image once per caption)."""
-        image_ids, first, column = first_occurrence(batch["image_id"])
-        unique_out, unique_emb = self.model.encode_images(batch["image"][first])
-        text_out, text_emb = self.model.encode_text(batch)
-        # the loss sees one row per pair (caption), as in training
-        image_out = EncoderOutput(
-            unique_out.pooled[column], unique_out.tokens[column], unique_out.mask[column]
-        )
-        outputs = (image_out, unique_emb[column], text_out, text_emb)
-        weights = self._sample_weights(batch)
-        loss, rows = unique_rows_loss(self.eval_rows, self.model, batch, outputs, weights, self.term_weights)
-        # weighted by the rows that count, so the epoch value is the mean over unique valid records
-        self.log(f"{stage}/loss", loss, batch_size=rows, sync_dist=True)
-        self.retrieval.update(unique_emb, image_ids, text_emb, batch["image_id"], batch["index"])
-        # the batch's embeddings, one row per pair, for callbacks (e.g. the retrieval grid) without a second forward
-        return {
-            "image_embeddings": l2_normalize(unique_emb[column].float()),
-            "text_embeddings": l2_normalize(text_emb.float()),
-        }
+    def _evaluation(self) -> Any:
+        if self.evaluation is None:  # the evaluation code loads only when a run evaluates
+            from mm_lightning.models.evaluation import Evaluation
 
-    def _log_retrieval(self, stage: str) -> None:
-        if self.retrieval.update_count == 0:
-            return
-        metrics = self.retrieval.compute()  # gathered over ranks by torchmetrics: identical on every rank
-        self.retrieval.reset()
-        # plain numbers: already global, nothing to reduce (a tensor would make Lightning ask for sync_dist)
-        self.log_dict({f"{stage}/{k}": float(v) for k, v in metrics.items()})
+            self.evaluation = Evaluation().to(self.device)
+        return self.evaluation
 
     @override
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
-        return self._eval_step(batch, "val")
+        return self._evaluation().step(self, batch, "val")
 
     @override
     def on_validation_epoch_start(self) -> None:
-        self.eval_rows.reset()
+        self._evaluation().start_epoch()
 
     @override
     def on_validation_epoch_end(self) -> None:
-        self._log_retrieval("val")
+        self._evaluation().end_epoch(self, "val")
 
     @override
     def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
-        return self._eval_step(batch, "test")
+        return self._evaluation().step(self, batch, "test")
 
     @override
     def on_test_epoch_start(self) -> None:
-        self.eval_rows.reset()
+        self._evaluation().start_epoch()
 
     @override
     def on_test_epoch_end(self) -> None:
-        self._log_retrieval("test")
+        self._evaluation().end_epoch(self, "test")
 
     @override
     def predict_step(

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mm_lightning.data import MultimodalDataModule
-from mm_lightning.preprocessing import IMAGENET_MEAN, IMAGENET_STD
+from mm_lightning.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from tests.data.helpers import TOKENIZER, coco_style, save_image, write_jsonl
 
 

@@ -9,9 +9,9 @@ import torch
 from lightning.pytorch import Trainer
 
 from mm_lightning.data import MultimodalDataModule, ShardDataModule
+from mm_lightning.data.transforms import IMAGENET_MEAN
 from mm_lightning.models import MultimodalModule
 from mm_lightning.models.towers import TimmTower, TorchvisionTower
-from mm_lightning.preprocessing import IMAGENET_MEAN
 from tests.data.helpers import TOKENIZER
 from tests.models.helpers import tiny_kwargs
 

@@ -75,7 +75,7 @@ def test_val_loss_is_the_objective_on_every_row() -> None:
         want = model.model.contrastive(emb["image_embeddings"], emb["text_embeddings"], batch["image_id"])
         logged = {}
         model.log = lambda name, value, **kwargs: logged.setdefault(name, value)
-        model._eval_step(batch, "val")
+        model.validation_step(batch, 0)
     torch.testing.assert_close(logged["val/loss"], want, atol=1e-6, rtol=0)
 
 
@@ -83,6 +83,7 @@ def test_skipped_records_change_no_metric_on_one_device(tmp_path: Path) -> None:
     """Under on_bad_record=skip, undecodable images are replaced by valid samples (which then appear twice):
     the metrics must equal those of the valid records alone."""
     from mm_lightning.data import MultimodalDataModule
+    from mm_lightning.models.evaluation import Evaluation
     from tests.data.helpers import coco_style, write_jsonl
 
     clean = coco_style(tmp_path, num_images=6, captions_per_image=2)
@@ -100,7 +101,8 @@ def test_skipped_records_change_no_metric_on_one_device(tmp_path: Path) -> None:
         )  # fmt: skip
         torch.manual_seed(0)
         model = tiny_module().eval()
-        model.retrieval.update = _counting(model.retrieval.update, rows)
+        model.evaluation = Evaluation()
+        model.evaluation.retrieval.update = _counting(model.evaluation.retrieval.update, rows)
         return _validate(model, dm, tmp_path)
 
     clean_rows: list[int] = []

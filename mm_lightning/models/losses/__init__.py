@@ -8,16 +8,16 @@ from mm_lightning.lazy import lazy_exports
 
 _EXPORTS = {
     "ContrastiveLoss": "mm_lightning.models.losses.clip",
-    "DynamicWeightAveraging": "mm_lightning.models.losses.weighting",
+    "DynamicWeightAveraging": "mm_lightning.models.losses.base",
     "LossContractError": "mm_lightning.models.losses.base",
     "PairLogits": "mm_lightning.models.losses.base",
     "PairLoss": "mm_lightning.models.losses.base",
     "ScaledPairLoss": "mm_lightning.models.losses.base",
     "SigLipLoss": "mm_lightning.models.losses.siglip",
     "check_loss": "mm_lightning.models.losses.base",
-    "complexity_weights": "mm_lightning.models.losses.weighting",
+    "complexity_weights": "mm_lightning.models.losses.base",
     "loss_terms": "mm_lightning.models.losses.base",
-    "weighted_sum": "mm_lightning.models.losses.weighting",
+    "weighted_sum": "mm_lightning.models.losses.base",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -14,8 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mm_lightning.distributed import gather_no_grad, gather_with_grad, world
-from mm_lightning.embeddings import l2_normalize
-from mm_lightning.models.losses.base import PairLogits, ScaledPairLoss
+from mm_lightning.models.losses.base import PairLogits, ScaledPairLoss, l2_normalize
 
 
 class ContrastiveLoss(ScaledPairLoss):

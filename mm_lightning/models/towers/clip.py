@@ -26,10 +26,9 @@ from torch import Tensor, nn
 from transformers import AutoConfig, AutoModel, CLIPModel, PreTrainedModel, SiglipModel
 
 from mm_lightning.assets import resolve_pretrained
-from mm_lightning.models.towers.base import EncoderOutput
+from mm_lightning.models.towers.base import ConfiguredTower, EncoderOutput
 from mm_lightning.models.towers.hf_text import load_hf, set_hf_gradient_checkpointing
 from mm_lightning.models.towers.hf_vision import image_processor_data_config
-from mm_lightning.models.towers.pretrained import ConfiguredTower
 
 DUAL_ENCODERS = (CLIPModel, SiglipModel)
 

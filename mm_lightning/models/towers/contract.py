@@ -32,15 +32,18 @@ The contract, all of it:
   ``layer_groups()``: the tower's parameter names in groups from input to output, for ``train_last``.
 
 A tower that breaks the contract is refused when the model is built, with an error that names its class and
-what is wrong, instead of a shape error deep inside a training step.
+what is wrong, instead of a shape error deep inside a training step. :func:`tokenizer_of` reads a text tower's
+tokenizer for the CLI's link.
 """
 
 from __future__ import annotations
 
 import inspect
+from importlib import import_module
 from typing import Any, Literal
 
 import torch
+from jsonargparse import Namespace
 from torch import Tensor, nn
 
 from mm_lightning.errors import ExplainedError
@@ -269,3 +272,30 @@ def keep_locked_layers_in_eval(tower: nn.Module) -> None:
         own = list(module.parameters(recurse=False))
         if own and not any(p.requires_grad for p in own):
             module.eval()
+
+
+def tokenizer_of(text_tower: Any) -> str | None:
+    """The tokenizer (``AutoTokenizer`` name or directory) of a text tower given by ``class_path`` + ``init_args``.
+
+    A built-in tower says it (``tokenizer_for``: the model's own, or for open_clip an equivalent Hugging Face copy);
+    a user's tower by its ``tokenizer`` argument.
+
+    Args:
+        text_tower: ``{"class_path": ..., "init_args": {...}}`` (a dict or the CLI's namespace).
+    """
+    if text_tower is None:
+        return None
+    spec = text_tower.as_dict() if isinstance(text_tower, Namespace) else dict(text_tower)
+    class_path, init_args = spec.get("class_path"), dict(spec.get("init_args") or {})
+    if not isinstance(class_path, str):
+        return None  # not a class (yet): nothing to link
+    module, _, name = class_path.rpartition(".")
+    tower_class = getattr(import_module(module), name)
+    if hasattr(tower_class, "tokenizer_for"):
+        return tower_class.tokenizer_for(init_args)
+    if init_args.get("tokenizer") is not None:
+        return str(init_args["tokenizer"])
+    raise TowerContractError(
+        f"text tower {class_path} names no tokenizer: give it a `tokenizer` argument (the tokenizer its input ids"
+        " come from, e.g. tokenizer: mm-lightning/demo-bert)"
+    )

@@ -10,9 +10,8 @@ from typing import Any, Literal
 from torch import Tensor
 from transformers import AutoConfig, AutoModel
 
-from mm_lightning.assets import resolve_pretrained
+from mm_lightning.assets import MissingModelFolder, load_pretrained, resolve_pretrained
 from mm_lightning.models.towers.base import EncoderOutput, Tower
-from mm_lightning.offline import MissingModelFolder, load_pretrained
 
 # a transformer layer's parameters: encoder.layer.3.*, layers.3.*, h.3.* (BERT, most encoders, GPT-2)
 _LAYER = re.compile(r"\.(?:layer|layers|h)\.(\d+)\.")

@@ -20,9 +20,14 @@ from torch import Tensor
 from transformers import AutoConfig, AutoImageProcessor, AutoModel, CLIPVisionModel, SiglipVisionModel
 
 from mm_lightning.assets import resolve_pretrained
-from mm_lightning.models.towers.base import IMAGENET_MEAN, IMAGENET_STD, EncoderOutput, image_data_config
+from mm_lightning.models.towers.base import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    ConfiguredTower,
+    EncoderOutput,
+    image_data_config,
+)
 from mm_lightning.models.towers.hf_text import load_hf, set_hf_gradient_checkpointing
-from mm_lightning.models.towers.pretrained import ConfiguredTower
 
 log = logging.getLogger(__name__)
 

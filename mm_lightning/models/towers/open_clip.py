@@ -22,9 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mm_lightning.models.towers.base import EncoderOutput
+from mm_lightning.models.towers.base import ConfiguredTower, EncoderOutput
 from mm_lightning.models.towers.optional import require
-from mm_lightning.models.towers.pretrained import ConfiguredTower
 
 FEATURE = "open_clip towers"
 

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from mm_lightning.assets import PACKAGED, resolve_pretrained
 from mm_lightning.models.towers.base import (
+    ConfiguredTower,
     EncoderOutput,
     check_model_name,
     is_weights_file,
@@ -38,7 +39,6 @@ from mm_lightning.models.towers.base import (
     read_state_dict,
 )
 from mm_lightning.models.towers.optional import require
-from mm_lightning.models.towers.pretrained import ConfiguredTower
 
 FEATURE = "TimmTower"
 

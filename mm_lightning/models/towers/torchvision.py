@@ -19,6 +19,7 @@ from torch.utils.checkpoint import checkpoint
 from torchvision.models.resnet import BasicBlock, conv1x1
 from torchvision.models.vision_transformer import VisionTransformer
 
+from mm_lightning.assets import LOCAL_IMAGE, PretrainedUnavailable
 from mm_lightning.models.towers.base import (
     EncoderOutput,
     Tower,
@@ -27,7 +28,6 @@ from mm_lightning.models.towers.base import (
     is_weights_file,
     load_weights_file,
 )
-from mm_lightning.offline import LOCAL_IMAGE, PretrainedUnavailable
 
 CUSTOM_IMAGE_ENCODERS = ("resnet_custom", "vit_custom")
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from mm_lightning.assets import PretrainedUnavailable
 from mm_lightning.data.collate import load_tokenizer
 from mm_lightning.models import HFTextTower
-from mm_lightning.offline import PretrainedUnavailable
 
 
 def _tiny_text(pooling: str = "cls") -> HFTextTower:
