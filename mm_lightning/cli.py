@@ -1,22 +1,7 @@
 """Command line: ``python -m mm_lightning {fit,validate,test,predict,audit,shard} --config configs/<x>.yaml``.
 
-A ``LightningCLI`` over :class:`~mm_lightning.models.MultimodalModule` and any
-:class:`~mm_lightning.data.MultimodalDataModule` subclass, with the defaults a run needs (TensorBoard, last +
-best checkpoints written atomically, learning-rate and throughput monitors, a seed) and the arguments that must
-agree linked, so a user changes one line:
-
-* ``model.text_tower`` -> ``data.tokenizer`` (the tokenizer always matches the text tower);
-* ``model`` -> ``data.image_config`` when both are built (images prepared as the image tower expects);
-* ``trainer.default_root_dir`` (the run directory) -> the logger's ``save_dir`` and, unless set,
-  ``checkpoint.dirpath`` (``<run dir>/checkpoints``): one option moves a run's logs, config and checkpoints.
-
-Examples::
-
-    python -m mm_lightning fit --config configs/demo.yaml
-    python -m mm_lightning fit --config configs/demo.yaml --trainer.default_root_dir runs/try2
-    python -m mm_lightning fit --config configs/base.yaml --config configs/ddp_explicit.yaml --data.batch_size 64
-    python -m mm_lightning shard --config configs/demo.yaml --out data/demo_shards --samples_per_shard 500
-"""
+A ``LightningCLI`` with the project's defaults (logger, checkpoints, monitors, seed) and linked arguments: the
+tokenizer follows the text tower, image preprocessing the image tower, logs and checkpoints the run dir."""
 
 from __future__ import annotations
 
@@ -34,6 +19,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from typing_extensions import override
 
+from mm_lightning import PUBLIC_PATHS
 from mm_lightning.callbacks import (
     BadRecordLogger,
     EmbeddingWriter,
@@ -46,48 +32,40 @@ from mm_lightning.callbacks import (
 )
 from mm_lightning.data import MultimodalDataModule
 from mm_lightning.errors import cli_message, show_traceback
-from mm_lightning.lazy import PUBLIC_PATHS, expand_short_names
 from mm_lightning.models import MultimodalModule
 from mm_lightning.models.towers.contract import tokenizer_of
-from mm_lightning.resume import ResumeOverrides
 from mm_lightning.strategies import expand_strategy_name  # (also registers the "ddp_explicit" name)
-from mm_lightning.trainer import MultimodalTrainer, instantiate_datamodule
+from mm_lightning.trainer import MultimodalTrainer, ResumeOverrides, instantiate_datamodule
 
-# python -m mm_lightning export ... / zeroshot ...: mm_lightning.export / mm_lightning.zeroshot ``main(argv)``, with
-# their own small parsers; listed in ``python -m mm_lightning --help`` with these lines.
+# Commands with their own small parsers (mm_lightning.<name>.main), listed in ``--help`` with these lines.
 STANDALONE_COMMANDS = {
     "export": "Export a checkpoint as a Hugging Face model directory (options: export --help).",
     "zeroshot": "Zero-shot classification of labeled images with a checkpoint (options: zeroshot --help).",
 }
 TRAINER_DEFAULTS: dict[str, Any] = {
-    # The run directory: TensorBoard events (one version_N folder per fit), config.yaml, checkpoints/.
+    # the run directory: TensorBoard events, config.yaml, checkpoints/
     "default_root_dir": "logs/mm_lightning",
     "logger": {
         "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
         "init_args": {"save_dir": "logs/mm_lightning", "name": "", "default_hp_metric": False},
     },
-    # Atomic, durable checkpoint saves and loads that explain a bad file (mm_lightning.plugins).
+    # atomic checkpoint saves; loads that explain a bad file
     "plugins": [{"class_path": "mm_lightning.plugins.AtomicCheckpointIO"}],
     "log_every_n_steps": 10,
 }
 
-# Callback groups: present unless a config drops one (nan_guard: null), tuned from the command line
-# (--checkpoint.every_n_train_steps 500, --nan_guard.max_consecutive 5) or replaced by a user's class
-# (nan_guard: {class_path: my_callbacks.MyGuard}); a user's own callbacks go in trainer.callbacks.
+# Callback groups a config can tune, replace or drop (nan_guard: null); own callbacks go in trainer.callbacks.
 CALLBACK_GROUPS: dict[str, type] = {
-    # the best checkpoint by the monitored metric, chosen after each validation with its fresh value (listed
-    # first: saved first when both save at the same point, so last.ckpt records its current state)
+    # best by the monitored metric; listed first so last.ckpt records its state when both save at once
     "best_checkpoint": ModelCheckpoint,
-    # last.ckpt, whatever the metrics: at each epoch end, or every N steps (--checkpoint.every_n_train_steps N)
-    # or every T (--checkpoint.train_time_interval), Lightning takes one of the three; and when training ends
-    # (the preemption group)
+    # last.ckpt whatever the metrics: each epoch, every N steps or every T (one of the three)
     "checkpoint": ModelCheckpoint,
     "lr_monitor": LearningRateMonitor,
-    # samples/s and batches/s (and FLOPs/s) over a sliding window of steps
+    # samples/s, batches/s (and FLOPs/s) over a sliding window of steps
     "throughput": ThroughputMonitor,
-    # data/skipped (cumulative, all ranks) + the first reasons, when on_bad_record=skip replaces samples
+    # data/skipped and the first reasons, when on_bad_record=skip replaces samples
     "bad_records": BadRecordLogger,
-    # acts only in `predict`: one embeddings file per rank (docs/models.md "Predict: export embeddings")
+    # acts only in `predict`: one embeddings file per rank
     "prediction": EmbeddingWriter,
     # Lightning's layer table, without a column of unmeasured (zero) FLOPs
     "model_summary": ModelSummary,
@@ -104,11 +82,9 @@ CALLBACK_GROUPS: dict[str, type] = {
 }
 
 
-# The groups' settings that differ from the callback classes' own defaults.
+# Group settings that differ from the callback classes' defaults.
 CALLBACK_DEFAULTS: dict[str, dict[str, Any]] = {
-    # Two stock callbacks: one with a monitor would wait for the metric before writing last.ckpt. Without a
-    # monitor the top-1 checkpoint is the latest one, saved as last.ckpt (rewritten in place: a run directory holds
-    # one run, the CLI refuses a fresh fit into one with checkpoints).
+    # no monitor (it would wait for the metric): the top-1 is the latest, rewritten in place as last.ckpt
     "checkpoint": {"filename": "last", "save_top_k": 1, "enable_version_counter": False},
     "best_checkpoint": {
         "filename": "best-{epoch}-{step}",
@@ -118,7 +94,7 @@ CALLBACK_DEFAULTS: dict[str, dict[str, Any]] = {
         "auto_insert_metric_name": False,
     },
     "lr_monitor": {"logging_interval": "step"},
-    # the network's parts (towers, projections, loss, ITM) under the module's DualEncoder
+    # the network's parts (towers, projections, loss, ITM) under the DualEncoder
     "model_summary": {"max_depth": 2},
     # Lightning's default window is 100 steps
     "throughput": {"batch_size_fn": "mm_lightning.cli.batch_size_of", "window_size": 20},
@@ -126,14 +102,7 @@ CALLBACK_DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 def quiet_lightning_notices() -> None:
-    """Silence Lightning notices a user of this CLI cannot act on (each kept visible where it can matter).
-
-    * "Found N module(s) in eval mode": frozen towers are kept in eval mode on purpose (LiT); the model summary's
-      Mode column and "Modules in eval mode" count show them.
-    * "Tip: ... install litlogger": an advertisement printed by every run.
-    * "Trainer already configured with model summary callbacks": the CLI's own summary replaces the default.
-    * ``isinstance(treespec, LeafSpec)`` deprecation: raised inside Lightning's own code by newer torch.
-    """
+    """Silence Lightning notices a user of this CLI cannot act on (eval-mode towers, litlogger tip, etc.)."""
     warnings.filterwarnings(
         "ignore", message=r"Found \d+ module\(s\) in eval mode", category=PossibleUserWarning
     )
@@ -161,10 +130,31 @@ def checkpoint_dir_of(run_dir: str) -> str:
     return os.path.join(run_dir, "checkpoints")
 
 
+def expand_short_names(args: list[str]) -> list[str]:
+    """Replace a built-in class's short name on the command line (``--model.image_tower TimmTower``) by its
+    path: LightningCLI resolves short names only among loaded classes (config files must give the path)."""
+    out = list(args)
+    for i, arg in enumerate(args):
+        key, eq, value = arg.partition("=")
+        if eq and takes_a_class(key) and value in PUBLIC_PATHS:
+            out[i] = f"{key}={PUBLIC_PATHS[value]}"
+        elif i and takes_a_class(args[i - 1]) and arg in PUBLIC_PATHS:
+            out[i] = PUBLIC_PATHS[arg]
+    return out
+
+
+CLASS_OPTIONS = {"model.image_tower", "model.text_tower", "model.loss", "trainer.strategy", "trainer.callbacks",
+                 "trainer.plugins", "trainer.logger"}  # fmt: skip
+
+
+def takes_a_class(flag: str) -> bool:
+    """Whether the option ``flag`` takes a class (a part, a callback group, ``--data``, a ``class_path``)."""
+    name = flag[2:].rstrip("+") if flag.startswith("--") else ""
+    return name in CLASS_OPTIONS or name.endswith(".class_path") or (name.isidentifier() and name != "config")
+
+
 def public_path(cls: type) -> str:
-    """The shortest import path of ``cls`` through its packages (``mm_lightning.callbacks.NaNGuard``,
-    ``lightning.pytorch.callbacks.ModelCheckpoint``): what a saved config names, so it outlives a move of the class
-    between modules."""
+    """The shortest import path of ``cls`` through its packages: a saved config then survives a class move."""
     parts = cls.__module__.split(".")
     for end in range(1, len(parts)):
         package = ".".join(parts[:end])
@@ -174,7 +164,7 @@ def public_path(cls: type) -> str:
 
 
 def image_config_of(model: Any) -> dict[str, Any] | None:
-    """The image tower's preprocessing (``MultimodalModule.data_config["image"]``), or None for a tower without one."""
+    """The image tower's preprocessing (``model.data_config["image"]``), or None for a tower without one."""
     try:
         return model.data_config["image"]
     except (AttributeError, KeyError, NotImplementedError):
@@ -182,8 +172,7 @@ def image_config_of(model: Any) -> dict[str, Any] | None:
 
 
 class PartsHelpFormatter(DefaultHelpFormatter):
-    """``--help`` that names where the built-in towers and losses are instead of listing, under each of those
-    options, every ``nn.Module`` class loaded at the time (hundreds of torch and transformers classes each)."""
+    """``--help`` that names the built-in towers and losses instead of every loaded ``nn.Module`` subclass."""
 
     @override
     def _get_help_string(self, action: Any) -> str:
@@ -195,8 +184,7 @@ BUILT_IN_PARTS = "any torch.nn.Module; built in: mm_lightning.models.towers.*, m
 
 
 class CheckedParser(LightningArgumentParser):
-    """The CLI's parser; adds the fix to jsonargparse's error for options nested under a strategy *name*, lists
-    the standalone commands (``export``, ``zeroshot``) among the subcommands, and keeps ``--help`` short."""
+    """The CLI's parser: errors that name the fix, the standalone commands listed, a short ``--help``."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", PartsHelpFormatter)
@@ -204,7 +192,7 @@ class CheckedParser(LightningArgumentParser):
 
     @override
     def print_usage(self, file: Any = None) -> None:
-        # shown above a parser error: argparse's usage would list every option (hundreds of lines) before it
+        # shown above a parser error: argparse's usage would list hundreds of options
         (file or sys.stdout).write(f"usage: {self.prog.replace(' [options]', '')} [options]\n")
 
     @override
@@ -228,13 +216,12 @@ class CheckedParser(LightningArgumentParser):
 
 
 class MultimodalCLI(LightningCLI):
-    """LightningCLI with the project's defaults, callback groups, linked arguments and the ``audit`` command."""
+    """``LightningCLI`` with the project's defaults, callback groups, linked args, ``audit``, ``shard``."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("trainer_class", MultimodalTrainer)
         kwargs.setdefault("parser_class", CheckedParser)
-        # the module's optim options are the one way to set the optimizer: LightningCLI's --optimizer and
-        # --lr_scheduler would replace its per-tower parameter groups and warmup + cosine schedule
+        # --optimizer/--lr_scheduler would replace the module's per-tower param groups and schedule
         kwargs.setdefault("auto_configure_optimizers", False)
         self.resume_overrides = ResumeOverrides()
         self.exit_code = 0
@@ -251,8 +238,6 @@ class MultimodalCLI(LightningCLI):
 
     @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        # Each group is a callback a config or the command line can tune (--nan_guard.max_consecutive 5), replace
-        # (nan_guard: {class_path: my_callbacks.MyGuard}) or drop (nan_guard: null, --nan_guard null).
         for group, callback_class in CALLBACK_GROUPS.items():
             parser.add_lightning_class_args(callback_class, group, subclass_mode=True, required=False)
         parser.set_defaults(
@@ -266,12 +251,11 @@ class MultimodalCLI(LightningCLI):
         )
         parser.link_arguments("model.text_tower", "data.init_args.tokenizer", compute_fn=tokenizer_of)
         parser.link_arguments("trainer.default_root_dir", "trainer.logger.init_args.save_dir")
-        # the image tower's preprocessing reaches the data once, when both are built: data follows the model
+        # the image tower's preprocessing reaches the data when both are built
         parser.link_arguments(
             "model", "data.init_args.image_config", compute_fn=image_config_of, apply_on="instantiate"
         )
-        # checkpoint.dirpath defaults to <run dir>/checkpoints in parse_arguments: not a link, which would silently
-        # replace a dirpath the user set
+        # checkpoint.dirpath is defaulted in parse_arguments: a link would replace a dirpath the user set
 
     @override
     def setup_parser(
@@ -280,7 +264,7 @@ class MultimodalCLI(LightningCLI):
         super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
         action = getattr(self.parser, "subcommands_action", None)
         if add_subcommands and action is not None:
-            # shown in --help and the subcommand choices; main() runs these commands before this parser is built
+            # listed only: main() runs these commands before this parser is built
             for name, summary in STANDALONE_COMMANDS.items():
                 listed = LightningArgumentParser(
                     description=f"{summary} Run: python -m mm_lightning {name} --help"
@@ -296,12 +280,11 @@ class MultimodalCLI(LightningCLI):
                 args = expanded
         super().parse_arguments(parser, args)
         self.default_checkpoint_dir()
-        # Before LightningCLI reads the checkpoint's hyperparameters (it loads the file right after parsing).
+        # before LightningCLI reads the checkpoint's hyperparameters (right after parsing)
         self.resume_overrides.before_checkpoint_hparams(self, parser)
 
     def default_checkpoint_dir(self) -> None:
-        """``checkpoint.dirpath``: the user's (config file or command line), else ``<run dir>/checkpoints``; the best
-        checkpoint goes to the same folder unless ``best_checkpoint.dirpath`` is set."""
+        """Default ``checkpoint.dirpath`` to ``<run dir>/checkpoints``; the best checkpoint goes there too."""
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
         run_dir = config.get("trainer", {}).get("default_root_dir")
@@ -330,7 +313,7 @@ class MultimodalCLI(LightningCLI):
         if self.subcommand not in ("audit", "shard"):
             super().instantiate_classes()
             return
-        # audit and shard read the data only: no model (its weights may be remote), no accelerator, no logger.
+        # audit and shard read the data only: no model (its weights may be remote), no accelerator, no logger
         self.config_init = self.config
         self.datamodule = instantiate_datamodule(self.config[self.subcommand].data)
         self.model = None
@@ -340,7 +323,7 @@ class MultimodalCLI(LightningCLI):
 
     def audit(self, model: Any, datamodule: Any, **options: Any) -> None:
         """Runs :meth:`MultimodalTrainer.audit` and keeps its exit status for :func:`main`."""
-        # the parsed ``--audit.*`` group (LightningCLI passes a dataclass argument's fields individually)
+        # LightningCLI passes a dataclass argument's fields individually: read the parsed group
         self.exit_code = self.trainer.audit(model, datamodule, self.config.audit.audit)
 
     def shard(self, model: Any, datamodule: Any, **options: Any) -> None:
@@ -349,7 +332,7 @@ class MultimodalCLI(LightningCLI):
 
 
 def cli_main(args: list[str] | None = None, run: bool = True) -> MultimodalCLI:
-    """Build (and by default run) the CLI; ``args`` replaces ``sys.argv[1:]`` (used by tests and notebooks)."""
+    """Build (and by default run) the CLI; ``args`` replaces ``sys.argv[1:]`` (tests, notebooks)."""
     quiet_lightning_notices()
     return MultimodalCLI(
         MultimodalModule,
@@ -364,14 +347,14 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> MultimodalCLI:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m mm_lightning`` and the ``mm-lightning`` script; returns the exit code."""
+    """Entry point of ``python -m mm_lightning`` and ``mm-lightning``; returns the exit code."""
     args = sys.argv[1:] if argv is None else argv
     try:
         if args and args[0] in STANDALONE_COMMANDS:  # checkpoint tools with their own small argument parsers
             return import_module(f"mm_lightning.{args[0]}").main(list(args[1:]))
         return cli_main(argv).exit_code
     except Exception as err:
-        # bad data, shards, checkpoints, a failed peer: the reason and the fix, not a traceback (errors.py)
+        # the project's errors: the reason and the fix, not a traceback (errors.py)
         message = None if show_traceback() else cli_message(err)
         if message is None:
             raise

@@ -1,7 +1,6 @@
 """The one home of the project's collectives: all-gathers (with or without gradient) and padding helpers.
 
-A leaf module (it imports nothing from ``mm_lightning``). Every function works unchanged in a single process,
-where it returns its input, so callers never branch on the world size themselves.
+Every function also works in a single process (returning its input), so callers never branch on world size.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ class CollectiveError(ExplainedError, RuntimeError):
 
 
 def world() -> tuple[int, int]:
-    """(rank, world_size) of the default process group, (0, 1) when not distributed or in :func:`single_process`."""
+    """(rank, world_size) of the default group; (0, 1) when not distributed or in :func:`single_process`."""
     if dist.is_available() and dist.is_initialized() and not getattr(_LOCAL, "single", False):
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
@@ -34,11 +33,7 @@ def world() -> tuple[int, int]:
 
 @contextmanager
 def single_process() -> Iterator[None]:
-    """Within the block the project's collectives and losses act as in one process (no communication).
-
-    For computations every rank repeats on data it already gathered (the evaluation loss over a whole global
-    batch).
-    """
+    """Within the block the project's collectives and losses act as in one process (no communication)."""
     before = getattr(_LOCAL, "single", False)
     _LOCAL.single = True
     try:
@@ -48,11 +43,7 @@ def single_process() -> Iterator[None]:
 
 
 def gather_with_grad(tensor: Tensor) -> Tensor:
-    """Concatenates every rank's ``tensor`` along dim 0; the gradient flows back to the owning rank.
-
-    The backward sums the gradients of all ranks for each slice (a reduce-scatter), which is what makes a
-    global contrastive loss exact. All ranks must pass tensors of the same shape.
-    """
+    """Concatenates every rank's same-shaped ``tensor`` along dim 0; the gradient flows back to its rank."""
     if world()[1] == 1:
         return tensor
     return _GatherWithGrad.apply(tensor)
@@ -61,10 +52,8 @@ def gather_with_grad(tensor: Tensor) -> Tensor:
 class _GatherWithGrad(torch.autograd.Function):
     """All-gather whose backward sums each slice's gradient over the ranks (a reduce-scatter).
 
-    Hand-written because torch's public ``torch.distributed.nn.functional.all_gather`` is deprecated and its
-    suggested replacement, ``_functional_collectives.all_gather_single``, returns lazily-waited tensors: on gloo a
-    2-process CLI run crashed with SIGSEGV and "unwaited collective calls" at exit. Here every collective is
-    synchronous.
+    Hand-written: ``torch.distributed.nn.functional.all_gather`` is deprecated, and its replacement's
+    lazily-waited tensors crashed gloo runs at exit. Every collective here is synchronous.
     """
 
     @staticmethod
@@ -98,11 +87,7 @@ def gather_no_grad(tensor: Tensor) -> Tensor:
 
 
 def gather_rows(tensor: Tensor) -> Tensor:
-    """Concatenates every rank's rows along dim 0 when ranks hold different row counts (no gradient).
-
-    Uneven counts come from last batches and skipped records. Other dimensions must agree across ranks. The
-    padding and trimming is torchmetrics' ``gather_all_tensors`` (what its metrics' ``cat`` states use).
-    """
+    """Concatenates every rank's rows along dim 0 when ranks hold different row counts (no gradient)."""
     if world()[1] == 1:
         return tensor
     return torch.cat(gather_all_tensors(tensor.detach()))

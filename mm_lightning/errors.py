@@ -1,10 +1,5 @@
-"""How the command line reports the project's own errors: the reason and the fix as the last lines, no traceback.
-
-Errors raised for bad data, shards, checkpoints or a failed peer already name the file, line and reason; a
-traceback in front of them (17-37 frames of Lightning and DataLoader internals) only buries that. ``python -m
-mm_lightning`` prints ``error: <Kind>: <message>`` (plus what to do) and exits with code 1; set
-``MM_LIGHTNING_TRACEBACK=1`` to get the full traceback instead. Any other exception keeps its traceback.
-"""
+"""How the CLI reports the project's own errors: ``error: <Kind>: <message>`` plus the fix, exit code 1, no
+traceback (``MM_LIGHTNING_TRACEBACK=1`` shows it). Any other exception keeps its traceback."""
 
 from __future__ import annotations
 
@@ -17,13 +12,11 @@ TRACEBACK_ENV = "MM_LIGHTNING_TRACEBACK"
 
 
 class ExplainedError(Exception):
-    """Base of the project's errors whose message already says what is wrong and where (file, line, reason):
-    the command line prints it without a traceback."""
+    """Base of errors whose message says what is wrong and where: the CLI prints it without a traceback."""
 
 
 def explained_error_names() -> set[str]:
-    """Names of every ``ExplainedError`` class loaded so far (those a DataLoader worker can raise: the main
-    process loaded the same data modules)."""
+    """Names of every ``ExplainedError`` class loaded so far (DataLoader workers load the same modules)."""
     names: set[str] = set()
     pending = [ExplainedError]
     while pending:
@@ -62,8 +55,7 @@ def show_traceback() -> bool:
 
 
 def _from_worker(err: BaseException) -> tuple[str, str] | None:
-    """(kind, message) of a project error re-raised by a DataLoader worker (torch wraps it in a RuntimeError
-    whose message holds the worker's traceback, ending in ``<module>.<Kind>: <message>``)."""
+    """(kind, message) of a project error re-raised by a DataLoader worker, read from torch's RuntimeError."""
     text = str(err)
     caught = re.match(r"Caught (\w+) in DataLoader worker process \d+", text)
     if not caught or caught.group(1) not in explained_error_names():
@@ -78,7 +70,7 @@ def _from_worker(err: BaseException) -> tuple[str, str] | None:
 
 
 def cli_message(err: BaseException) -> str | None:
-    """What the command line prints for ``err`` (``None``: not one of the project's errors, show a traceback)."""
+    """What the command line prints for ``err`` (``None``: not a project error, show a traceback)."""
     library_fix = next(
         (f for cls, text, f in LIBRARY_ERRORS if isinstance(err, cls) and text in str(err)), None
     )

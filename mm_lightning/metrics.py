@@ -1,16 +1,7 @@
-"""Image-text retrieval metrics under the multi-caption protocol.
+"""Image-text retrieval metrics under the multi-caption protocol (COCO/Flickr: any caption in the top k).
 
-Rows are (image, caption) pairs; several rows may share an ``image_id`` (one image, several captions).
-Images are deduplicated by ``image_id`` before scoring, so each image is one candidate:
-
-- text -> image: a caption hits at k if fewer than k *wrong* images score at least as high as its image.
-- image -> text: an image hits at k if fewer than k captions of *other* images score at least as high as its
-  best-scoring caption (the standard COCO/Flickr protocol: any of its captions in the top k).
-
-Ties count against the query (pessimistic), so constant embeddings score chance, never 1.0.
-torchmetrics' retrieval metrics rank with an arbitrary tie order and need N x M flattened index tensors;
-the chunked scoring here keeps memory at chunk x images and states the tie rule. :class:`RetrievalMetrics`
-is a ``torchmetrics.Metric`` around it: its concatenated states make torchmetrics own the cross-rank gathering.
+Images are deduplicated by ``image_id``, so each is one candidate. Ties count against the query, so constant
+embeddings score chance, never 1.0; scoring is chunked to bound memory at chunk x images.
 """
 
 from __future__ import annotations
@@ -38,12 +29,7 @@ def first_occurrence(values: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def dedup_images(image_emb: Tensor, image_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """One embedding per distinct image id (the first row of each).
-
-    Returns:
-        ``(unique_ids, unique_emb, column)``: sorted distinct ids, their embeddings, and for every row the
-        column of its image in ``unique_emb``.
-    """
+    """One embedding per distinct image id: ``(sorted ids, their embeddings, each row's column)``."""
     unique_ids, first, column = first_occurrence(image_ids)
     return unique_ids, image_emb[first], column
 
@@ -56,18 +42,9 @@ def retrieval_metrics(
     ks: tuple[int, ...] = DEFAULT_KS,
     chunk_size: int = 1024,
 ) -> dict[str, Tensor]:
-    """Recall@k both directions plus the alignment gap, from per-row embeddings (cosine similarity).
+    """Recall@k both directions plus the alignment gap, from (N, D) per-row embeddings (cosine similarity).
 
-    Args:
-        image_emb: (N, D) image embedding of each row (rows of one image may repeat it).
-        text_emb: (N, D) caption embedding of each row.
-        image_ids: (N,) image id of each row.
-        ks: recall cut-offs.
-        chunk_size: captions scored per chunk (bounds memory to chunk_size x images).
-
-    Returns:
-        ``r{k}_t2i``, ``r{k}_i2t`` for each k, and ``alignment_gap`` (mean positive-pair cosine minus mean
-        cosine of non-matching caption-image pairs), as fp32 scalars.
+    ``alignment_gap``: mean positive-pair cosine minus mean cosine of non-matching caption-image pairs.
     """
     img, txt = l2_normalize(image_emb), l2_normalize(text_emb)
     _, images, column = dedup_images(img, image_ids)
@@ -78,14 +55,7 @@ def retrieval_metrics(
 def similarity_retrieval_metrics(
     similarity: Tensor, column: Tensor, ks: tuple[int, ...] = DEFAULT_KS, chunk_size: int = 1024
 ) -> dict[str, Tensor]:
-    """The same metrics from a given (captions x distinct images) similarity matrix.
-
-    Args:
-        similarity: (T, I) score of every caption against every distinct image.
-        column: (T,) the image (column) each caption belongs to.
-        ks: recall cut-offs.
-        chunk_size: captions per chunk.
-    """
+    """The same metrics from a (T, I) captions x distinct images similarity and each caption's ``column``."""
     sim = similarity.float()
     return _retrieval(lambda s, e: sim[s:e], sim.shape[0], sim.shape[1], column, ks, chunk_size)
 
@@ -132,10 +102,7 @@ def _retrieval(
 class RetrievalMetrics(Metric):
     """Recall@k (both directions) and the alignment gap over an evaluation epoch, on any number of ranks.
 
-    ``update`` takes each batch's distinct images once and its captions (one row per caption). ``compute``
-    scores the *unique* rows: captions are deduplicated by dataset ``index`` and images by ``image_id``, so the
-    padding a distributed sampler adds and the replacement samples of ``on_bad_record: skip`` never count twice,
-    on one rank as on many. States are concatenated over batches and, at ``compute``, over ranks.
+    Captions are deduplicated by dataset ``index`` and images by ``image_id``, so padding never counts twice.
 
     Args:
         ks: recall cut-offs.
@@ -157,15 +124,7 @@ class RetrievalMetrics(Metric):
     def update(
         self, image_emb: Tensor, image_ids: Tensor, text_emb: Tensor, text_image_ids: Tensor, index: Tensor
     ) -> None:
-        """Adds one batch.
-
-        Args:
-            image_emb: (I, D) embeddings of the batch's images (normalized or not; repeats are allowed).
-            image_ids: (I,) their image ids.
-            text_emb: (T, D) caption embeddings, one row per caption.
-            text_image_ids: (T,) the image id of each caption.
-            index: (T,) each caption row's dataset index (the identity of a record).
-        """
+        """Adds one batch: its images and ids, and its caption rows with their image ids and dataset index."""
         self.image.append(l2_normalize(image_emb))
         self.image_id.append(image_ids)
         self.text.append(l2_normalize(text_emb))

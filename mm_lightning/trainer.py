@@ -1,8 +1,7 @@
-"""``MultimodalTrainer``: Lightning's ``Trainer`` plus the ``audit`` command the CLI exposes as a subcommand.
-
-LightningCLI builds each subcommand's options from the trainer method of the same name, so ``audit`` lives here:
-``python -m mm_lightning audit --config configs/demo.yaml --audit.max_error_rate 0.01``.
-"""
+"""``MultimodalTrainer``: Lightning's ``Trainer`` plus the ``audit`` and ``shard`` subcommands (LightningCLI
+builds each subcommand's options from the trainer method of the same name); and what the CLI does with
+``--ckpt_path`` before Lightning loads it (:class:`ResumeOverrides`: resolve ``last``, check the file, warn which
+options the checkpoint overrides)."""
 
 from __future__ import annotations
 
@@ -14,6 +13,8 @@ from lightning.pytorch import Callback, LightningDataModule, LightningModule, Tr
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.cli import instantiate_class
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+
+from mm_lightning.plugins.io import CheckpointFileError, check_checkpoint_file
 
 
 @dataclass
@@ -36,12 +37,7 @@ class AuditOptions:
 
 
 class MultimodalTrainer(Trainer):
-    """``Trainer`` with :meth:`audit`; constructed with exactly ``Trainer``'s arguments.
-
-    A ``None`` among the callbacks is left out: the CLI passes one for each callback group a config drops
-    (``nan_guard: null``). Warns when a CPU run starts more processes than the machine has cores (each then gets
-    a fraction of one).
-    """
+    """``Trainer`` (same arguments) with :meth:`audit` and :meth:`shard`; ``None`` callbacks are dropped."""
 
     def __init__(self, *args: Any, callbacks: list[Callback] | Callback | None = None, **kwargs: Any) -> None:
         if isinstance(callbacks, list):
@@ -60,18 +56,13 @@ class MultimodalTrainer(Trainer):
         datamodule: LightningDataModule | None = None,
         audit: AuditOptions | None = None,
     ) -> int:
-        """Check every record, image and caption of the data before training and write a JSON report.
-
-        Decodes every image in a process pool, tokenizes every caption and reports bad lines, missing or
-        undecodable images, empty and overlong captions, duplicates and size histograms.
+        """Check every record, image and caption of the data and write a JSON report; returns 0, or 1 when the
+        error rate exceeds ``audit.max_error_rate`` or a split has no valid record.
 
         Args:
             model: Unused (the audit reads the data only).
             datamodule: The data to check.
             audit: Report path, splits, workers and the error-rate threshold.
-
-        Returns:
-            0, or 1 when the error rate exceeds ``audit.max_error_rate`` or a split has no valid record.
         """
         from mm_lightning.data.audit import run_audit
 
@@ -108,7 +99,7 @@ class MultimodalTrainer(Trainer):
         workers: int | None = None,
         progress: bool = True,
     ) -> int:
-        """Convert the data's JSONL splits into WebDataset shards (img2dataset's layout) under ``out/<split>/``.
+        """Convert the JSONL splits into WebDataset shards under ``out/<split>/`` (img2dataset's layout).
 
         Args:
             model: Unused (only the data is read).
@@ -121,9 +112,6 @@ class MultimodalTrainer(Trainer):
             validate: Decode every image while writing (bad ones never reach a shard).
             workers: Writer processes (default: every CPU).
             progress: Show a progress bar.
-
-        Returns:
-            0 (a bad record under ``on_bad_record=raise`` raises, naming file, line and reason).
         """
         from mm_lightning.data.shard_writer import ShardOptions, shard_datamodule
 
@@ -138,10 +126,100 @@ class MultimodalTrainer(Trainer):
 
 
 def instantiate_datamodule(spec: object) -> LightningDataModule:
-    """Build a datamodule from its parsed ``class_path`` / ``init_args`` spec (a jsonargparse Namespace).
-
-    Args:
-        spec: The ``data`` section of a parsed config.
-    """
+    """Build a datamodule from the parsed ``data`` section (``class_path`` / ``init_args``) of a config."""
     init = spec.as_dict() if hasattr(spec, "as_dict") else dict(spec)  # type: ignore[call-overload]
     return instantiate_class((), init)
+
+
+# Values of --ckpt_path that Lightning resolves itself (besides "last", resolved here).
+SPECIAL_CKPT_PATHS = ("best", "hpc", "registry")
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if hasattr(tree, "as_dict"):
+        tree = tree.as_dict()
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out if out or not prefix else {prefix[:-1]: {}}
+    return {prefix[:-1]: list(tree) if isinstance(tree, tuple) else tree}
+
+
+def _differences(given: dict[str, Any], saved: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    return [(k, given[k], saved[k]) for k in sorted(given.keys() & saved.keys()) if given[k] != saved[k]]
+
+
+def refuse_earlier_checkpoints(dirpath: str | None, parser: Any) -> None:
+    """Refuse a fresh ``fit`` into a folder that holds checkpoints (the same names would be overwritten)."""
+    if not dirpath or not os.path.isdir(dirpath):
+        return
+    found = sorted(name for name in os.listdir(dirpath) if name.endswith(".ckpt"))
+    if not found:
+        return
+    folder = os.path.normpath(dirpath)
+    in_run_dir = os.path.basename(folder) == "checkpoints"  # <run dir>/checkpoints: the CLI's default
+    base = os.path.dirname(folder) if in_run_dir else folder
+    free = next(f"{base}-{n}" for n in range(2, 10_000) if not os.path.exists(f"{base}-{n}"))
+    option = "--trainer.default_root_dir" if in_run_dir else "--checkpoint.dirpath"
+    shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+    parser.error(
+        f"{dirpath} already holds an earlier run's checkpoints ({shown}); this run would replace them. Resume that"
+        f" run with --ckpt_path last, start this one in its own folder with {option} {free}, or delete the folder"
+        " first."
+    )
+
+
+class ResumeOverrides:
+    """Checks ``--ckpt_path`` right after parsing; warns, before instantiation, about overridden options."""
+
+    def __init__(self) -> None:
+        self.given_model: dict[str, Any] = {}
+        self.saved_data: dict[str, Any] = {}
+        self.path: str | None = None
+
+    def before_checkpoint_hparams(self, cli: Any, parser: Any) -> None:
+        """Resolve ``last``, check the checkpoint file, remember the given model options."""
+        subcommand = cli.config.get("subcommand")
+        if not subcommand or subcommand == "audit":
+            return
+        config = cli.config[subcommand]
+        ckpt_path = config.get("ckpt_path")
+        dirpath = ((config.get("checkpoint") or {}).get("init_args") or {}).get("dirpath")
+        if subcommand == "fit" and not ckpt_path:
+            refuse_earlier_checkpoints(dirpath, parser)
+        if not ckpt_path or ckpt_path in SPECIAL_CKPT_PATHS:
+            return
+        if ckpt_path == "last":
+            last = os.path.join(dirpath, "last.ckpt") if dirpath else None
+            if last is None or not os.path.exists(last):
+                return  # Lightning looks for it and says so when there is none
+            config.ckpt_path = ckpt_path = last
+        try:
+            content = check_checkpoint_file(ckpt_path)
+        except CheckpointFileError as err:
+            parser.error(f"--ckpt_path: {err}")
+        self.path = str(ckpt_path)
+        self.given_model = _flatten(config.get("model"))
+        self.saved_data = _flatten(content.get("datamodule_hyper_parameters", {}))
+
+    def warn_if_overridden(self, cli: Any) -> None:
+        """Warn once, listing the model options the checkpoint replaced and the data options that differ."""
+        if self.path is None:
+            return
+        config = cli.config[cli.config.subcommand]
+        final_model = _flatten(config.get("model"))
+        replaced = _differences(self.given_model, final_model)
+        data = config.get("data")
+        given_data = _flatten(data.get("init_args", data) if data is not None else {})
+        differing_data = _differences(given_data, self.saved_data)
+        if not replaced and not differing_data:
+            return
+        lines = [f"Resuming from {self.path}:"]
+        if replaced:
+            lines.append("  the checkpoint's model options replace the given ones (the weights need them):")
+            lines += [f"    model.{k}: given {g!r}, used {s!r}" for k, g, s in replaced]
+        if differing_data:
+            lines.append("  data options differ from the checkpoint's (the given ones are used):")
+            lines += [f"    data.{k}: given {g!r}, checkpoint {s!r}" for k, g, s in differing_data]
+        rank_zero_warn("\n".join(lines))

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mm_lightning.cli import CheckedParser, cli_main, public_path
-from mm_lightning.lazy import expand_short_names
+from mm_lightning.cli import CheckedParser, cli_main, expand_short_names, public_path
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 # configs without a model of their own (the towers have no defaults), parsed on top of a recipe: base.yaml unless

@@ -13,8 +13,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # today's core, as README's "Where things are" says; lower these as the core shrinks
-MAX_CORE_MODULES = 45
-MAX_CORE_LINES = 7_950
+MAX_CORE_MODULES = 40
+MAX_CORE_LINES = 6_750
 OPT_IN = {
     "mm_lightning.strategies.explicit_ddp",
     "mm_lightning.strategies.reducers",

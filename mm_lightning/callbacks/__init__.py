@@ -1,6 +1,6 @@
 """Every callback of the project: checkpointing and resume, bad-record counts, NaN guard, monitors, FLOP counter, prediction writer."""
 
-from mm_lightning.lazy import lazy_exports
+from mm_lightning import lazy_exports
 
 _EXPORTS = {
     "BadRecordLogger": "mm_lightning.callbacks.bad_records",

@@ -1,9 +1,4 @@
-"""BadRecordLogger: makes ``on_bad_record="skip"`` visible in every stage (``data/skipped`` + a summary).
-
-Lines dropped while indexing are known on every rank (each rank indexes the same files) and are counted once;
-bad images are found in the DataLoader workers, travel inside the batch (``batch["skipped"]``) and are summed
-over ranks. The accounting itself is :class:`~mm_lightning.data.records.SkipLog`.
-"""
+"""BadRecordLogger: makes ``on_bad_record="skip"`` visible in every stage (``data/skipped`` + a summary)."""
 
 from __future__ import annotations
 
@@ -14,13 +9,12 @@ from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from mm_lightning.data.records import SkipLog
-from mm_lightning.log_steps import loggers_write_this_step
+from mm_lightning.models.module import loggers_write_this_step
 
 
 class BadRecordLogger(pl.Callback):
-    """Logs ``data/skipped`` (cumulative, all ranks, including lines dropped while indexing), warns on the first
-    skip, and at the end of fit, validate, test and predict warns a summary (per split, per kind, first reasons)
-    and writes it to TensorBoard as ``data/skipped_summary``.
+    """Logs ``data/skipped`` (cumulative over ranks, indexing drops included), warns on the first skip, and
+    at the end of each stage warns a summary and writes it to TensorBoard as ``data/skipped_summary``.
 
     Args:
         keep: how many skip reasons to keep for the summary.
@@ -83,9 +77,7 @@ class BadRecordLogger(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._count(batch, "train")
-        # Only on the steps the loggers write (the same on every rank, so the all-reduce stays collective):
-        # TensorBoard gets the same points as when logged every step, without a per-step all-reduce and
-        # Lightning's per-call cost of self.log (docs/benchmarks.md, training overhead).
+        # Only on the steps the loggers write (the same on every rank, so the all-reduce stays collective).
         if loggers_write_this_step(trainer, self._steps_before):
             total = float(self.total(trainer))
             pl_module.log("data/skipped", total, on_step=True, on_epoch=False, batch_size=1)

@@ -1,16 +1,5 @@
 """Checkpoint callbacks for runs that get stopped: exact RNG resume, and saving when the job is told to stop.
 
-``last.ckpt`` every N steps and the best checkpoint are Lightning's own ``ModelCheckpoint`` (the CLI adds two:
-see ``mm_lightning/cli.py``). Saves are atomic through the checkpoint IO plugin
-:class:`~mm_lightning.plugins.AtomicCheckpointIO` (the CLI installs it; in plain Python pass
-``Trainer(plugins=[AtomicCheckpointIO()])``).
-
-* :class:`ExactResume` stores Python / NumPy / torch RNG states in the checkpoint (as tensors, so it loads
-  with ``weights_only=True``), reseeds per batch and re-applies the train loader's saved position when Lightning
-  skipped it, which makes a mid-epoch resume bit-exact.
-* :class:`PreemptionCheckpoint` turns SIGTERM / SIGUSR1 into "save ``last.ckpt`` after this batch, then exit 0",
-  with the same decision on every rank.
-
 Resume with ``python -m mm_lightning fit --config ... --ckpt_path last``.
 """
 
@@ -32,29 +21,14 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from mm_lightning.data.loader import ResumableDataLoader
-from mm_lightning.seeding import derive_seed, global_seed
+from mm_lightning.data.loader import ResumableDataLoader, derive_seed, global_seed
 
 
 class ExactResume(Callback):
     """Make a resumed run continue exactly like an uninterrupted one (RNG streams and data position).
 
-    * Lightning checkpoints do not contain RNG states. This callback stores the Python, NumPy and torch (CPU
-      and CUDA) states and restores them when the checkpoint is loaded, which covers a resume at an epoch
-      boundary (the next epoch's shuffling and worker seeds are drawn from them).
-    * Within an epoch, Lightning's prefetching, validation and the data loader's iterator creation draw from the
-      global generators at points that differ between a resumed and an uninterrupted run, so with
-      ``reseed_every_batch`` the generators are also reseeded at every training batch from ``(seed, batch
-      counter)``: a batch's dropout, negative sampling etc. depend only on its position in training.
-    * The train loader's position (a ``StatefulDataLoader``'s state): Lightning applies it only for a run stopped
-      mid-epoch, and only to a loader set up after the checkpoint is read; the built-in data modules also keep it
-      in their own checkpoint state and give it to the loader they build
-      (:class:`~mm_lightning.data.loader.TrainPosition`). When a resumed run's ``ResumableDataLoader`` got no
-      position, this callback says so: the epoch then starts over with a new order.
-
-    Random data augmentation is exact only if it does not draw from the global generators of the process that
-    loads the batch (the built-in datasets seed each
-    batch's draws with ``seeding.derive_seed`` from the run's seed and the batch's items).
+    Stores the Python, NumPy and torch RNG states in the checkpoint and reseeds them at each training batch.
+    Random augmentation is exact only if it does not draw from the global generators of the loading process.
 
     Args:
         seed: Base seed of the per-batch reseeding; ``None`` uses the one ``seed_everything`` set (0 if none).
@@ -107,7 +81,7 @@ class ExactResume(Callback):
         state: dict[str, Any] = {
             "seed": self.seed,
             "python": random.getstate(),
-            # NumPy's state holds an ndarray; stored as a tensor so the checkpoint loads with weights_only=True.
+            # NumPy's state holds an ndarray: a tensor here, so the checkpoint loads with weights_only=True.
             "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]),
             "torch": torch.get_rng_state(),
         }
@@ -127,16 +101,7 @@ class ExactResume(Callback):
 
 
 def reseed_torch(seed: int) -> None:
-    """``torch.manual_seed(seed)`` for the generators in use, without its per-call cost on CPU-only runs.
-
-    ``torch.manual_seed`` also seeds CUDA; while CUDA is not initialized (every CPU run) it queues that call
-    together with a formatted stack trace (``traceback.format_stack``), which inside Lightning's deep stack costs
-    more than a training batch can spare (docs/benchmarks.md, training overhead). The CPU generator and, once initialized, the CUDA generators get the
-    same seed as from ``torch.manual_seed``; other accelerators (MPS, XPU, ...) go through ``torch.manual_seed``.
-
-    Args:
-        seed: The seed.
-    """
+    """``torch.manual_seed(seed)`` for the generators in use, without its per-call cost on CPU-only runs."""
     if torch.cuda.is_initialized() or not _only_cpu_or_cuda():
         torch.manual_seed(seed)
     else:
@@ -150,26 +115,11 @@ def _only_cpu_or_cuda() -> bool:
 
 
 class PreemptionCheckpoint(Callback):
-    """Save ``last.ckpt`` and exit cleanly (code 0) when the job is told to stop (SIGTERM, SIGUSR1, Ctrl-C), and
-    when training ends.
+    """Save ``last.ckpt`` and exit cleanly (code 0) when the job is told to stop (SIGTERM, SIGUSR1, Ctrl-C),
+    and when training ends.
 
-    At the end (``max_steps``, ``max_epochs``, early stopping): a ``ModelCheckpoint`` with a step or time cadence
-    saves nothing then, so the steps after its last save would be in no checkpoint and ``last.ckpt`` would not be
-    the trained model. (With the default epoch cadence this rewrites the same state once.)
-
-    Lightning 2.6 on SIGTERM only sets ``trainer.received_sigterm`` and raises ``SIGTERMException`` after the
-    current batch (or in the middle of validation) *without* saving; SIGUSR1 is handled only under SLURM with
-    auto-requeue, and that handler saves an ``hpc_ckpt`` from inside the signal handler, i.e. at an arbitrary
-    point of a step; Ctrl-C (SIGINT) stops at once and saves nothing. This callback replaces these signals'
-    handlers while fitting with one that only sets a flag; after each training batch and after each validation
-    batch the ranks agree (one all-reduce of an integer on CPU, none on a single process) whether any
-    received a signal, and if so all save ``last.ckpt`` through the first ``ModelCheckpoint`` (so
-    ``--ckpt_path last`` finds it) at that consistent point and raise ``SIGTERMException`` (exit status 0), which
-    lets SLURM's ``--requeue`` or any scheduler restart the job. A second Ctrl-C stops at once, without saving.
-    Lightning restores the previous handlers at teardown. Data-loader workers of the built-in data modules run in
-    process groups of their own and ignore Ctrl-C and SIGUSR1 (:func:`mm_lightning.data.loader.ignore_stop_signals`),
-    so a signal sent to the whole process group (``kill -- -PGID``, ``timeout``, a terminal's Ctrl-C) or SLURM's
-    ``--signal=USR1`` stops the run the same way.
+    After each batch the ranks agree whether any got a signal; all then save ``last.ckpt`` and raise
+    ``SIGTERMException`` (exit 0), so a scheduler can requeue the job. A second Ctrl-C stops at once, unsaved.
 
     Args:
         signals: Names of the signals that mean "save and stop".
@@ -191,17 +141,17 @@ class PreemptionCheckpoint(Callback):
             if signum == signal.SIGINT and self.received == signal.SIGINT:
                 self._active = False
                 raise KeyboardInterrupt  # the second Ctrl-C: stop now
-            # Only a flag: the handler runs between two bytecodes of whatever is executing, so it must not save.
+            # Only a flag: the handler runs between two bytecodes of whatever executes, so it must not save.
             self.received = signal.Signals(signum)
             if signum == signal.SIGINT:
-                # os.write: a handler that prints could interrupt a write to the same stream (a reentrant call)
+                # os.write: a handler that prints could interrupt a write to the same stream (reentrant call)
                 os.write(
                     2,
                     b"Ctrl-C: saving last.ckpt after this batch, then stopping (Ctrl-C again to stop at once,"
                     b" without saving).\n",
                 )
             return
-        # Outside fit (Lightning may reinstall this handler at its teardown): behave as before we were installed.
+        # Outside fit (Lightning may reinstall this handler at teardown): behave as before we were installed.
         previous = self._previous.get(signal.Signals(signum), signal.SIG_DFL)
         if callable(previous):
             previous(signum, frame)
@@ -222,8 +172,7 @@ class PreemptionCheckpoint(Callback):
         if stage != "fit":
             return
         self.received, self._active, self._previous = None, True, {}
-        # Installed before Lightning registers its SIGTERM handler, so data-loader workers forked at the start
-        # of the first epoch inherit a handler that does not kill them.
+        # Before Lightning's SIGTERM handler, so data-loader workers forked later inherit one that spares them
         self._install()
 
     @override
@@ -263,10 +212,7 @@ class PreemptionCheckpoint(Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        # A long validation (a big split, a slow CPU) must not hold a signal until it ends, when the scheduler's
-        # SIGKILL may already be on its way: stop after this batch. The checkpoint then records the validation as
-        # unfinished, and a resume runs it again from its start before training goes on (ExactResume reseeds
-        # every training batch, so the validation's random draws do not change training).
+        # A long validation must not hold a signal until the SIGKILL comes; a resume reruns it from its start.
         if trainer.state.fn == "fit" and not trainer.sanity_checking:
             self._save_and_exit_if_signalled(trainer)
 
@@ -276,13 +222,7 @@ class PreemptionCheckpoint(Callback):
             self._save_and_exit_if_signalled(trainer)
 
     def _any_rank_signalled(self, trainer: Trainer) -> bool:
-        """Whether any rank received a signal (a collective: every rank calls it at the same point).
-
-        One process: no communication. Under torch.distributed: a one-integer all-reduce on CPU over gloo (the
-        default group if it is gloo, else a gloo group made once), so the per-step check never waits for the
-        GPU's queue of work to drain, as ``reduce_boolean_decision``'s all-reduce of a device tensor followed by
-        ``.item()`` does with NCCL.
-        """
+        """Whether any rank got a signal (a collective; reduced on CPU over gloo: never waits on the GPU)."""
         local = self.received is not None
         if trainer.world_size == 1:
             return local

@@ -24,7 +24,7 @@ from typing_extensions import override
 from mm_lightning.data.datamodule import MultimodalDataModule
 from mm_lightning.data.dataset import STAGE_SPLITS
 from mm_lightning.data.features import CachedFeatures, FeatureTable, build_rows, fingerprint
-from mm_lightning.seeding import global_seed
+from mm_lightning.data.loader import global_seed
 
 
 class LockedImageFeatures(pl.Callback):

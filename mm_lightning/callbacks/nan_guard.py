@@ -1,8 +1,6 @@
 """NaN/Inf guard: skip optimizer steps whose loss or gradient norm is not finite, stop after K in a row.
 
-Add it with ``--trainer.callbacks+=mm_lightning.callbacks.NaNGuard`` or use the CLI's ``nan_guard`` group
-(``--nan_guard.max_consecutive 5``). The step's gradient norms (:func:`step_grad_norms`) are computed once
-and shared with the opt-in ``GradNormMonitor``.
+Add it with ``--trainer.callbacks+=mm_lightning.callbacks.NaNGuard`` or the CLI's ``nan_guard`` group.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from mm_lightning.errors import ExplainedError
-from mm_lightning.log_steps import ends_epoch_or_run, loggers_write_this_step
+from mm_lightning.models.module import ends_epoch_or_run, loggers_write_this_step
 
 
 def _grads(module: nn.Module) -> list[Tensor]:
@@ -27,12 +25,7 @@ def _grads(module: nn.Module) -> list[Tensor]:
 
 @dataclass
 class GradNorms:
-    """The L2 norms of one step's gradients of ``module`` (computed lazily, each at most once).
-
-    Args:
-        module: The LightningModule whose gradients are measured.
-        step: The optimizer step they belong to.
-    """
+    """The L2 norms of one step's gradients of ``module`` (computed lazily, each at most once)."""
 
     module: nn.Module
     step: int
@@ -56,7 +49,7 @@ class GradNorms:
         """Norm per top-level submodule (``image_encoder``, ``text_encoder``, ...) that has gradients."""
         if self._children is None:
             self._children = {}
-            # the network's parts (a LightningModule that holds its network as ``model``: that network's parts)
+            # a LightningModule that holds its network as ``model``: that network's parts
             network = getattr(self.module, "model", None)
             parent = network if isinstance(network, torch.nn.Module) else self.module
             for name, child in parent.named_children():
@@ -66,11 +59,7 @@ class GradNorms:
         return self._children
 
     def of(self, names: list[str]) -> Tensor | None:
-        """Norm over the union of the named top-level submodules (e.g. a clipping group).
-
-        Args:
-            names: Top-level submodule names.
-        """
+        """Norm over the union of the named top-level submodules (e.g. a clipping group)."""
         norms = [self.children[n] for n in names if n in self.children]
         return torch.linalg.vector_norm(torch.stack(norms)) if norms else None
 
@@ -79,12 +68,7 @@ _CACHE: weakref.WeakKeyDictionary[nn.Module, GradNorms] = weakref.WeakKeyDiction
 
 
 def step_grad_norms(module: nn.Module, step: int) -> GradNorms:
-    """The shared :class:`GradNorms` of ``module`` for optimizer step ``step`` (call after backward).
-
-    Args:
-        module: The LightningModule.
-        step: ``trainer.global_step`` at ``on_before_optimizer_step`` (one optimizer step per value).
-    """
+    """The shared :class:`GradNorms` of ``module`` for optimizer step ``step`` (call after backward)."""
     cached = _CACHE.get(module)
     if cached is None or cached.step != step:
         cached = GradNorms(module, step)
@@ -99,28 +83,14 @@ class NonFiniteTrainingError(ExplainedError, RuntimeError):
 class NaNGuard(Callback):
     """Skip optimizer steps with a non-finite loss or gradient norm; raise after ``max_consecutive`` in a row.
 
-    The check runs in ``on_before_optimizer_step``: after all backward passes of the step (gradient
-    accumulation included), after DDP's gradient all-reduce and after AMP unscaling. Each rank contributes
-    "was my loss finite, is my gradient norm finite" and the flags are all-gathered, so every rank takes the
-    same decision even when only one rank's loss is bad (a loss that is NaN through a term without gradient
-    leaves the gradients finite, so ranks would otherwise diverge). A skipped step sets every gradient to
-    ``None``, which makes torch optimizers leave those parameters and their state (Adam moments, weight decay)
-    untouched; ``global_step`` and step-wise LR schedulers still advance. The running count is logged as
-    ``train/skipped_steps``.
-
-    Under a 16-bit ``GradScaler`` inf gradients are expected while the scale is calibrated and the scaler
-    already skips those steps, so only the loss is checked there.
-
-    Without a host sync: when the optimizer is fused (``torch.optim.AdamW(..., fused=True)``, the project's
-    default on CUDA) the decision never leaves the device. The flag goes to the optimizer as ``found_inf``, as
-    ``GradScaler`` hands it over, and the fused kernel leaves parameters and state untouched on a bad step; the
-    counts stay device tensors and are read on the steps the loggers write, at each epoch's end, at a checkpoint
-    and when training ends. A run of ``max_consecutive`` bad steps then stops training at the next such read
-    (the skipped steps changed nothing); the error names the steps where the run reached the limit.
+    Checked after all backward passes, DDP's all-reduce and AMP unscaling; every rank takes the same decision.
+    A skipped step leaves parameters and optimizer state untouched (``global_step``, LR schedulers advance);
+    the count is logged as ``train/skipped_steps``. Under a 16-bit ``GradScaler`` only the loss is checked.
+    When deferred (see ``defer``) the decision stays on the device, and the limit is enforced at the next step
+    the loggers write or at the epoch's end.
 
     Args:
-        max_consecutive: Number of consecutive non-finite steps after which training stops with
-            :class:`NonFiniteTrainingError`.
+        max_consecutive: Consecutive non-finite steps after which training stops (NonFiniteTrainingError).
         defer: read the decision lazily when the optimizer can apply it itself (fused): ``None`` (default) on
             accelerators, ``True`` also on CPU, ``False`` never (decide on the host every step).
     """
@@ -133,8 +103,7 @@ class NaNGuard(Callback):
         self.consecutive = 0
         self._loss_nonfinite: torch.Tensor | None = None
         self._logged: int | None = None  # the count last given to self.log (None: not yet in this epoch)
-        # deferred mode: [skipped since the last read, consecutive, tripped, step reached] on the device, and
-        # the gathered per-rank flags of the step that reached the limit
+        # deferred: [skipped since last read, consecutive, tripped, step reached] on device; the trip's flags
         self._pending: torch.Tensor | None = None
         self._trip_flags: torch.Tensor | None = None
 
@@ -179,9 +148,7 @@ class NaNGuard(Callback):
         self._log_count(trainer, pl_module)
 
     def _log_count(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """Logged when the count changes, on the steps the loggers write and at the first step, so that
-        trainer.callback_metrics holds the current count and TensorBoard gets the same points as if logged every
-        step, without Lightning's per-call cost of self.log on every other step."""
+        """Logged when the count changes and on the steps the loggers write (self.log costs per call)."""
         if self.skipped_steps != self._logged or loggers_write_this_step(trainer):
             pl_module.log(
                 "train/skipped_steps", float(self.skipped_steps), on_step=True, on_epoch=False, batch_size=1
@@ -198,8 +165,7 @@ class NaNGuard(Callback):
 
     def _decide_on_device(self, trainer: Trainer, optimizer: Optimizer, flags: torch.Tensor) -> None:
         bad = flags.any()
-        # As GradScaler does for fused optimizers: the kernel skips the update (parameters, moments, step count)
-        # where found_inf is nonzero; on_train_batch_end removes the attribute again.
+        # As GradScaler does for fused optimizers: the kernel skips the update where found_inf is nonzero.
         optimizer.found_inf = bad.float()  # type: ignore[attr-defined]
         if self._pending is None:
             self._pending = torch.zeros(4, dtype=torch.long, device=flags.device)

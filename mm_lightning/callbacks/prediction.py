@@ -1,18 +1,7 @@
-"""Writes the embeddings of ``predict`` to one file per rank.
+"""Writes the embeddings of ``predict`` to one file per rank (``embeddings_rank{R}.pt`` or ``.npz``).
 
-File format (``embeddings_rank{R}.pt`` or ``.npz``), one row per (image, caption) pair of the predict split:
-
-- ``image_embeddings``: (N, D) float32, L2-normalized;
-- ``text_embeddings``: (N, D) float32, L2-normalized;
-- ``image_id``: (N,) int64, same id = same image;
-- ``index``: (N,) int64, line index of the record in the predict JSONL file.
-
-Load with ``torch.load(path)`` (a dict of tensors) or ``numpy.load(path)`` for ``.npz``. Each valid record is
-written once over all rank files: rows that stand in for bad records under ``on_bad_record: skip`` (copies of
-other records) are left out, and Lightning's predict sampler gives each rank distinct rows (no padding).
-
-A folder that already holds files is refused (an earlier run's ``embeddings_rank3.pt`` next to a new 2-rank run's
-files would be read as one result); ``overwrite=True`` first deletes the earlier ``embeddings_rank*`` files.
+Each holds ``image_embeddings`` and ``text_embeddings`` ((N, D) float32, L2-normalized), ``image_id`` and
+``index`` ((N,) int64, line in the predict JSONL); each valid record is written once over all rank files.
 """
 
 from __future__ import annotations

@@ -1,12 +1,4 @@
-"""What a run says as it goes and when it ends, also when its output goes to a file (nohup, SLURM, ``tee``).
-
-* :class:`RunSummary` prints, when ``fit``, ``validate`` or ``test`` ends, what the run produced: the monitored
-  metric's best value, the best and last checkpoints, the log folder and the commands to go on from there.
-* :class:`ProgressLines` prints plain progress lines when standard output is not a terminal (where a progress bar
-  leaves nothing readable): every ``every_s`` seconds the step, loss, speed and time left, and each validation's
-  metrics.
-* :class:`ModelSummary` prints Lightning's layer table, without a column of unmeasured FLOPs.
-"""
+"""What a run prints as it goes and when it ends, also when its output goes to a file (nohup, SLURM)."""
 
 from __future__ import annotations
 
@@ -101,7 +93,7 @@ class RunSummary(Callback):
 
 
 class ProgressLines(Callback):
-    """Plain progress lines for output that is not a terminal (rank 0); silent on a terminal (the bar is there).
+    """Plain progress lines for output that is not a terminal (rank 0); silent on a terminal (it has the bar).
 
     Args:
         every_s: Seconds between two training progress lines.
@@ -157,11 +149,7 @@ class ProgressLines(Callback):
 
 
 class ModelSummary(LightningModelSummary):
-    """``ModelSummary`` (same arguments) that omits the FLOPs column and total when none were counted.
-
-    The "Mode" column and the "Modules in eval mode" count show which submodules are in eval mode (e.g. frozen
-    towers, kept in eval mode on purpose).
-    """
+    """``ModelSummary`` (same arguments) that omits the FLOPs column and total when none were counted."""
 
     @staticmethod
     @override
@@ -185,9 +173,8 @@ class ModelSummary(LightningModelSummary):
                 **summarize_kwargs,
             )
             return
-        columns = [
-            (name, values) for name, values in summary_data if name != "FLOPs"
-        ]  # the first is the index
+        # the first column is the index
+        columns = [(name, values) for name, values in summary_data if name != "FLOPs"]
         rows = len(columns[0][1]) if columns else 0
         header = [name for name, _ in columns]
         body = [[values[i] for _, values in columns] for i in range(rows)]

@@ -2,7 +2,7 @@
 tokenization. ``MultimodalDataModule`` reads JSONL files, ``ShardDataModule`` shards (and weighted mixes).
 """
 
-from mm_lightning.lazy import lazy_exports
+from mm_lightning import lazy_exports
 
 _EXPORTS = {
     "BadRecordPolicy": "mm_lightning.data.samples",

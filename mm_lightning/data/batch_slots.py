@@ -1,22 +1,8 @@
 """Reusable shared-memory slots for the image batches a DataLoader's workers hand to the main process.
 
-Without them, every batch a worker returns gets a fresh shared-memory segment: created, page-faulted in by the
-worker, its file descriptor passed to the main process over a socket, mapped and page-faulted again there, and
-unmapped at the end: a measurable share of the loader's work on real photos (``benchmarks/loader_breakdown.py``,
-figures in docs/benchmarks.md). With slots, each worker stacks its images into one of a few
-segments mapped once by every process, and the batch carries only the slot's number across the queue.
-
-Safety rests on reference counting, not on timing: in the main process the batch's image tensor is a view of
-its slot whose memory is owned by a lease; the slot is handed back to its worker only when the last tensor or
-view of that memory is freed (the lease's finalizer). A worker never waits for a slot: when all of its slots
-are still held (a user keeping batches in a list, say), it falls back to a fresh segment, as torch does.
-Only loaders with persistent workers use slots: then one set of workers serves the loader, and the batches a
-restarted epoch discards are still unpickled in the main process, which hands their slots back. Only workers
-started by the process that made the slots fill them: a copy of the loader iterated in another process (a
-pickled loader in a spawned rank, say) falls back, so two sets of workers never write the same slots.
-
-torch's DataLoader has no such reuse (each batch's storage is shared anew; ``pin_memory`` only covers the
-host-to-device copy), hence this module.
+Instead of a fresh segment per batch, each worker stacks its images into one of a few segments mapped once,
+and only the slot's number crosses the queue. A slot is handed back when the last tensor over it is freed;
+a worker with none free falls back to a fresh segment. Only persistent workers use slots.
 """
 
 from __future__ import annotations
@@ -40,13 +26,7 @@ class BatchSlots:
     """``per_worker`` reusable image-batch buffers for each of ``workers`` DataLoader workers.
 
     Create it in the process that iterates the loader, before the workers start, and give it to the collate.
-
-    Args:
-        workers: the loader's ``num_workers``.
-        per_worker: slots per worker; batches the worker prepares ahead (``prefetch_factor``) plus the ones
-            the training loop holds (the current batch and the one fetched ahead) need one each.
-        shape: one batch's image tensor, e.g. ``(32, 3, 224, 224)``; shorter batches use the first rows.
-        dtype: the images' dtype (uint8, or float32 when the workers normalize).
+    ``shape`` is one full batch's image tensor; shorter batches use its first rows.
     """
 
     def __init__(
@@ -55,8 +35,7 @@ class BatchSlots:
         if workers < 1 or per_worker < 1:
             raise ValueError(f"workers and per_worker must be >= 1, got {workers} and {per_worker}")
         self.workers, self.per_worker, self.shape, self.dtype = workers, per_worker, tuple(shape), dtype
-        # torch reserves the whole segment at once (workers x per_worker x one batch of shared memory), so a
-        # /dev/shm too small for it fails here, not with a SIGBUS in a worker later.
+        # torch reserves the whole segment now: a small /dev/shm fails here, not as a worker's SIGBUS later.
         self.pixels = torch.empty((workers * per_worker, *self.shape), dtype=dtype).share_memory_()
         self.flags = torch.zeros(workers * per_worker, dtype=torch.uint8).share_memory_()
         self.token, self.owner = uuid.uuid4().hex, os.getpid()
@@ -78,11 +57,7 @@ class BatchSlots:
         self._views()
 
     def reserve(self, rows: int, shape: torch.Size, dtype: torch.dtype) -> tuple[int, torch.Tensor] | None:
-        """In a worker: a free slot of its own and the (rows, *shape) tensor of it to fill, or ``None``.
-
-        ``None`` (fall back to a fresh segment) also outside a worker, in a worker of another process than the
-        one that made the slots, for images of another shape or dtype, or a batch longer than a slot.
-        """
+        """In a worker: a free slot of its own and its (rows, *shape) tensor to fill, or ``None``."""
         info, parent = torch.utils.data.get_worker_info(), multiprocessing.parent_process()
         if info is None or info.id >= self.workers or parent is None or parent.pid != self.owner:
             return None
@@ -150,10 +125,7 @@ def _lease(token: str, slot: int, rows: int) -> torch.Tensor:
 
 
 def slots_for(hparams: Any, side: int, normalized: bool) -> BatchSlots | None:
-    """Slots for a loader of ``batch_size`` x 3 x ``side`` x ``side`` images (float32 when ``normalized`` in the
-    workers, else uint8) with these ``num_workers``, ``persistent_workers`` and ``prefetch_factor``; ``None``
-    without workers or with workers that do not persist.
-    """
+    """Slots for this loader's batches (float32 if ``normalized``), or ``None`` without persistent workers."""
     if hparams.num_workers < 1 or not hparams.persistent_workers:
         return None
     per_worker = (hparams.prefetch_factor or 2) + 2

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import copy
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from mm_lightning.assets import load_pretrained, resolve_pretrained
-from mm_lightning.data.batch_slots import BatchSlots
 from mm_lightning.data.records import FATAL, SKIPPED_KEY, STAND_IN_KEY, RecordError, describe
 from mm_lightning.data.samples import ORIGIN_KEY
+
+if TYPE_CHECKING:
+    from mm_lightning.data.batch_slots import BatchSlots
 
 
 def load_tokenizer(name_or_path: str) -> Any:
     """``AutoTokenizer`` for a hub name, a local folder or a built-in asset name."""
-    # A fast tokenizer's Rust thread pool used before a fork deadlocks/warns in the children; batches of a
-    # few dozen captions gain nothing from it, so keep it off unless the user asked for it.
+    # A fast tokenizer's thread pool used before a fork deadlocks the children; small batches gain nothing.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from transformers import AutoTokenizer
 
@@ -30,11 +31,7 @@ def in_worker() -> bool:
 
 
 def batch_buffer(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """An empty batch tensor; in a DataLoader worker, in shared memory (as torch's ``default_collate`` does).
-
-    A worker's batch crosses to the main process in shared memory: filling a segment directly saves copying
-    the finished batch into one (most of the handover's cost is the new segment's page faults either way).
-    """
+    """An empty batch tensor; in a DataLoader worker, in shared memory (as ``default_collate`` does)."""
     out = torch.empty(shape, dtype=dtype)
     return out.share_memory_() if in_worker() else out
 
@@ -42,10 +39,7 @@ def batch_buffer(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 class ByValue:
     """A small tensor that crosses the worker queue inside the pickle, unpickled as an ordinary tensor.
 
-    Why: torch hands every tensor a worker returns over in a shared-memory segment of its own, whose file
-    descriptor reaches the main process through multiprocessing's resource sharer (a socket connection per
-    descriptor). For a batch's ids, masks and indices (a few KB), creating, passing and mapping that segment costs
-    far more CPU than copying the bytes through the pipe.
+    For a few KB, torch's own shared-memory segment per tensor (its fd passed over a socket) costs far more.
     """
 
     def __init__(self, tensor: torch.Tensor) -> None:
@@ -66,20 +60,10 @@ def _from_bytes(data: bytes, dtype: torch.dtype, shape: tuple[int, ...]) -> torc
 
 
 class MultimodalCollate:
-    """Picklable collate callable (works with fork and spawn workers).
+    """Picklable collate callable (fork and spawn workers); the tokenizer loads lazily and is not pickled.
 
-    The tokenizer is loaded lazily in each process and dropped when pickled, so only its name travels.
-
-    Args:
-        tokenizer: HF tokenizer name or local path.
-        max_length: truncate captions to this many tokens.
-        pad_to_multiple_of: pad the batch length up to a multiple of this (8 suits tensor cores).
-        normalize: optional callable applied to the stacked uint8 images in the worker (worker-side
-            normalization); ``None`` leaves them uint8 for the device.
-
-    The batch also carries ``skipped``: the :class:`~mm_lightning.data.records.RecordError` of every bad
-    record a sample of this batch stands in for (counted by the bad-record logger), and ``stand_in``: (B,) bool,
-    True for rows that are copies of another record standing in for a bad one (left out of evaluation).
+    ``normalize``: applied to the stacked uint8 images in the worker (``None``: left uint8 for the device).
+    Batches also carry ``skipped`` (the RecordErrors their rows stand in for) and ``stand_in`` ((B,) bool).
     """
 
     def __init__(
@@ -107,10 +91,7 @@ class MultimodalCollate:
         return other
 
     def for_queue(self, slots: BatchSlots | None = None) -> MultimodalCollate:
-        """A copy whose batches, in DataLoader workers, are made to cross the worker queue cheaply: ids, masks
-        and indices by value (:class:`ByValue`), images in ``slots`` when given (see ``batch_slots``). Both
-        unpickle in the main process as ordinary tensors; a wrapper around it in the worker sees those objects.
-        """
+        """A copy for DataLoader queues: small tensors cross by value, images in ``slots`` when given."""
         other = copy.copy(self)
         other.queue, other.slots = True, slots
         return other
@@ -126,7 +107,7 @@ class MultimodalCollate:
         )
 
     def _tokenizer_error(self, samples: list[dict[str, Any]], err: Exception) -> Exception:
-        """Name the record whose caption the tokenizer rejects (captions are validated first, so this is rare)."""
+        """Name the record whose caption the tokenizer rejects (captions are validated first: rare)."""
         for sample in samples:
             try:
                 self._tokenize([sample["caption"]])

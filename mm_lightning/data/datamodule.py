@@ -1,12 +1,9 @@
 """MultimodalDataModule: JSONL image-caption files -> normalized image batches + dynamically padded tokens.
 
-Use from Python::
+Use it from the CLI (``python -m mm_lightning fit --config configs/base.yaml``) or from Python::
 
-    dm = MultimodalDataModule(train_file="train.jsonl", val_file="val.jsonl", tokenizer="bert-base-uncased",
-                              image_config=model.data_config["image"])  # images as the image tower expects
+    dm = MultimodalDataModule(train_file="train.jsonl", image_config=model.data_config["image"])
     trainer.fit(model, datamodule=dm)
-
-or from the CLI, ``python -m mm_lightning fit --config configs/base.yaml``.
 """
 
 from __future__ import annotations
@@ -22,7 +19,6 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from typing_extensions import override
 
-from mm_lightning.data.batch_slots import slots_for
 from mm_lightning.data.collate import MultimodalCollate
 from mm_lightning.data.dataset import (
     STAGE_SPLITS,
@@ -39,6 +35,7 @@ from mm_lightning.data.loader import (
     ResumableDataLoader,
     TrainPosition,
     WorkerSafeDataLoader,
+    global_seed,
     ignore_stop_signals,
 )
 from mm_lightning.data.records import SkipLog
@@ -52,7 +49,6 @@ from mm_lightning.data.transforms import (
     eval_transform,
     train_transform,
 )
-from mm_lightning.seeding import global_seed
 
 
 class MultimodalDataModule(pl.LightningDataModule):
@@ -71,36 +67,29 @@ class MultimodalDataModule(pl.LightningDataModule):
         tokenizer: HF tokenizer name or local path (the CLI links it to ``model.text_tower``).
         max_length: truncate captions to this many tokens.
         pad_to_multiple_of: pad each batch's token length up to a multiple of this (e.g. 8), or ``None``.
-        image_size: output image side; null (default) follows ``image_config`` (the image tower's input size), else
-            224. Set, it wins (with a warning when it differs from the tower's).
+        image_size: output image side; null follows ``image_config`` (else 224); if set, it wins.
         batch_size: batch size per device.
         num_workers: DataLoader worker processes per device.
         pin_memory: pin host memory for faster host-to-device copies.
         persistent_workers: keep workers alive across epochs, reusing shared-memory slots for image batches.
         prefetch_factor: batches each worker prepares ahead (only with ``num_workers > 0``).
         multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or ``None`` (platform default).
-        on_bad_record: ``"raise"`` stops with file, line, image and reason; ``"skip"`` replaces the bad sample
-            by another valid one (batch shapes stay equal on every rank) and counts it (``data/skipped``).
+        on_bad_record: ``"raise"`` stops with file, line and reason; ``"skip"`` swaps in a valid sample.
         max_replacements: under ``"skip"``, bad candidates tried for one replacement before the run stops.
-        caption_sampling: training with several captions per image: ``"random"`` draws one caption per image
-            per visit, ``"all"`` visits every (image, caption) pair. Evaluation always uses all pairs.
+        caption_sampling: training, several captions per image: ``"random"`` draws one per image per visit,
+            ``"all"`` visits every (image, caption) pair. Evaluation always uses all pairs.
         length_grouping: batch training captions of similar length together (less padding).
         length_window: global batches per length-sorting window when ``length_grouping`` is on.
         train_scale: area range of the training random resized crop.
         horizontal_flip: random horizontal flips in training (off: captions say "left"/"right").
-        mean: normalization mean per channel (0-1 units). Null (default): what the image tower's weights expect
-            (``image_config``), else the ImageNet statistics.
+        mean: normalization mean per channel (0-1 units); null: the image tower's, else ImageNet's.
         std: normalization std per channel; null follows the image tower like ``mean``.
-        normalize_on: where uint8 images become normalized float32. ``"device"``: after the host-to-device
-            copy (``on_after_batch_transfer``; 4x fewer bytes through worker queues, pinned memory and PCIe);
-            ``"worker"``: in the collate. ``"auto"``: device whenever a Trainer runs the loaders (a CPU run
-            too), the collate outside a Trainer (measured in ``benchmarks/data_pipeline.py``).
+        normalize_on: where uint8 images become normalized float32: ``"device"`` (after the host-to-device
+            copy), ``"worker"`` (in the collate) or ``"auto"`` (device under a Trainer, else the collate).
         reduced_decode: let JPEGs decode at 1/2, 1/4 or 1/8 size when the crop still needs no upsampling.
         confine_to_root: reject image paths (absolute, ``..``, links) that leave ``image_root``.
         max_image_pixels: refuse images above this many pixels (decompression bombs); ``None`` disables.
-        image_config: the image tower's preprocessing (its ``data_config``: ``input_size``, ``mean``, ``std``,
-            ``interpolation``), which the options left unset follow. The CLI passes ``model.data_config["image"]``
-            when it builds the two; in Python pass it yourself (as timm's ``resolve_data_config`` is used).
+        image_config: the image tower's ``data_config``, which unset options follow (the CLI passes it).
     """
 
     def __init__(
@@ -142,7 +131,7 @@ class MultimodalDataModule(pl.LightningDataModule):
         files = (train_file, val_file, test_file, predict_file)
         self.files: dict[str, str | None] = dict(zip(("train", "val", "test", "predict"), files, strict=True))
         self.normalize = Normalize(mean or IMAGENET_MEAN, std or IMAGENET_STD)
-        # what images are prepared at: these defaults, or what the image tower expects (follow_image_tower)
+        # defaults here; follow_image_tower may replace them with what the image tower expects
         self.image_size, self.interpolation = image_size or DEFAULT_IMAGE_SIZE, "bilinear"
         self.collate = MultimodalCollate(tokenizer, max_length, pad_to_multiple_of)
         self.datasets: dict[str, ImageTextDataset] = {}
@@ -171,7 +160,7 @@ class MultimodalDataModule(pl.LightningDataModule):
     def record_parser(
         self, split: Split, file: str | None = None, image_root: str | None = None
     ) -> RecordParser:
-        """The line parser of one JSONL file (default: the split's ``<split>_file``), also used by the audit."""
+        """The line parser of one JSONL file (default: the split's ``<split>_file``), also for the audit."""
         hp = self.hparams
         file = file or self.files[split]
         if file is None:
@@ -180,7 +169,7 @@ class MultimodalDataModule(pl.LightningDataModule):
         return RecordParser(file, hp.image_key, hp.text_key, root, hp.confine_to_root)
 
     def build_index(self, parser: RecordParser, label: str) -> JsonlIndex:
-        """Indexes one JSONL file, validating every line; ``label`` names the file in the error when none is valid."""
+        """Indexes one JSONL file, validating every line; ``label`` names the file if none is valid."""
         index = JsonlIndex(parser, self.hparams.on_bad_record)
         if index.num_captions == 0:
             raise EmptySplitError(label, index)
@@ -189,13 +178,7 @@ class MultimodalDataModule(pl.LightningDataModule):
     def sample_builder(
         self, split: Split, confine_root: str | None = None, full_size: bool = False
     ) -> SampleBuilder:
-        """Record -> sample for one split, for every source (JSONL files, shards) and the data audit.
-
-        Args:
-            split: ``train`` gets the random crop, other splits the evaluation crop.
-            confine_root: refuse image files outside this folder (links resolved); ``None``: no check.
-            full_size: no reduced JPEG decode (the audit checks every image at full size).
-        """
+        """Record -> sample for one split and every source (``full_size``: no reduced decode, the audit)."""
         hp = self.hparams
         train = split == "train"
         reduced = hp.reduced_decode and not full_size
@@ -222,7 +205,7 @@ class MultimodalDataModule(pl.LightningDataModule):
     def jsonl_dataset(
         self, split: Split, file: str | None = None, image_root: str | None = None
     ) -> ImageTextDataset:
-        """The dataset of one JSONL file (default: the split's ``<split>_file``); see :meth:`record_parser`."""
+        """The dataset of one JSONL file (default: the split's ``<split>_file``)."""
         parser = self.record_parser(split, file, image_root)
         label = f"{split}_file" if file is None else f"{split} source"
         return ImageTextDataset(
@@ -238,13 +221,7 @@ class MultimodalDataModule(pl.LightningDataModule):
         return self.jsonl_dataset(split)
 
     def follow_image_tower(self, data_config: dict[str, Any] | None) -> None:
-        """Takes the resize interpolation and what the data left unset (``image_size``, ``mean``/``std`` null) from
-        the image tower's ``data_config`` (``image_config``): preprocessing flows from the tower to the data, never
-        back. Before ``setup`` only: datasets already built keep their preprocessing.
-
-        Args:
-            data_config: the tower's preprocessing (``input_size``, ``mean``, ``std``), or None to keep the current.
-        """
+        """Takes the interpolation and unset ``image_size``/``mean``/``std`` from the tower (before setup)."""
         hp = self.hparams
         if not data_config:
             return
@@ -284,8 +261,7 @@ class MultimodalDataModule(pl.LightningDataModule):
             )
 
     def image_feature_split(self, split: Split) -> ImageTextDataset | None:
-        """The built dataset of ``split`` whose images cached features may replace (``serve_features``), or None
-        when the split is not built."""
+        """The built ``split`` dataset whose images cached features may replace, or None if not built."""
         dataset = self.datasets.get(split)
         if dataset is not None and not isinstance(dataset, ImageTextDataset):
             raise ValueError(
@@ -305,12 +281,10 @@ class MultimodalDataModule(pl.LightningDataModule):
                 self.datasets[split] = self.build_dataset(split)  # type: ignore[arg-type]
 
     def normalizes_in_workers(self) -> bool:
-        """Where uint8 images become normalized floats: the one decision, read by the loaders' collate and by
-        ``on_after_batch_transfer`` (``True``: in the collate, in the workers; ``False``: on the device)."""
+        """Whether the collate normalizes images in the workers (else ``on_after_batch_transfer`` does)."""
         if self.hparams.normalize_on != "auto":
             return self.hparams.normalize_on == "worker"
-        # Also on CPU: without slots (non-persistent workers) each batch crosses in a fresh segment, whose page
-        # faults for float32 (4x the bytes of uint8) cost far more than normalizing uint8 after it.
+        # Device also on CPU: float32 (4x uint8's bytes) in fresh shared segments page-faults far more.
         # Outside a Trainer nothing runs on_after_batch_transfer, so the collate normalizes.
         return self.trainer is None
 
@@ -322,7 +296,11 @@ class MultimodalDataModule(pl.LightningDataModule):
 
     def _loader_kwargs(self) -> dict[str, Any]:
         hp = self.hparams
-        slots = slots_for(hp, self.image_size, self.normalizes_in_workers())  # see batch_slots
+        slots = None
+        if hp.num_workers > 0:  # shared-memory image slots exist for worker processes only: load them then
+            from mm_lightning.data.batch_slots import slots_for
+
+            slots = slots_for(hp, self.image_size, self.normalizes_in_workers())
         kwargs: dict[str, Any] = {
             "batch_size": hp.batch_size,
             "num_workers": hp.num_workers,
@@ -352,14 +330,13 @@ class MultimodalDataModule(pl.LightningDataModule):
 
     @override
     def train_dataloader(self) -> ResumableDataLoader:
-        """Shuffled, ``drop_last``; a stateful loader so Lightning checkpoints its position (mid-epoch and at the end)."""
+        """Shuffled, ``drop_last``; a stateful loader so Lightning checkpoints its position."""
         dataset, hp = self._dataset("train"), self.hparams
         world, rank = self._rank_info()
         rows = "images" if dataset.caption_sampling == "random" else "caption rows"
         where = f"{dataset.index.file}: {dataset.index.lines} non-blank lines, {dataset.index.skips.count} dropped"
         where += f" while reading, {len(dataset)} {rows} left"
-        # one process: torchdata's RandomSampler (shuffle=True), which checkpoints its generator; several: the
-        # sampler Lightning would put in (seeded, reshuffled by set_epoch), given here so Lightning keeps this loader
+        # one process: shuffle=True (a checkpointable RandomSampler); several: the sampler Lightning would add
         sampler = DistributedSampler(dataset, world, rank, seed=global_seed()) if world > 1 else None
         if hp.length_grouping:
             lengths, seed = dataset.lengths(), global_seed()

@@ -1,5 +1,4 @@
-"""The map-style image-caption dataset over a :class:`~mm_lightning.data.jsonl.JsonlIndex`, the splits and their
-errors, and the length-grouped training sampler."""
+"""Map-style image-caption dataset over a JSONL index, split helpers and errors, a length-grouped sampler."""
 
 from __future__ import annotations
 
@@ -12,9 +11,9 @@ import torch
 from torch.utils.data import Dataset, DistributedSampler
 
 from mm_lightning.data.jsonl import JsonlIndex
+from mm_lightning.data.loader import derive_seed, derived_rng, global_seed
 from mm_lightning.data.samples import BadRecordPolicy, SampleBuilder
 from mm_lightning.errors import ExplainedError
-from mm_lightning.seeding import derive_seed, derived_rng, global_seed
 
 CaptionSampling = Literal["random", "all"]
 
@@ -22,13 +21,7 @@ CaptionSampling = Literal["random", "all"]
 class ImageTextDataset(Dataset):
     """Yields ``{"image": uint8 (3,H,W), "caption", "image_id", "index", "skipped"}``.
 
-    Args:
-        index: the split's JSONL index.
-        builder: record -> sample (decode, checks, transform).
-        caption_sampling: ``"random"``: one item per image, one of its captions drawn per visit (training);
-            ``"all"``: one item per (image, caption) pair (evaluation, COCO protocol).
-        policy: what a bad record costs (``raise`` or a counted replacement).
-        seed: base seed of the per-batch augmentation seeding (``None``: the one ``seed_everything`` set).
+    ``caption_sampling``: ``"random"``: one item per image, caption drawn per visit; ``"all"``: one per pair.
     """
 
     def __init__(
@@ -65,22 +58,18 @@ class ImageTextDataset(Dataset):
         return [self.index.pair(int(row)).record for row in self.index.first_pair_of_images()]
 
     def serve_features(self, features: Any) -> None:
-        """Serve cached image features (:class:`~mm_lightning.data.features.CachedFeatures`) in place of the
-        decoded images."""
+        """Serve cached image features in place of the decoded images."""
         self.builder.features = features
 
     def load(self, item: int) -> dict[str, Any]:
-        """Load one item or raise :class:`~mm_lightning.data.records.RecordError` (file, line, image, reason)."""
+        """Load one item or raise :class:`~mm_lightning.data.records.RecordError`."""
         pair = self.index.pair(self.caption_of(item))
         return self.builder(pair.record, pair.caption, pair.image_id, item)
 
     def __getitems__(self, items: list[int]) -> list[dict[str, Any]]:
         """Load a whole batch with its random draws (caption choice, crops) seeded by the batch's own indices.
 
-        The DataLoader calls this once per batch, in the main process or in whichever worker gets the batch. A
-        seed derived from the (shuffled) index list makes the augmentation a pure function of the batch, so it
-        is the same in any worker layout and after a mid-epoch resume -- which worker RNGs seeded at iterator
-        creation cannot give (their stream position is not in a checkpoint).
+        Augmentation is then the same in any worker layout and after a mid-epoch resume.
         """
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(self.seed, items))
@@ -92,7 +81,6 @@ class ImageTextDataset(Dataset):
 
 Split = Literal["train", "val", "test", "predict"]
 
-# The splits each Lightning stage reads.
 STAGE_SPLITS: dict[str, tuple[str, ...]] = {
     "fit": ("train", "val"),
     "validate": ("val",),
@@ -111,16 +99,7 @@ class MissingTrainingFile(ExplainedError, FileNotFoundError):
 
 
 def splits_with_files(files: Mapping[str, str | None], splits: Iterable[str], command: str) -> list[str]:
-    """The splits among ``splits`` whose JSONL file exists, for commands that read whole splits (audit, shard).
-
-    A recipe names val and test files a user's data may not have: such a split is left out with a line saying so.
-    A missing training file is an error.
-
-    Args:
-        files: split -> JSONL path (``None``: no file).
-        splits: the splits asked for.
-        command: the command's name, for the messages.
-    """
+    """The splits whose JSONL file exists (a missing val/test is left out with a message, train raises)."""
     chosen = []
     for split in splits:
         path = files.get(split)
@@ -138,17 +117,7 @@ def splits_with_files(files: Mapping[str, str | None], splits: Iterable[str], co
 
 
 class NoTrainingBatch(ExplainedError, ValueError):
-    """The training split holds fewer samples than one batch per device: no training step would run.
-
-    Refused at the start: the run would otherwise end "successfully" without a step (``drop_last``), and records
-    never loaded would never be checked.
-
-    Args:
-        where: the split's source and what was found there.
-        per_rank: training samples each rank's loader draws per epoch.
-        batch_size: the batch size per device.
-        world: the number of devices.
-    """
+    """The training split holds fewer samples than one batch per device: no training step would run."""
 
     def __init__(self, where: str, per_rank: int, batch_size: int, world: int) -> None:
         devices = f" x {world} devices" if world > 1 else ""
@@ -179,19 +148,7 @@ class EmptySplitError(ExplainedError, ValueError):
 class LengthGroupedSampler(DistributedSampler):
     """Shuffle, sort by length inside windows of ``window_batches`` global batches, deal batches to ranks.
 
-    A ``DistributedSampler`` subclass so Lightning keeps it (and calls ``set_epoch``) instead of injecting its
-    own. Each rank's stream is a whole number of ``batch_size`` chunks, so the DataLoader's batching lands
-    exactly on the length groups. The order depends only on ``(seed, epoch)``: all ranks agree, and a
-    stateful loader can resume mid-epoch by replaying it.
-
-    Args:
-        lengths: one length per dataset item.
-        batch_size: per-device batch size (the group size).
-        num_replicas: world size.
-        rank: this process's global rank.
-        seed: shuffle seed (same on all ranks).
-        window_batches: global batches per sorting window; larger saves more padding, randomizes less.
-        drop_last: drop the tail that does not fill a batch on every rank (else wrap around to fill it).
+    A ``DistributedSampler`` so Lightning keeps it; the order depends only on ``(seed, epoch)`` (resumable).
     """
 
     def __init__(
@@ -226,8 +183,7 @@ class LengthGroupedSampler(DistributedSampler):
             part = order[start : start + window]
             chunks.append(part[np.argsort(self.lengths[part], kind="stable")])
         grouped = np.concatenate(chunks)[: self.total_size].reshape(-1, self.batch_size)
-        # Shuffle whole batches so long and short ones alternate over the epoch; rank r takes every
-        # num_replicas-th batch.
+        # Shuffle whole batches so long and short ones alternate; rank r takes every num_replicas-th batch.
         grouped = grouped[rng.permutation(len(grouped))]
         return grouped.reshape(-1, self.num_replicas, self.batch_size)
 

@@ -1,16 +1,7 @@
 """Deterministic synthetic image-caption data: coloured shapes with compositional captions.
 
-The demo data is written in exactly the format users bring (JPEG/PNG files + JSONL), so the demo exercises the
-real data path. ``DemoDataModule.prepare_data`` builds it on first use into ``data_dir`` (default ``data/demo``):
-
-    data/demo/
-      images/train/000000.png ...
-      train.jsonl  val.jsonl  test.jsonl     {"image": "images/train/000000.png", "text": ["a small red ...", ...]}
-      MANIFEST.json                          written last; its presence + matching parameters = cache complete
-
-Validation and test images use attribute combinations that never occur in training (compositional held-out
-split), every caption within val and within test is unique, and each image carries two captions (two
-templates) so the multi-caption protocol is exercised.
+Written as PNG files + JSONL, the format users bring, so the demo runs the real data path. Val and test use
+attribute combinations unseen in training, with unique captions and two captions per image.
 """
 
 from __future__ import annotations
@@ -84,9 +75,7 @@ def demo_words() -> list[str]:
 def build_demo_bert(out_dir: str | Path) -> Path:
     """Write the demo text encoder directory: a tiny BERT ``config.json`` and a WordPiece tokenizer.
 
-    The vocabulary is the demo captions' word list, so demo captions never hit ``[UNK]``. There are no weights:
-    the demo builds the encoder from this config (``pretrained: false`` in the text tower's ``init_args``). The
-    copy shipped as the built-in ``mm-lightning/demo-bert`` was written by this function; ``tests/data/test_demo.py`` checks they agree.
+    The vocabulary is the demo captions' words (no ``[UNK]``); no weights (``pretrained: false``).
     """
     from transformers import BertConfig, BertTokenizerFast
 
@@ -167,11 +156,7 @@ def generate_demo_dataset(
     num_test: int = 150,
     seed: int = 0,
 ) -> Path:
-    """Write the demo dataset to ``root`` atomically (build in a sibling temp dir, then rename).
-
-    Returns the dataset directory. An existing complete dataset with the same parameters is left as is; an
-    incomplete or different one (e.g. from an interrupted run) is replaced.
-    """
+    """Write the demo dataset to ``root`` atomically; a complete one with the same parameters is kept."""
     root = Path(root)
     params = {
         "version": FORMAT_VERSION,
@@ -216,7 +201,7 @@ def _write_splits(out: Path, params: dict[str, Any]) -> dict[str, int]:
 
 
 def is_complete(root: Path, params: dict[str, Any]) -> bool:
-    """True when ``root`` holds a finished dataset built with ``params`` (manifest written last + files present)."""
+    """True when ``root`` holds a finished dataset built with ``params`` (manifest + files present)."""
     try:
         manifest = json.loads((root / "MANIFEST.json").read_text())
     except (OSError, ValueError):
@@ -281,7 +266,6 @@ class DemoDataModule(MultimodalDataModule):
 
     @override
     def prepare_data(self) -> None:
-        # Lightning calls this on one process per node before setup(); generation is atomic, so an interrupted
-        # run leaves no half-written dataset at data_dir.
+        # Atomic generation: an interrupted run leaves no half-written dataset at data_dir.
         generate_demo_dataset(self.data_dir, **self.generator_args)
         super().prepare_data()

@@ -35,8 +35,8 @@ import torch
 from tqdm import tqdm
 
 from mm_lightning.data.images import ImageDecodeError, read_image_bytes
+from mm_lightning.data.loader import derive_seed
 from mm_lightning.data.records import Record, RecordError
-from mm_lightning.seeding import derive_seed
 
 Encoder = Callable[[torch.Tensor], torch.Tensor]  # normalized (B, 3, H, W) images -> (B, D) features
 

@@ -1,11 +1,7 @@
 """Image decoding: every mode users meet comes out as a 3-channel RGB ``uint8`` tensor (3, H, W).
 
-:class:`EncodedImage` reads only the header first (size, EXIF orientation), so a caller can choose its crop
-before any pixel is decoded and then ask for a DCT-scaled decode (libjpeg's 1/2, 1/4, 1/8), which skips most
-of the inverse DCT, upsampling and colour-conversion work. JPEGs are decoded by ``simplejpeg`` (libjpeg-turbo,
-the fastest per core of the decoders measured, figures in docs/benchmarks.md) when it is installed, else by PIL (scaled) or ``torchvision.io.decode_jpeg`` (full
-size). CMYK JPEGs and everything else (PNG incl. 16-bit and palette with transparency, GIF, 1-bit,
-LA/RGBA...) go through PIL, with alpha composited on a background colour. EXIF orientation is applied to all.
+:class:`EncodedImage` reads the header first, so a caller can pick its crop, then ask for a DCT-scaled JPEG
+decode. JPEGs use ``simplejpeg`` when installed, else PIL or torchvision; other formats go through PIL.
 """
 
 from __future__ import annotations
@@ -55,7 +51,7 @@ def read_image_bytes(source: ImageSource) -> bytes | bytearray | memoryview:
 
 
 def orient(image: torch.Tensor, orientation: int) -> torch.Tensor:
-    """Apply an EXIF orientation (1-8) to a (C, H, W) tensor as views (no copy), as PIL's exif_transpose does."""
+    """Apply an EXIF orientation (1-8) to a (C, H, W) tensor as views (no copy), like PIL's exif_transpose."""
     if orientation in (5, 6, 7, 8):
         image = image.transpose(-2, -1)
     flips = {2: [-1], 3: [-2, -1], 4: [-2], 6: [-1], 7: [-2, -1], 8: [-2]}.get(orientation)
@@ -67,13 +63,7 @@ _PIL_GUARD_LOCK = threading.RLock()
 
 @contextmanager
 def pil_guard_lifted() -> Iterator[None]:
-    """PIL's own decompression-bomb check off for one header read; ``max_pixels`` checks that header right after.
-
-    PIL's check (``Image.MAX_IMAGE_PIXELS``, a process-wide setting the user's program owns) would fire first with
-    another message, warn below 2x its limit and refuse a size the user allowed with ``max_pixels``. It is restored
-    as soon as the header (or a format's pixels) is read; the lock keeps this module's own concurrent reads from
-    restoring it wrongly. Another thread of the program opening an image at that moment is not checked by PIL.
-    """
+    """PIL's bomb check off for one header read; ``max_pixels`` checks it (other threads go unchecked)."""
     with _PIL_GUARD_LOCK:
         previous = Image.MAX_IMAGE_PIXELS
         Image.MAX_IMAGE_PIXELS = None
@@ -86,15 +76,7 @@ def pil_guard_lifted() -> Iterator[None]:
 class EncodedImage:
     """An encoded image opened header-only: displayed size first, pixels (optionally DCT-scaled) on demand.
 
-    Args:
-        data: the encoded file's bytes.
-        max_pixels: refuse images whose header declares more pixels than this (decompression bombs);
-            ``None`` disables the guard.
-        background: RGB colour that transparent pixels are composited on.
-        backend: JPEG decoder: ``"simplejpeg"`` (when installed), ``"pil"``, or ``"auto"`` (the fastest).
-
-    Raises:
-        ImageDecodeError: unreadable header or oversized image; the message says which.
+    Raises :class:`ImageDecodeError` for an unreadable header or over ``max_pixels`` (``None``: no limit).
     """
 
     def __init__(
@@ -135,10 +117,7 @@ class EncodedImage:
         return self.is_jpeg
 
     def decode(self, scale: int = 1) -> torch.Tensor:
-        """Decode to RGB uint8 (3, H, W) as displayed, at ``1/scale`` of full size for JPEGs (1, 2, 4 or 8).
-
-        The result has ``ceil(side / scale)`` pixels per side for JPEGs; other formats ignore ``scale``.
-        """
+        """Decode to RGB uint8 (3, H, W) as displayed; JPEGs at ``ceil(side / scale)``, others full size."""
         if scale not in DCT_SCALES:
             raise ValueError(f"scale must be one of {DCT_SCALES}, got {scale}")
         if self._decoded is not None:
@@ -245,18 +224,9 @@ def decode_image_bytes(
     min_side: int | None = None,
     background: tuple[int, int, int] = (255, 255, 255),
 ) -> torch.Tensor:
-    """Decode one encoded image (e.g. a WebDataset shard member) to an RGB uint8 tensor of shape (3, H, W).
+    """Decode one encoded image (e.g. a shard member) to RGB uint8 (3, H, W), or raise ImageDecodeError.
 
-    Args:
-        data: the encoded file's bytes.
-        max_pixels: refuse images whose header declares more pixels than this (decompression bombs);
-            ``None`` disables the guard.
-        min_side: if given, JPEGs may be decoded at 1/2, 1/4 or 1/8 size as long as the shorter side stays at
-            least this many pixels (the caller's transforms never need more).
-        background: RGB colour that transparent pixels are composited on.
-
-    Raises:
-        ImageDecodeError: empty, truncated, unreadable or oversized image; the message says which.
+    ``min_side``: JPEGs may decode at 1/2, 1/4 or 1/8 size while the shorter side keeps that many pixels.
     """
     with EncodedImage(read_image_bytes(data), max_pixels, background) as image:
         scale = dct_scale_for(image.size, (min_side, min_side)) if min_side and image.scalable else 1
@@ -269,9 +239,5 @@ def decode_image_file(
     min_side: int | None = None,
     background: tuple[int, int, int] = (255, 255, 255),
 ) -> torch.Tensor:
-    """Decode one image file to an RGB uint8 tensor of shape (3, H, W); see :func:`decode_image_bytes`.
-
-    Raises:
-        ImageDecodeError: missing, empty, truncated, unreadable or oversized image; the message says which.
-    """
+    """Decode one image file to an RGB uint8 tensor (3, H, W); see :func:`decode_image_bytes`."""
     return decode_image_bytes(read_image_bytes(path), max_pixels, min_side, background)

@@ -1,9 +1,7 @@
 """JSONL source: one ``{"image": <path>, "text": <caption or list>}`` object per line, images as files.
 
-The index keeps byte offsets and numpy arrays, never a list of dicts: Python objects in a list are touched
-(ref-counted) on every access, so forked DataLoader workers copy the pages holding them and their RSS grows
-over an epoch; a handful of numpy arrays are single objects whose data pages are only read. Lines are re-read
-from the file by offset when a sample is needed.
+The index keeps byte offsets in numpy arrays, never a list of dicts: forked workers would copy the pages of
+ref-counted Python objects and grow. Lines are re-read by offset when a sample is needed.
 """
 
 from __future__ import annotations
@@ -20,15 +18,7 @@ from mm_lightning.data.records import Record, RecordError, SkipLog, record_error
 
 
 class RecordParser:
-    """Parses and validates one JSONL line into a :class:`~mm_lightning.data.records.Record`.
-
-    Args:
-        file: the JSONL file (for messages).
-        image_key: key of the image path.
-        text_key: key of the caption (a string or a list of strings).
-        image_root: folder relative image paths are resolved against.
-        confine_to_root: reject image paths (absolute, ``..`` or symlinks) that leave ``image_root``.
-    """
+    """Parses and validates one JSONL line into a :class:`~mm_lightning.data.records.Record`."""
 
     def __init__(
         self, file: str, image_key: str, text_key: str, image_root: str, confine_to_root: bool
@@ -43,12 +33,7 @@ class RecordParser:
         return self.image_root if self.confine_to_root else None
 
     def parse(self, raw: bytes, line: int) -> Record:
-        """Parse one raw line (1-based ``line`` for messages).
-
-        Raises:
-            RecordError: malformed JSON (also too deep or with too long a number), missing key, bad image
-                field, bad caption, or a path that no file system accepts or that escapes the root.
-        """
+        """Parse one raw line (1-based ``line`` for messages); raises :class:`RecordError` if bad."""
         text = raw.rstrip(b"\r\n")  # the decoder would place an error after the newline on "line 2"
         try:
             with record_errors(self.file, line, "malformed_json", what="malformed JSON"):
@@ -80,7 +65,7 @@ class RecordParser:
         return Record(path, validate_captions(obj[self.text_key], record, self.text_key), self.file, line)
 
     def resolve(self, image: str, line: int) -> str:
-        """``image`` joined onto ``image_root`` and normalized; checks what can be checked without the disk."""
+        """``image`` joined onto ``image_root`` and normalized; checks what needs no disk access."""
         with record_errors(self.file, line, "bad_path", image=image, key=self.image_key):
             if "\0" in image:
                 raise ValueError("embedded null byte")
@@ -119,13 +104,7 @@ def _first_appearance_ids(keys: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Pair:
-    """One (image, caption) pair of the index, read back from the file.
-
-    Attributes:
-        record: the whole parsed line.
-        caption: this pair's caption.
-        image_id: dense image id (the same resolved path gives the same id, also across lines).
-    """
+    """One (image, caption) pair read back from the file; one ``image_id`` per resolved image path."""
 
     record: Record
     caption: str
@@ -142,8 +121,7 @@ _WIDE_BOMS = (
 
 
 def check_utf8(file: str, head: bytes) -> None:
-    """Refuses a UTF-16/32 file once, whatever ``on_bad_record``: lines are cut on the byte 0x0A, which in those
-    encodings is half a character, so every line would be reported bad (or a phantom one invented)."""
+    """Refuses a UTF-16/32 file whatever ``on_bad_record``: split on byte 0x0A, every line would be bad."""
     for bom, name in _WIDE_BOMS:
         if head.startswith(bom):
             raise RecordError(
@@ -158,20 +136,8 @@ def check_utf8(file: str, head: bytes) -> None:
 class JsonlIndex:
     """Byte offsets of the valid lines of a JSONL file plus per-caption ("pair") arrays.
 
-    Attributes:
-        offsets: int64 byte offset of each valid line.
-        line_numbers: int32 1-based line number of each valid line (for messages).
-        cap_line: int32 valid-line index of each pair.
-        cap_pos: int32 position of that caption inside its line's caption list.
-        cap_words: int16 whitespace word count of each caption (a cheap length proxy for batching).
-        image_ids: int64 dense image id of each pair.
-        skips: invalid lines dropped under ``on_bad_record="skip"``.
-        lines: non-blank lines seen (valid or not).
-
-    Args:
-        parser: validates each line.
-        on_bad_record: ``"raise"`` raises :class:`RecordError` on the first bad line; ``"skip"`` drops and
-            counts it.
+    Per pair: ``cap_line`` (valid-line index), ``cap_pos`` (place in its list), ``cap_words``, ``image_ids``.
+    ``on_bad_record="skip"`` drops bad lines into ``skips``; ``"raise"`` raises on the first.
     """
 
     def __init__(self, parser: RecordParser, on_bad_record: str = "raise") -> None:

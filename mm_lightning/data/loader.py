@@ -1,5 +1,7 @@
-"""The built-in loaders: a training loader whose state saved at an epoch's end resumes at the next epoch, and
-workers that a signal to the whole process group does not kill."""
+"""The built-in loaders: a training loader whose end-of-epoch state resumes at the next epoch, and workers
+that a signal to the whole process group does not kill; and the run's seed (:func:`global_seed`, the one place
+that reads ``PL_GLOBAL_SEED``) with every seed derived from it, so per-batch randomness depends only on the run's
+seed and the batch's identity, not on worker layout or resume point."""
 
 from __future__ import annotations
 
@@ -9,9 +11,11 @@ import os
 import signal
 import sys
 import warnings
-from collections.abc import Iterator
+import zlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
 from lightning.fabric.utilities.seed import pl_worker_init_function
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -21,13 +25,10 @@ STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGUSR1})
 
 
 class StartsWorkersOutsideTheGroup:
-    """For a loader whose ``worker_init_fn`` is :func:`ignore_stop_signals`: the stop signals are held back while it
-    starts workers, until each worker has left the run's process group.
+    """Holds the stop signals back while a loader using :func:`ignore_stop_signals` starts its workers.
 
-    Without this, a signal sent to the whole group just as workers start (a Ctrl-C at an epoch's end, when the
-    validation workers do) kills the workers that have not left the group yet, and the run fails instead of saving.
-    Forked workers inherit the blocked signals. ``spawn`` starts a worker with none blocked, and a forkserver
-    passes on the mask it was started with, so with these a worker still importing its modules may not be covered.
+    Else a group-wide signal (Ctrl-C as validation starts) kills workers not yet out of the group. Only forked
+    workers inherit the mask: under ``spawn``/``forkserver`` a worker still importing may not be covered.
     """
 
     num_workers: int
@@ -46,39 +47,29 @@ class StartsWorkersOutsideTheGroup:
 
 
 class WorkerSafeDataLoader(StartsWorkersOutsideTheGroup, DataLoader):
-    """A ``DataLoader`` (validation, test, predict) whose workers a signal to the process group does not kill."""
+    """A ``DataLoader`` (val, test, predict) whose workers a signal to the process group does not kill."""
 
 
 class ResumableDataLoader(StartsWorkersOutsideTheGroup, StatefulDataLoader):
     """``StatefulDataLoader`` that also resumes exactly from a state saved after an epoch's last batch.
 
-    Lightning ends an epoch after ``len(loader)`` batches without asking the iterator for one more, so torchdata's
-    state saved there still reads "iterator not finished, every batch yielded"; loaded, it makes the next epoch
-    yield nothing (meta-pytorch/data#1437) and a resume from an end-of-epoch ``last.ckpt`` silently skips an epoch.
-    This loader counts the batches its iterator yields and stores the count with the state; loading a state whose
-    epoch was complete runs the (empty) rest of that epoch at once, so the next ``iter`` starts the next epoch
-    with the sampler's state as an uninterrupted run has it.
-
-    It also stores the epoch of a sampler that has one (``DistributedSampler`` and its subclasses, whose order is
-    a function of the epoch) and sets it on load: on a resume Lightning creates the iterator before it calls
-    ``set_epoch``, so the saved position would otherwise be replayed in epoch 0's order.
-
-    Takes exactly ``StatefulDataLoader``'s arguments (Lightning rebuilds the loader from them to add a
-    distributed sampler).
+    torchdata's state saved there makes the next epoch yield nothing (meta-pytorch/data#1437): this loader
+    counts yielded batches and, loading a finished epoch, runs its empty rest at once. It also saves the
+    sampler's epoch and sets it on load (Lightning calls ``set_epoch`` only after creating the iterator).
     """
 
     BATCHES_KEY = "mm_lightning_batches_yielded"
     EPOCH_KEY = "mm_lightning_sampler_epoch"
-    # batches the current epoch's iterator has yielded (those before a resume included), 0 once it ended by itself
+    # batches this epoch's iterator yielded (incl. before a resume); 0 once it ended by itself
     _yielded = 0
     # batches already yielded in the epoch a loaded state resumes
     _resumed_at = 0
-    # whether a saved position was loaded (a resumed run checks that Lightning applied the checkpoint's)
+    # whether a saved position was loaded (a resumed run checks that Lightning applied it)
     position_loaded = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         with warnings.catch_warnings():
-            # torchdata 0.11 calls a torch API that torch now flags as deprecated (set_vital); not the user's concern
+            # torchdata 0.11 calls set_vital, which torch flags as deprecated; not the user's concern
             warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
             super().__init__(*args, **kwargs)
 
@@ -141,13 +132,10 @@ class ResumableDataLoader(StartsWorkersOutsideTheGroup, StatefulDataLoader):
 
 
 class TrainPosition:
-    """The train loader's position, saved with the data module's checkpoint state and applied to the next train
-    loader the data module builds.
+    """The train loader's position, saved with the data module's state and applied to the next train loader.
 
-    Lightning restores a loader's position itself only for a run stopped mid-epoch, and only into a loader set up
-    after the checkpoint was read. Applied here, a run resumed at an epoch's end starts the next epoch in the
-    order an uninterrupted run has, and a module that sets up the data early (``configure_optimizers`` reading
-    ``trainer.estimated_stepping_batches``) resumes exactly too. Loading the same state twice changes nothing.
+    Lightning restores a position only mid-epoch, into a loader set up after the checkpoint was read; this
+    also covers end-of-epoch resumes and data set up early. Loading the same state twice changes nothing.
     """
 
     KEY = "train_loader"
@@ -157,13 +145,7 @@ class TrainPosition:
         self.pending: dict[str, Any] | None = None
 
     def track(self, loader: ResumableDataLoader, trainer: Any = None) -> ResumableDataLoader:
-        """Remember ``loader`` as the one whose position is saved, after giving it the resumed run's position.
-
-        Args:
-            loader: The train loader just built.
-            trainer: The trainer it is built for: a position is given only to a fit resumed from a checkpoint
-                (not one read by an earlier ``validate``/``test`` in the same process).
-        """
+        """Remember ``loader``, first giving it the pending position if ``trainer`` resumes a checkpoint."""
         if self.pending is not None and getattr(trainer, "ckpt_path", None) is not None:
             loader.load_state_dict(self.pending)
         self.pending = None
@@ -181,25 +163,16 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def ignore_stop_signals(worker_id: int, rank: int | None = None) -> None:
-    """``worker_init_fn`` of the built-in loaders: a worker leaves the run's process group, ignores Ctrl-C and
-    SIGUSR1, dies with the main process, and is seeded as Lightning seeds workers (``seed_everything(workers=True)``,
-    what LightningCLI does) when it adds its own.
+    """``worker_init_fn``: leave the process group, ignore Ctrl-C and SIGUSR1, die with the parent, seed.
 
-    A signal sent to the whole process group (a terminal's Ctrl-C, ``kill -- -PGID``, ``timeout``) would otherwise
-    kill the workers first, and the main process would fail with "DataLoader worker ... killed by signal" before it
-    could save. In a group of its own a worker gets only what is sent to it: its main process still stops it
-    (queues, then SIGTERM), and it dies with the main process. SIGUSR1 (SLURM's warning signal) is ignored too.
-
-    Args:
-        worker_id: The worker's number.
-        rank: The process's global rank, for the workers' seeds (Lightning passes its own the same way).
+    A group-wide signal (Ctrl-C, ``timeout``) would otherwise kill workers first: the run fails before saving.
+    ``rank`` seeds the workers as Lightning's own ``worker_init_fn`` would.
     """
     os.setpgid(0, 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # SLURM's --signal=USR1 reaches every process of the job step
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    # Held back since the loader started this worker (see StartsWorkersOutsideTheGroup): a SIGTERM sent to the
-    # group before the worker left it was for the main process, which gets it too.
+    # A SIGTERM held back since this worker started was sent to the group: the main process has it too.
     if signal.SIGTERM in signal.sigpending():
         signal.sigtimedwait({signal.SIGTERM}, 0)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
@@ -210,13 +183,28 @@ def ignore_stop_signals(worker_id: int, rank: int | None = None) -> None:
 
 
 def _die_with_parent() -> None:
-    """Linux: the kernel kills this process when its parent dies (a SIGKILL to the main process no longer reaches
-    workers in their own group; torch's watchdog would only notice between two batches)."""
+    """Linux: die with the parent (a kill sent to the parent's process group no longer reaches workers)."""
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        # The main process, which died before prctl took effect. (Not os.getppid(): a forkserver's worker is the
-        # server's child.)
+        # The parent died before prctl took effect (not os.getppid(): a forkserver's worker is its child).
         parent = multiprocessing.parent_process()
         if parent is not None and not parent.is_alive():
             os._exit(1)
+
+
+def global_seed(default: int = 0) -> int:
+    """The seed ``seed_everything`` set for this run (``default`` if none was set)."""
+    return int(os.environ.get("PL_GLOBAL_SEED", default))
+
+
+def derive_seed(base: int, values: Sequence[int] | np.ndarray | int) -> int:
+    """A 32-bit seed that is a pure function of ``base`` and ``values`` (a batch index, item indices...)."""
+    # CRC32, not hash(): stable across processes and Python versions
+    data = np.asarray(values, dtype=np.int64).reshape(-1).tobytes()
+    return zlib.crc32(data, base & 0xFFFFFFFF)
+
+
+def derived_rng(base: int, *values: int) -> np.random.Generator:
+    """A NumPy generator that is a pure function of ``base`` (low 32 bits) and ``values`` (epoch, item...)."""
+    return np.random.default_rng([base & 0xFFFFFFFF, *values])

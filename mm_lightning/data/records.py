@@ -1,9 +1,7 @@
 """What a record is and how one bad record is reported, whatever source it comes from (JSONL, shards).
 
-A *record* is one image (a path or encoded bytes) with its captions, plus where it came from. Every check on
-a record raises :class:`RecordError`; :func:`record_errors` turns any other exception raised while handling
-one record (parsing, path resolution, decoding, transforming) into one, so a single hostile record can only
-ever be a clear error or a counted skip; :class:`SkipLog` counts the skips and keeps their first reasons.
+Every check raises :class:`RecordError` and :func:`record_errors` turns any other exception into one, so a
+hostile record is a clear error or a counted skip (:class:`SkipLog`).
 """
 
 from __future__ import annotations
@@ -34,17 +32,7 @@ ERROR_KINDS: tuple[str, ...] = ErrorKind.__args__  # type: ignore[attr-defined]
 
 
 class RecordError(ExplainedError, ValueError):
-    """A bad record. The message names the source file, the line (or sample key), the field, the image and why.
-
-    Args:
-        file: the JSONL file or shard the record comes from.
-        line: 1-based line number (JSONL), or ``None``.
-        reason: what is wrong, in words.
-        image: the image path or member name, when known.
-        kind: the category (one of :data:`ERROR_KINDS`); reports and logs group by it.
-        key: the record field at fault (e.g. ``"text"``), when one is.
-        sample: the sample key inside a shard, when the source has no lines.
-    """
+    """A bad record; the message names the file, the line (or shard sample), the field, the image and why."""
 
     def __init__(
         self,
@@ -76,16 +64,7 @@ def _rebuild_error(file: str, line: int | None, reason: str, image: str | None, 
 
 @dataclass(frozen=True)
 class Record:
-    """One image with its captions and where it came from.
-
-    Attributes:
-        image: resolved image path, or the encoded image bytes (shards).
-        captions: one or more non-empty captions.
-        file: source file or shard (for messages).
-        line: 1-based line in ``file``, if the source has lines.
-        sample: sample key in ``file``, if the source has keys (shards).
-        image_name: how to name the image in messages when ``image`` is bytes (e.g. the tar member).
-    """
+    """One image (a resolved path, or encoded bytes from shards) with its captions and where it came from."""
 
     image: str | bytes
     captions: list[str]
@@ -130,19 +109,7 @@ def record_errors(
 ) -> Iterator[None]:
     """Turn any exception raised inside the block into a :class:`RecordError` of ``kind`` for this record.
 
-    A ``RecordError`` passes through unchanged; ``KeyboardInterrupt``, ``SystemExit`` (not ``Exception``
-    subclasses) and ``MemoryError`` propagate. Everything else -- ``RecursionError`` from deeply nested JSON,
-    ``ValueError`` from a NUL byte in a path or a 5000-digit integer, ``OverflowError`` -- becomes a record
-    error naming the file, line and reason.
-
-    Args:
-        file: source file.
-        line: 1-based line, or ``None``.
-        kind: category of errors raised in this block.
-        image: image path or name for the message.
-        key: record field for the message.
-        sample: shard sample key for the message.
-        what: prefix of the reason (e.g. ``"malformed JSON"``).
+    ``RecordError`` passes through; ``KeyboardInterrupt``, ``SystemExit`` and ``MemoryError`` propagate.
     """
     try:
         yield
@@ -154,19 +121,12 @@ def record_errors(
 
 
 def _has_visible_character(text: str) -> bool:
-    # Control (Cc), format (Cf: zero-width space, BOM, bidi marks) and separator (Z*) characters alone make a
-    # caption the tokenizer reduces to nothing.
+    # Control, format (zero-width space, BOM, bidi marks) and separator characters alone tokenize to nothing.
     return any(not (ch.isspace() or unicodedata.category(ch)[0] in "CZ") for ch in text)
 
 
 def validate_captions(value: object, record: Record, key: str) -> list[str]:
-    """The caption list of ``value`` (a string or a list of strings), or a :class:`RecordError` saying why not.
-
-    Args:
-        value: the record's text field.
-        record: the record (for messages; its ``captions`` are not used).
-        key: the text field name (for messages).
-    """
+    """The caption list of ``value`` (a string or a list of strings); raises :class:`RecordError` if bad."""
     captions = value if isinstance(value, list) else [value]
     if not captions:
         raise record.error("the caption list is empty", "empty_caption", key)
@@ -184,19 +144,15 @@ def validate_captions(value: object, record: Record, key: str) -> list[str]:
 
 
 SKIPPED_KEY = "skipped"  # sample/batch field: list of RecordError for the bad records a sample stands in for
-# sample field True / batch field (B,) bool: the row is a copy of another valid record standing in for a bad one
-# (map-style sources); evaluation leaves such rows out of every metric
+# sample field True / batch field (B,) bool: a copy of a valid record standing in for a bad one (map-style
+# sources); evaluation leaves such rows out of every metric
 STAND_IN_KEY = "stand_in"
 SPLITS = ("train", "val", "test", "predict")
 
 
 @dataclass
 class SkipLog:
-    """Counts skipped records by split and kind, and keeps the first reasons (never silent, never unbounded).
-
-    Args:
-        keep: how many reasons to keep.
-    """
+    """Counts skipped records by split and kind, and keeps the first ``keep`` reasons (bounded)."""
 
     keep: int = 20
     counts: Counter = field(default_factory=Counter)  # (split, kind) -> count

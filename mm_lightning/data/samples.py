@@ -1,16 +1,7 @@
 """Record -> sample, and the bad-record policy; shared by every source (JSONL index, shards) and the audit.
 
-:class:`SampleBuilder` turns a :class:`~mm_lightning.data.records.Record` into the sample the collate expects
-(``image`` uint8 (3, H, W) after the transform, ``caption``, ``image_id``, ``index``); any failure on the way
-(a link leaving the root, a missing file, an HTML page saved as ``.jpg``, a transform error) is a
-:class:`~mm_lightning.data.records.RecordError`. :class:`BadRecordPolicy` decides what a bad record costs:
-``raise`` stops, ``skip`` puts a valid sample in its place and records the error in ``sample["skipped"]``:
-
-- map-style sources (:meth:`BadRecordPolicy.load_batch`): the replacement is drawn pseudo-randomly from the
-  whole dataset, seeded by the bad item, avoiding items already in the batch, so a run of bad records does not
-  turn into copies of its valid neighbour, and every rank and resume draws the same one;
-- streams (:meth:`BadRecordPolicy.iter_valid`): the next valid record carries the errors of the bad ones
-  before it.
+Any failure on the way is a RecordError. Under ``skip`` a valid sample stands in and carries the error: a
+seeded draw for map-style sources (the same on every rank and resume), the next valid record for streams.
 """
 
 from __future__ import annotations
@@ -24,33 +15,22 @@ from typing import Any, Literal
 import torch
 
 from mm_lightning.data.images import DEFAULT_MAX_PIXELS, ImageDecodeError, decode_image_file
+from mm_lightning.data.loader import derived_rng
 from mm_lightning.data.records import SKIPPED_KEY, STAND_IN_KEY, Record, RecordError, record_errors
 from mm_lightning.data.transforms import DecodeResizedCrop
 from mm_lightning.errors import ExplainedError
-from mm_lightning.seeding import derived_rng
 
-ORIGIN_KEY = (
-    "origin"  # sample field: where the record came from (file, line), for errors found in the collate
-)
+ORIGIN_KEY = "origin"  # sample field: where the record came from, for errors found in the collate
 
 OnBadRecord = Literal["raise", "skip"]
-# A 1 x 10,000,000 strip passes a pixel-count guard, but resizing its short side to 224 px for evaluation
-# would need ~20 GB; no caption-worthy photo is this elongated.
+# A 1 x 10,000,000 strip passes the pixel guard but would need ~20 GB to resize; no photo is this elongated.
 MAX_ASPECT_RATIO = 100.0
 
 
 class SampleBuilder:
     """Checks, decodes and transforms the image of a record; every failure is a ``RecordError``.
 
-    Args:
-        transform: uint8 (3, H, W) -> uint8 (3, S, S) image transform.
-        max_pixels: decompression-bomb guard (see :func:`~mm_lightning.data.images.decode_image_file`).
-        min_side: allow reduced-size JPEG decoding down to this shorter side (``None``: full size).
-        confine_root: reject files whose real path (links resolved) leaves this folder; ``None``: no check.
-        decode_bytes: decoder for records whose image is encoded bytes (sources without files).
-
-    ``features``, when set (by :class:`~mm_lightning.callbacks.LockedImageFeatures`), serves a record's cached
-    image features (a :class:`~mm_lightning.data.features.CachedFeatures`) in place of its decoded image.
+    ``features``, set by :class:`~mm_lightning.callbacks.LockedImageFeatures`, replaces the decoded image.
     """
 
     def __init__(
@@ -80,7 +60,7 @@ class SampleBuilder:
             except FileNotFoundError as err:
                 raise record.error(f"image file not found ({err.strerror})", "missing_image") from err
             if not stat.S_ISREG(mode):
-                # A directory, FIFO or device: a FIFO would block the reader forever.
+                # a FIFO would block the reader forever
                 raise record.error("image path is not a regular file", "bad_path")
 
     def decode(self, record: Record, min_side: int | None = None) -> torch.Tensor:
@@ -146,10 +126,7 @@ class TooManyBadRecords(ExplainedError, RuntimeError):
 class BadRecordPolicy:
     """What a bad record costs: ``raise``, or ``skip`` (a valid sample stands in; the error is recorded).
 
-    Args:
-        on_bad_record: ``"raise"`` or ``"skip"``.
-        max_replacements: under ``"skip"``, give up after this many bad candidates for one replacement.
-        seed: seed of the replacement draws (the same on every rank, every run with this seed).
+    Replacement draws follow ``seed`` (the same on every rank); ``max_replacements`` bad tries end the run.
     """
 
     def __init__(
@@ -168,9 +145,7 @@ class BadRecordPolicy:
     def load_batch(self, items: list[int], load: Callable[[int], dict[str, Any]], size: int) -> list[dict]:
         """Load ``items`` of a map-style dataset of ``size`` items; bad ones raise or are replaced.
 
-        A bad item is counted once, in the sample that replaces it. Its replacement is drawn from a generator
-        seeded by ``(seed, item)``, skipping items already in this batch while others are left, and carries
-        its own ``index`` (evaluation drops rows whose index it has already seen).
+        A replacement is drawn seeded by ``(seed, item)``, avoids this batch's items, keeps its own ``index``.
         """
         taken = set(items)
         out = []
@@ -218,7 +193,7 @@ class BadRecordPolicy:
     def iter_valid(
         self, records: Iterable[Any], build: Callable[[Any], dict[str, Any]]
     ) -> Iterator[dict[str, Any]]:
-        """For streams: yield ``build(r)`` for each record; bad ones raise or ride along with the next sample."""
+        """For streams: yield ``build(r)`` per record; bad ones raise or ride along with the next sample."""
         pending: list[RecordError] = []
         for record in records:
             try:

@@ -1,13 +1,7 @@
 """Image transforms that decode and crop in one step, on uint8 tensors, plus normalization.
 
-:class:`DecodeResizedCrop` takes the *encoded* image (a path or bytes), reads its header, draws the crop
-with ``torchvision.transforms.v2.RandomResizedCrop``'s procedure (same distribution, fewer RNG calls),
-and only then decodes -- at the largest JPEG DCT scale (1/2, 1/4, 1/8) at which the crop still needs no
-upsampling -- and resizes the crop. It also accepts an already decoded uint8 tensor (then it only crops).
-Geometry runs on uint8 in the workers (4x less memory traffic than float); float conversion and
-normalization run on the batch after transfer (see ``benchmarks/data_pipeline.py``), or in the collate
-when ``normalize_on="worker"`` (and outside a Trainer). The defaults when nothing else says: ImageNet
-statistics and a 224 px side.
+:class:`DecodeResizedCrop` reads the header, draws the crop as ``RandomResizedCrop`` would, then decodes at
+the largest JPEG DCT scale that needs no upsampling. Normalization runs after transfer or in the collate.
 """
 
 from __future__ import annotations
@@ -40,19 +34,9 @@ Box = tuple[int, int, int, int]  # top, left, height, width in displayed full-si
 
 
 class DecodeResizedCrop:
-    """Encoded image (path or bytes) or uint8 tensor -> crop chosen from the header -> scaled decode -> resize.
+    """Encoded image (path/bytes) or uint8 tensor -> crop chosen from the header -> scaled decode -> resize.
 
-    Args:
-        size: output side (square output).
-        scale: area range of the random crop; ``None`` makes the deterministic evaluation crop (resize the
-            shorter side to ``size``, center crop).
-        ratio: aspect-ratio range of the random crop (torchvision's default).
-        horizontal_flip: flip half of the outputs horizontally.
-        reduced_decode: allow DCT-scaled JPEG decoding (off: always decode at full size).
-        max_pixels: decompression-bomb guard, see :class:`~mm_lightning.data.images.EncodedImage`.
-        background: RGB colour that transparent pixels are composited on.
-        backend: JPEG decoder, see :class:`~mm_lightning.data.images.EncodedImage`.
-        interpolation: ``bilinear`` or ``bicubic`` (antialiased), as the image tower's weights were trained with.
+    ``scale=None``: the evaluation crop; ``interpolation``: what the image tower's weights were trained with.
     """
 
     def __init__(
@@ -78,14 +62,7 @@ class DecodeResizedCrop:
         self.log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
 
     def crop_box(self, width: int, height: int) -> Box:
-        """The crop (top, left, height, width) for an image of this displayed size; draws from torch's RNG.
-
-        torchvision's ``RandomResizedCrop`` procedure step for step (up to 10 tries of an area fraction uniform
-        in ``scale`` and a log-uniform aspect ratio, a uniform position for the first box that fits, else the
-        central fallback), so the distribution is the same; its uniform numbers come from one ``torch.rand``
-        call instead of up to 22 one-element tensors (on 640x480 photos the default scale (0.9, 1) usually takes
-        all 10 tries).
-        """
+        """The crop (top, left, height, width) for this displayed size, drawn like ``RandomResizedCrop``."""
         if self.scale is None:
             # Resize(shorter side = size) + CenterCrop(size) is a centered square of the shorter side.
             side = min(width, height)
@@ -109,11 +86,7 @@ class DecodeResizedCrop:
         return (height - h) // 2, (width - w) // 2, h, w
 
     def plan(self, width: int, height: int, scalable: bool = True) -> tuple[Box, int]:
-        """Draw the crop for a displayed ``width`` x ``height`` image and pick the DCT scale to decode it at.
-
-        The box is snapped to the scale's pixel grid (each coordinate moves by at most ``scale / 2`` full-size
-        pixels), so the scaled decode contains exactly the box and no sub-pixel shift creeps in.
-        """
+        """Draw the crop and pick the DCT scale to decode it at (the box snapped to that scale's grid)."""
         box = self.crop_box(width, height)
         scale = 1
         if self.reduced_decode and scalable:
@@ -130,15 +103,7 @@ class DecodeResizedCrop:
     def __call__(
         self, source: ImageSource | torch.Tensor, max_aspect_ratio: float | None = None
     ) -> torch.Tensor:
-        """RGB uint8 (3, size, size).
-
-        Args:
-            source: encoded image (path or bytes), or a decoded uint8 (3, H, W) tensor.
-            max_aspect_ratio: refuse images whose long side exceeds this many times the short side.
-
-        Raises:
-            ImageDecodeError: the source cannot be decoded or is too elongated; the message says why.
-        """
+        """RGB uint8 (3, size, size) from an encoded image or a uint8 tensor; ImageDecodeError if unusable."""
         if isinstance(source, torch.Tensor):
             height, width = source.shape[-2:]
             _check_aspect(width, height, max_aspect_ratio)
@@ -172,34 +137,17 @@ def _check_aspect(width: int, height: int, max_aspect_ratio: float | None) -> No
 def train_transform(
     image_size: int, scale: tuple[float, float] = (0.9, 1.0), horizontal_flip: bool = False, **options: Any
 ) -> DecodeResizedCrop:
-    """Random resized crop; no flip by default because captions say "left" and "right".
-
-    Args:
-        image_size: output side.
-        scale: area range of the random crop (open_clip's default 0.9-1.0 keeps caption content in view).
-        horizontal_flip: add a random horizontal flip.
-        **options: :class:`DecodeResizedCrop`'s ``reduced_decode``, ``max_pixels``, ``interpolation``, ...
-    """
+    """Random resized crop; no flip by default because captions say "left" and "right"."""
     return DecodeResizedCrop(image_size, scale, horizontal_flip=horizontal_flip, **options)
 
 
 def eval_transform(image_size: int, **options: Any) -> DecodeResizedCrop:
-    """Resize the shorter side to ``image_size`` and center crop (the usual eval protocol).
-
-    Args:
-        image_size: output side.
-        **options: :class:`DecodeResizedCrop`'s ``reduced_decode``, ``max_pixels``, ``interpolation``, ...
-    """
+    """Resize the shorter side to ``image_size`` and center crop (the usual eval protocol)."""
     return DecodeResizedCrop(image_size, None, **options)
 
 
 class Normalize(torch.nn.Module):
-    """uint8 (or float in [0, 1]) images -> float32 normalized with per-channel mean/std.
-
-    Args:
-        mean: channel means in [0, 1] units.
-        std: channel standard deviations in [0, 1] units.
-    """
+    """uint8 (or float in [0, 1]) images -> float32 normalized with per-channel mean/std (0-1 units)."""
 
     def __init__(
         self, mean: tuple[float, ...] = IMAGENET_MEAN, std: tuple[float, ...] = IMAGENET_STD
@@ -221,8 +169,7 @@ class Normalize(torch.nn.Module):
             return normalized if out is None else out.copy_(normalized)
         scale, shift = self.scale.to(images.device), self.shift.to(images.device)
         if images.device.type == "cpu" and images.dim() == 4:
-            # Image by image, so each (3, H, W) slice is converted, scaled and shifted while in cache: the same
-            # values (the same three operations), about half the time of the whole batch at once on one core.
+            # Image by image, so each (3, H, W) slice is converted, scaled and shifted while still in cache.
             out = torch.empty(images.shape, dtype=torch.float32) if out is None else out
             for target, image in zip(out, images, strict=True):
                 target.copy_(image).mul_(scale).add_(shift)

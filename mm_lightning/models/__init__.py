@@ -1,6 +1,6 @@
 """Model parts: towers, fusion, losses, the ``DualEncoder`` network and the ``MultimodalModule`` that trains it."""
 
-from mm_lightning.lazy import lazy_exports
+from mm_lightning import lazy_exports
 
 _EXPORTS = {
     "ContrastiveLoss": "mm_lightning.models.losses",

@@ -1,9 +1,6 @@
 """The model's option groups: how each tower trains, the fusion, how the loss terms are weighted, optimization.
 
-They are the types of ``MultimodalModule``'s arguments, so the command line reads them as nested groups
-(``--model.image.freeze true``, ``--model.optim.lr 3e-3``) and a YAML config as nested sections. From Python,
-pass the dataclasses or plain dicts with the same keys. The network's parts themselves (towers, pair loss) are
-objects named by ``class_path``, not options here.
+``MultimodalModule`` takes them as nested CLI/YAML groups (``--model.optim.lr 3e-3``), dataclasses or dicts.
 """
 
 from __future__ import annotations
@@ -20,16 +17,11 @@ class TowerTraining:
 
     Args:
         freeze: keep the tower's weights fixed (and the tower in eval mode, LiT-style).
-        train_last: train only the tower's last N layer groups (its ``layer_groups()``, input to output; timm
-            towers: the stem, each stage, the final layers; Hugging Face towers: the embeddings, each layer, what
-            follows), the earlier ones locked with their BatchNorm layers in eval mode: fine-tuning the top of a
-            pretrained tower (null: the whole tower trains).
-        freeze_batchnorm: keep the tower's BatchNorm layers in eval mode (their running statistics normalize,
-            and are not updated; their affine weights still train). Makes gradient caching exact for a
-            BatchNorm tower, and suits small per-device batches.
-        project: learn a linear projection of the tower's pooled output into the shared space; false uses the
-            pooled output itself as the shared space (``embed_dim`` must equal its width) and the other tower's
-            projection maps onto it -- LiT's locked image tower without a head, as in big_vision's LiT configs.
+        train_last: train only the tower's last N layer groups (``layer_groups()``), the earlier ones locked
+            and in eval mode (null: the whole tower trains).
+        freeze_batchnorm: BatchNorm layers in eval mode (statistics fixed, affine weights still train).
+        project: learn a projection into the shared space; false uses the pooled output itself (``embed_dim``
+            must equal its width).
         lr: learning rate of the tower (null: ``optim.lr``; 0 is a valid choice).
         clip_norm: max gradient norm of the tower (null: no per-tower clipping).
     """
@@ -90,8 +82,8 @@ class GradCacheConfig:
     """Exact gradient caching (:mod:`mm_lightning.models.gradcache`).
 
     Args:
-        chunks: embed each training batch in this many chunks: the loss and gradient of the whole batch (all its
-            negatives) on the activation memory of one chunk, for one extra tower forward; 1 switches it off.
+        chunks: embed each training batch in this many chunks (same loss and gradient, one chunk's activation
+            memory, one extra tower forward); 1 switches it off.
     """
 
     chunks: int = 1
@@ -107,8 +99,7 @@ class OptimConfig:
         warmup_steps: linear warmup steps.
         min_lr_ratio: final LR / peak LR of the cosine decay.
         clip_heads: max gradient norm of the parameters outside the towers (null: none).
-        fused: AdamW's fused kernel (one kernel per step; it also lets ``NaNGuard`` skip a step without a
-            per-step host sync). Null: fused when every parameter is on a CUDA device.
+        fused: AdamW's fused kernel (null: fused when every parameter is on a CUDA device).
     """
 
     lr: float = 1e-4
@@ -128,8 +119,7 @@ DEFAULT_GRAD_CACHE = GradCacheConfig()
 
 
 def as_config(cls: type[Config], value: Config | dict[str, Any] | None) -> Config:
-    """The option group as its dataclass, from the dataclass, a plain dict of its fields (Python, a checkpoint
-    loaded without the CLI) or None (defaults)."""
+    """The option group as its dataclass, from the dataclass, a dict of its fields or None (defaults)."""
     if value is None:
         return cls()
     if isinstance(value, dict):

@@ -1,19 +1,7 @@
-"""``DualEncoder``: the image-text network as a plain ``nn.Module``.
+"""``DualEncoder``: the image-text network (towers, projections, loss, ITM head) as a plain ``nn.Module``::
 
-Two towers, projections to a shared space, the pair loss (which owns the learned temperature) and, when ITM is
-on, the cross-attention fusion with its match head. :class:`~mm_lightning.models.MultimodalModule` trains it
-(``module.model``); export, zero-shot classification and ``predict`` use it directly, and so can you::
-
-    from mm_lightning.models import DualEncoder
-
-    model = DualEncoder.from_checkpoint("logs/demo/checkpoints/last.ckpt").eval()
-    image_emb = model.embed_images(images)                      # (B, 3, H, W) normalized -> (B, D), L2-normalized
-    text_emb = model.embed_text(**tokenizer(captions, padding=True, return_tensors="pt"))
-    scores = image_emb @ text_emb.T
-
-``model.data_config`` says how images must be prepared (``mean``, ``std``, ``input_size``, ``interpolation``) and
-which tokenizer the text tower reads. A training batch is embedded in one forward (:class:`WholeBatch`) or in
-chunks with exact gradient caching (``grad_cache.chunks > 1``, loaded only then).
+model = DualEncoder.from_checkpoint("logs/demo/checkpoints/last.ckpt").eval()
+scores = model.embed_images(images) @ model.embed_text(**tokenizer(captions, return_tensors="pt")).T
 """
 
 from __future__ import annotations
@@ -58,11 +46,11 @@ if TYPE_CHECKING:
 
 # the LightningModule keeps the network under this attribute (checkpoint keys start with "model.")
 CHECKPOINT_PREFIX = "model."
-# the network's parts: objects, named by class_path in a config and recorded so in checkpoints
+# the parts a config names by class_path, recorded so in checkpoints
 PARTS = ("image_tower", "text_tower", "loss")
 
 
-# the built-in losses fulfil the loss contract; named by path so a run loads only the one it uses
+# named by path so a run imports only the loss it uses
 BUILT_IN_LOSSES = {
     "mm_lightning.models.losses.clip.ContrastiveLoss",
     "mm_lightning.models.losses.siglip.SigLipLoss",
@@ -73,8 +61,7 @@ class DualEncoder(nn.Module):
     """Image and text towers, projections, the pair loss (and its temperature), the ITM fusion and head.
 
     Args:
-        image_tower: the image tower (a built-in one from :mod:`mm_lightning.models.towers`, or any module under
-            the tower contract, :mod:`mm_lightning.models.towers.contract`).
+        image_tower: the image tower (built-in, or any module under the tower contract).
         text_tower: the text tower (same).
         loss: the pair loss (:class:`~mm_lightning.models.losses.ContrastiveLoss` with its defaults when None).
         image: how the image tower trains (:class:`~mm_lightning.models.config.TowerTraining` or a dict).
@@ -100,7 +87,6 @@ class DualEncoder(nn.Module):
         self.text_config = tc = as_config(TowerTraining, text)
         fc = as_config(FusionConfig, fusion)
         self.embed_dim = embed_dim
-        # checked against the tower contract (towers/contract.py); built-in towers fulfil it already
         self.image_encoder = adopt_tower("image", image_tower)
         self.text_encoder = adopt_tower("text", text_tower)
         self._text_takes_types = takes_token_type_ids(self.text_encoder)
@@ -147,16 +133,9 @@ class DualEncoder(nn.Module):
     def from_checkpoint(
         cls, path: str | os.PathLike, map_location: Any = "cpu", **parts: nn.Module
     ) -> DualEncoder:
-        """The network of a training checkpoint (``last.ckpt``, ``best-*.ckpt``), without its training options.
+        """The network of a training checkpoint, its parts rebuilt from their recorded ``class_path``.
 
-        Read with ``torch.load(weights_only=True)``; the parts are rebuilt from the ``class_path`` + ``init_args``
-        the checkpoint records (a user's tower or loss: its file must be importable). A module built in Python
-        records no parts: pass them (``image_tower=..., text_tower=..., loss=...``).
-
-        Args:
-            path: the checkpoint file.
-            map_location: where to load the tensors (``torch.load``'s argument).
-            parts: towers or loss to use instead of the recorded ones.
+        A module built in Python records no parts: pass them (``image_tower=..., text_tower=..., loss=...``).
         """
         unknown = sorted(set(parts) - set(PARTS))
         if unknown:
@@ -171,7 +150,6 @@ class DualEncoder(nn.Module):
             if name in parts:
                 built[name] = parts[name]
             elif isinstance(spec, dict) and "class_path" in spec:
-                # Lightning's: imports the class and calls it with init_args (plain values, as the CLI wrote them)
                 built[name] = instantiate_class((), spec)
             elif name != "loss":
                 raise ValueError(
@@ -197,11 +175,7 @@ class DualEncoder(nn.Module):
 
     @property
     def data_config(self) -> dict[str, dict[str, Any]]:
-        """The preprocessing the towers expect, for the data side to follow.
-
-        ``image``: ``mean``, ``std``, ``input_size``, ``interpolation`` and ``pretrained`` (whether the
-        statistics come from trained weights, not a default); ``text``: ``tokenizer``.
-        """
+        """The preprocessing the towers expect: ``image`` (mean, std, input_size...), ``text`` (tokenizer)."""
         image = {"pretrained": False, **data_config_of(self.image_encoder)}
         return {"image": image, "text": data_config_of(self.text_encoder)}
 
@@ -226,16 +200,14 @@ class DualEncoder(nn.Module):
 
     def compile_towers(self, options: dict[str, Any]) -> None:
         """Compiles both towers in place with ``torch.compile`` (checkpoint keys do not change)."""
-        # image batches change size only at the end of an epoch (then one dynamic recompile); caption
-        # lengths change every batch, so the text tower is compiled for dynamic shapes from the start
+        # caption lengths change every batch, so the text tower is compiled for dynamic shapes from the start
         self.image_encoder.compile(**options)
         self.text_encoder.compile(**({"dynamic": True} | options))
 
     def encode_images(self, images: Tensor) -> tuple[EncoderOutput, Tensor]:
-        """The image tower's output and the projected (unnormalized) embeddings of (B, 3, H, W) images.
+        """The image tower's output and the unnormalized projected embeddings of (B, 3, H, W) images.
 
-        A (B, D) batch is the locked tower's own pooled output, cached (``callbacks.LockedImageFeatures``): the
-        tower is not run, its output stands as one token per image.
+        A (B, D) batch is the locked tower's cached pooled output: the tower is not run.
         """
         if images.dim() == 2:
             mask = torch.ones(images.shape[0], 1, dtype=torch.bool, device=images.device)
@@ -265,10 +237,7 @@ class DualEncoder(nn.Module):
     def embed_text(
         self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None
     ) -> Tensor:
-        """L2-normalized fp32 embeddings of tokenized captions (inference, e.g. search queries).
-
-        Accepts a tokenizer's output directly: ``model.embed_text(**tokenizer(texts, return_tensors="pt"))``.
-        """
+        """L2-normalized fp32 embeddings of tokenized captions (accepts ``**tokenizer(...)``)."""
         batch = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
         return l2_normalize(self.encode_text(batch)[1])
 
@@ -291,13 +260,7 @@ class DualEncoder(nn.Module):
     ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         """The loss terms by name (``itc``, ``itm``, a loss's own) and the other metrics (``itm_accuracy``).
 
-        Args:
-            ids: (B,) image id of each row (captions of one image are not each other's negatives).
-            weights: (B,) per-pair weights, or None.
-            image_out: the image tower's output per row.
-            image_emb: (B, D) projected image embeddings.
-            text_out: the text tower's output.
-            text_emb: (B, D) projected caption embeddings.
+        ``ids`` are the (B,) image ids: captions of one image are not each other's negatives.
         """
         if self.itm is None:
             return loss_terms(self.contrastive, self.contrastive(image_emb, text_emb, ids, weights)), {}

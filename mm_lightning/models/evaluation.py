@@ -1,14 +1,7 @@
 """Evaluation epochs (validation, test): retrieval metrics over the whole split and the loss on its unique rows.
 
-:class:`Evaluation` is built by the module at its first evaluation epoch, so a run that never evaluates never
-loads this code. Which rows the loss counts: each valid record once per epoch, whatever the world size.
-
-An evaluation batch can hold rows that are not records of their own: under ``on_bad_record: skip`` a copy of
-another record stands in for each bad one (``batch["stand_in"]``), and a distributed sampler pads the last
-batches with records already scored. The retrieval metrics deduplicate by dataset index over the whole epoch
-(:class:`~mm_lightning.metrics.RetrievalMetrics`); the loss, computed batch by batch, drops those rows here,
-as rows and as negatives, so ``val/loss`` on data with skipped records equals the loss on the valid records
-alone. The loss is per caption row (as in training): an image with five captions is five rows.
+The loss counts each valid record once per epoch, whatever the world size: stand-ins for bad records and a
+distributed sampler's padding are dropped, as rows and as negatives. Loaded only when a run evaluates.
 """
 
 from __future__ import annotations
@@ -80,8 +73,10 @@ class EvalRows:
         weights: Tensor | None,
         tokens: bool,
     ) -> EvalBatch | None:
-        """The global batch (gathered over ranks, identical on each) restricted to its unique valid rows; ``None``
-        when none is left. ``tokens``: also gather the token sequences (for the ITM head)."""
+        """The global batch (same on each rank) restricted to its unique valid rows, or None if none is left.
+
+        ``tokens``: also gather the token sequences (for the ITM head).
+        """
         index = batch["index"]
         stand_in = batch.get(STAND_IN_KEY)
         if stand_in is None:
@@ -133,17 +128,7 @@ def unique_rows_loss(
 ) -> tuple[Tensor, int]:
     """The training objective (fixed weights) over the batch's unique valid rows, and their number.
 
-    Stand-ins for bad records and rows whose record was already scored this epoch (a distributed sampler's
-    padding) leave the batch, as rows and as negatives. Distributed, every rank gathers the global batch and
-    computes the same value (the one a single process gets on that batch).
-
-    Args:
-        eval_rows: the epoch's record of scored rows.
-        model: the :class:`~mm_lightning.models.DualEncoder`.
-        batch: the evaluation batch.
-        outputs: ``(image_out, image_emb, text_out, text_emb)``, one row per caption.
-        weights: per-pair weights, or None.
-        term_weights: the loss terms' fixed weights by name.
+    Distributed, every rank computes the same value on the gathered global batch (a single process's value).
     """
     # the ITM head needs the token sequences of the global batch too (each rank then scores all its rows)
     rows = eval_rows.gather_unique(batch, *outputs, weights, tokens=model.itm is not None)
@@ -168,9 +153,10 @@ class Evaluation(nn.Module):
         self.rows.reset()
 
     def step(self, module: LightningModule, batch: dict[str, Tensor], stage: str) -> dict[str, Tensor]:
-        """Logs ``<stage>/loss`` and adds the batch to the metrics; encodes each distinct image once (rows
-        repeat an image once per caption). Returns the batch's normalized embeddings, one row per pair, for
-        callbacks (e.g. the retrieval grid) without a second forward."""
+        """Logs ``<stage>/loss``, adds the batch to the metrics, returns its normalized embeddings (per pair).
+
+        Each distinct image is encoded once; the embeddings serve callbacks without a second forward.
+        """
         image_ids, first, column = first_occurrence(batch["image_id"])
         unique_out, unique_emb = module.model.encode_images(batch["image"][first])
         text_out, text_emb = module.model.encode_text(batch)

@@ -1,4 +1,4 @@
-"""Image-text matching (ITM) on hard negatives, trained through the cross-attention fusion defined here (ALBEF)."""
+"""Image-text matching (ITM) on hard negatives, through the cross-attention fusion defined here (ALBEF)."""
 
 from __future__ import annotations
 
@@ -34,18 +34,9 @@ class _CrossAttentionBlock(nn.Module):
 class CrossAttentionFusion(nn.Module):
     """Fuses image tokens with text tokens.
 
-    Each layer lets image tokens attend to the text tokens (padding masked out through ``key_padding_mask``)
-    and, with ``bidirectional``, text tokens attend to the image tokens. The fused vector is the mean of the
-    image tokens, concatenated with the masked mean of the text tokens when bidirectional, so padding never
-    changes it.
-
-    Args:
-        dim: token width (both inputs must already be projected to it).
-        num_heads: attention heads.
-        num_layers: stacked fusion layers.
-        bidirectional: also run the text -> image direction.
-        mlp_ratio: MLP hidden width / dim.
-        dropout: dropout in attention and MLP.
+    Image tokens attend to text tokens (and, if ``bidirectional``, text to image); the fused vector is the
+    mean of the image tokens (plus the masked mean of the text tokens), so padding never changes it. Inputs
+    are already ``dim`` wide.
     """
 
     def __init__(
@@ -71,13 +62,7 @@ class CrossAttentionFusion(nn.Module):
         self.out_dim = dim * (2 if bidirectional else 1)
 
     def forward(self, image_tokens: Tensor, text_tokens: Tensor, text_mask: Tensor) -> Tensor:
-        """Returns the fused (B, out_dim) vector.
-
-        Args:
-            image_tokens: (B, N, dim).
-            text_tokens: (B, L, dim).
-            text_mask: (B, L), nonzero/True for real tokens.
-        """
+        """The fused (B, out_dim) vector of (B, N, dim) image and (B, L, dim) text tokens, masked."""
         text_mask = text_mask.bool()
         padding = ~text_mask
         img, txt = image_tokens, text_tokens
@@ -98,19 +83,8 @@ class CrossAttentionFusion(nn.Module):
 class ImageTextMatching(nn.Module):
     """Projects both token sequences to the fusion width, fuses them and classifies match / no match.
 
-    For every local pair it adds one hard-negative caption for the image and one hard-negative image for the
-    caption, drawn with probability softmax(similarity) among pairs of *other* images. When the loss's logits
-    cover the global batch (``PairLogits.global_candidates``), the negatives come from the global batch: token
-    sequences are gathered with gradient, so a negative drawn from another rank still trains that rank's
-    encoders.
-
-    Args:
-        image_token_dim: width of the image encoder's tokens.
-        text_token_dim: width of the text encoder's tokens.
-        dim: fusion width.
-        num_layers: fusion layers.
-        num_heads: fusion attention heads.
-        bidirectional: also let text attend to image in the fusion.
+    Each local pair gets one hard-negative caption and one hard-negative image, drawn by softmax(similarity)
+    among other images' pairs; from the global batch (tokens gathered with gradient) when logits are global.
     """
 
     def __init__(
@@ -137,16 +111,7 @@ class ImageTextMatching(nn.Module):
         image_ids: Tensor,
         sample_weights: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """ITM loss and accuracy over positives + sampled negatives.
-
-        Args:
-            image_tokens: (B, N, Di) local image tokens.
-            text_tokens: (B, L, Dt) local text tokens.
-            text_mask: (B, L) True for real tokens.
-            logits: the pair loss's logits of the local rows vs. its (local or global) candidates.
-            image_ids: (B,) local image ids.
-            sample_weights: (B,) optional per-pair weights.
-        """
+        """ITM loss and accuracy over the local positives + negatives sampled from the pair loss's logits."""
         img = self.image_proj(image_tokens)
         txt = self.text_proj(text_tokens)
         mask = text_mask.bool()
@@ -186,15 +151,9 @@ class ImageTextMatching(nn.Module):
 def sample_hard_negatives(
     scores: Tensor, positive: Tensor, generator: torch.Generator | None = None
 ) -> Tensor:
-    """Draws one negative column per row with probability softmax(score) over non-positive columns (ALBEF).
+    """Draws one negative column per row, with probability softmax(score) over non-``positive`` columns.
 
-    Args:
-        scores: (B, N) similarity logits.
-        positive: (B, N) bool, True where a column must not be drawn (the pair itself, same image).
-        generator: optional RNG.
-
-    Returns:
-        (B,) column indices; -1 for rows that have no admissible negative.
+    Returns (B,) column indices, -1 for rows with no admissible negative.
     """
     with torch.no_grad():
         logits = scores.float().masked_fill(positive, float("-inf"))

@@ -1,15 +1,7 @@
-"""``MultimodalModule``: trains a :class:`~mm_lightning.models.DualEncoder` (``module.model``): the steps,
-optimizer and schedule, loss weighting, logging and evaluation; the network itself is a plain ``nn.Module``.
-
-Run it through the CLI: ``python -m mm_lightning fit --config configs/demo.yaml``. The network's parts are named
-by ``class_path`` (``model.image_tower``, ``model.text_tower``, ``model.loss``), the rest are option groups
-(:mod:`mm_lightning.models.config`): ``--model.image.freeze``, ``--model.objective.itm_weight``,
-``--model.optim.lr``, ...
-
-Logged: ``train/loss`` (weighted total), ``train/loss_<term>``, ``train/temperature``, ``train/weight_*``; per
-evaluation epoch ``{val,test}/r{1,5,10}_{t2i,i2t}``, ``alignment_gap`` and ``{val,test}/loss`` over the unique
-valid records (:mod:`mm_lightning.models.evaluation`).
-"""
+"""``MultimodalModule``: the LightningModule that trains a :class:`~mm_lightning.models.DualEncoder`
+(``module.model``): the steps, optimizer and schedule, loss weighting, logging and evaluation; and when
+Lightning sends a training step's logged values to the loggers (:func:`loggers_write_this_step`), so values
+nobody would see are not computed."""
 
 from __future__ import annotations
 
@@ -24,7 +16,6 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from mm_lightning.data.records import STAND_IN_KEY
-from mm_lightning.log_steps import ends_epoch_or_run, loggers_write_this_step
 from mm_lightning.models.config import (
     DEFAULT_FUSION,
     DEFAULT_GRAD_CACHE,
@@ -46,14 +37,11 @@ from mm_lightning.models.optim import clip_gradients, optimizer_and_schedule
 class MultimodalModule(LightningModule):
     """Trains a :class:`~mm_lightning.models.DualEncoder`: ITC (+ ITM) losses, retrieval metrics, AdamW + schedule.
 
-    The network's parts are objects (``class_path`` + ``init_args`` in a config), the rest small option groups;
-    each group accepts its dataclass or a plain dict with the same keys (missing keys keep their defaults).
-    Built by the CLI, the checkpoint records how to rebuild every part (Lightning's ``save_hyperparameters``), so
-    ``MultimodalModule.load_from_checkpoint(path)`` needs nothing else; built in Python, pass the parts to it.
+    Option groups take their dataclass or a dict (missing keys keep defaults). A module built in Python
+    records no parts: pass them to ``load_from_checkpoint``.
 
     Args:
-        image_tower: the image tower (:mod:`mm_lightning.models.towers`, or your own module under the tower
-            contract, :mod:`mm_lightning.models.towers.contract`).
+        image_tower: the image tower (:mod:`mm_lightning.models.towers`, or yours under the tower contract).
         text_tower: the text tower (same); the data's tokenizer follows it.
         loss: the pair loss (:mod:`mm_lightning.models.losses`; ``ContrastiveLoss()`` when None).
         image: how the image tower trains (:class:`~mm_lightning.models.config.TowerTraining`).
@@ -64,8 +52,7 @@ class MultimodalModule(LightningModule):
         optim: optimizer and schedule (:class:`~mm_lightning.models.config.OptimConfig`).
         grad_cache: exact gradient caching (:class:`~mm_lightning.models.config.GradCacheConfig`).
         gradient_checkpointing: recompute tower activations in backward to save memory.
-        compile: compile the towers with ``torch.compile`` (true), or the options to compile them with
-            (``{"mode": "max-autotune"}``); the text tower is compiled for dynamic caption lengths.
+        compile: ``torch.compile`` the towers (true), or the options to compile them with (``{"mode": ...}``).
     """
 
     def __init__(
@@ -89,8 +76,7 @@ class MultimodalModule(LightningModule):
             warnings.filterwarnings("ignore", message=r".*is an instance of `nn.Module`")
             self.save_hyperparameters()
         if any(isinstance(self.hparams.get(name), nn.Module) for name in PARTS):
-            # Built in Python, they are objects: left out (no copy kept, none in checkpoints or hparams.yaml);
-            # load_from_checkpoint takes them as arguments.
+            # Built in Python, they are objects: left out (load_from_checkpoint takes them as arguments)
             self.save_hyperparameters(ignore=list(PARTS))
         self.image_config = as_config(TowerTraining, image)
         self.text_config = as_config(TowerTraining, text)
@@ -109,18 +95,16 @@ class MultimodalModule(LightningModule):
         )
         if gradient_checkpointing:
             self.model.set_gradient_checkpointing(True)
-        # loss terms are combined by name: itc, itm (the matching head's), and a loss's own terms
         self.term_weights = {**oc.term_weights, "itc": oc.itc_weight, "itm": oc.itm_weight}
         self.dwa = (
             DynamicWeightAveraging([oc.itc_weight, oc.itm_weight], oc.dwa_window, oc.dwa_temperature)
             if oc.weighting == "dwa"
             else None
         )
-        # how training batches are embedded: in one forward, or in chunks with exact gradient caching
         self.batch_embedding = batch_embedding(self.grad_cache_config.chunks)
         self._towers_compiled = False
         self.evaluation = None  # built at the first validation or test epoch
-        # FLOPs of one batch of the running stage, for ThroughputMonitor (set by the FlopCounter callback)
+        # set by the FlopCounter callback, for ThroughputMonitor
         self.flops_per_batch: int | None = None
 
     @override
@@ -176,11 +160,9 @@ class MultimodalModule(LightningModule):
         return loss
 
     def _logs_details_now(self) -> bool:
-        """Whether this training step logs the loss terms, temperature and weights (``train/loss``: every step).
+        """Whether this step logs terms, temperature and weights: only when loggers write or an epoch ends.
 
-        The loggers receive values only every ``log_every_n_steps``: logged on those steps, on each epoch's last
-        batch and at ``max_steps``, TensorBoard gets the same points and ``trainer.callback_metrics`` holds current
-        values at an epoch's end, without Lightning's per-call cost of ``self.log`` on every other step.
+        Skips Lightning's per-call cost of ``self.log`` on steps no logger would record.
         """
         trainer = self.running_trainer()
         return trainer is None or loggers_write_this_step(trainer) or ends_epoch_or_run(trainer)
@@ -194,8 +176,7 @@ class MultimodalModule(LightningModule):
 
     @override
     def backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
-        # gradient caching runs its own (inside Lightning's backward: the loss carries GradScaler's scale and the
-        # accumulation divisor)
+        # gradient caching runs its own (here, the loss carries GradScaler's scale and accumulation divisor)
         if not self.batch_embedding.backward(loss):
             super().backward(loss, *args, **kwargs)
 
@@ -297,3 +278,23 @@ class MultimodalModule(LightningModule):
         clip_gradients(
             self, optimizer, towers, self.optim_config.clip_heads, gradient_clip_val, gradient_clip_algorithm
         )
+
+
+def loggers_write_this_step(trainer: Trainer | None, steps_before: int | None = None) -> bool:
+    """Whether the loggers receive this training batch's logged values (``True`` without a trainer).
+
+    ``steps_before`` defaults to ``trainer.global_step``; from ``on_train_batch_end`` pass the value read at
+    ``on_train_batch_start`` (the optimizer step has counted by then).
+    """
+    if trainer is None or trainer.fast_dev_run:
+        return True
+    every = trainer.log_every_n_steps
+    steps = trainer.global_step if steps_before is None else steps_before
+    return every > 0 and ((steps + 1) % every == 0 or trainer.should_stop)
+
+
+def ends_epoch_or_run(trainer: Trainer) -> bool:
+    """Whether this training batch is its epoch's last or leads to the run's last step (``max_steps``)."""
+    if 0 < trainer.max_steps <= trainer.global_step + 1:
+        return True
+    return bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)

@@ -20,9 +20,7 @@ def _no_decay(name: str, param: nn.Parameter) -> bool:
 def param_groups(towers: dict[str, tuple[nn.Module, float]], weight_decay: float) -> list[dict]:
     """AdamW groups: one decay and one no-decay group per tower, frozen parameters left out.
 
-    Args:
-        towers: ``{group_name: (module, lr)}``; a parameter goes to the first tower that owns it.
-        weight_decay: decay of the decaying groups.
+    ``towers``: ``{group_name: (module, lr)}``; a parameter goes to the first tower that owns it.
     """
     seen: set[int] = set()
     groups = []
@@ -50,13 +48,8 @@ def warmup_cosine(
 ) -> LambdaLR:
     """Linear warmup from 0 to each group's LR over ``warmup_steps``, then cosine decay to ``min_lr_ratio``.
 
-    Args:
-        optimizer: the optimizer whose groups' LRs are scaled.
-        warmup_steps: linear warmup steps.
-        total_steps: returns the steps of the whole run (``inf``: unbounded, the LR stays at its peak after
-            warmup). Asked once, at the first step after warmup: asked in ``configure_optimizers``, the trainer
-            would set up the train loader before a checkpoint's position in it is restored.
-        min_lr_ratio: final LR / peak LR.
+    ``total_steps()`` (``inf``: the LR stays at its peak) is asked only after warmup: asked earlier, the
+    trainer would set up the train loader before a checkpoint's position in it is restored.
     """
     known: list[float] = []
 
@@ -82,11 +75,7 @@ def warmup_cosine(
 
 
 def clip_grouped(groups: dict[str, tuple[Iterable[nn.Parameter], float | None]]) -> dict[str, torch.Tensor]:
-    """Clips each named group of parameters to its own max norm (per-tower clipping).
-
-    Returns:
-        the pre-clipping total norm of each clipped group (for logging).
-    """
+    """Clips each named group of parameters to its own max norm; returns each one's pre-clipping norm."""
     norms = {}
     for name, (params, max_norm) in groups.items():
         if max_norm is None:
@@ -103,17 +92,9 @@ def optimizer_and_schedule(
     optim: Any,
     total_steps: Callable[[], float],
 ) -> dict[str, Any]:
-    """AdamW over the towers' and the remaining (head) parameters, with warmup + cosine per step.
+    """Lightning's ``configure_optimizers`` dict: AdamW over towers and heads, warmup + cosine per step.
 
-    Args:
-        module: the whole model; parameters outside ``towers`` form the ``heads`` group at ``optim.lr``.
-        towers: name -> (tower, its learning rate; None: ``optim.lr``, 0 is a valid rate).
-        optim: the optimization options (``lr``, ``weight_decay``, ``warmup_steps``, ``min_lr_ratio``).
-        total_steps: returns the trainer's estimated stepping batches (``inf`` when the run is unbounded), asked
-            once training runs (see :func:`warmup_cosine`).
-
-    Returns:
-        Lightning's ``configure_optimizers`` dict.
+    ``towers``: name -> (tower, its LR; None: ``optim.lr``); parameters outside them are the ``heads`` group.
     """
     rates = {name: (tower, optim.lr if lr is None else lr) for name, (tower, lr) in towers.items()}
     groups = param_groups({**rates, "heads": (module, optim.lr)}, optim.weight_decay)
@@ -129,13 +110,7 @@ def optimizer_and_schedule(
 def clip_towers_and_heads(
     module: nn.Module, towers: dict[str, tuple[nn.Module, float | None]], heads_norm: float | None
 ) -> dict[str, torch.Tensor]:
-    """Clips each tower's gradients to its own max norm, and the remaining (head) parameters to ``heads_norm``.
-
-    Args:
-        module: the whole model.
-        towers: name -> (tower, max gradient norm; None: not clipped).
-        heads_norm: max gradient norm of the parameters outside the towers (None: not clipped).
-    """
+    """Clips each tower's gradients to its own max norm, and the other (head) parameters to ``heads_norm``."""
     if heads_norm is None and all(norm is None for _, norm in towers.values()):
         return {}  # nothing to clip: no walk over the parameters every step
     in_towers = {id(p) for tower, _ in towers.values() for p in tower.parameters()}
@@ -154,18 +129,9 @@ def clip_gradients(
     clip_val: float | None,
     algorithm: str | None,
 ) -> None:
-    """A LightningModule's gradient clipping: each tower to its own norm and the heads to ``heads_norm``, then the
-    trainer's global clipping (``Trainer(gradient_clip_val=...)``); under FSDP, the root's clipping over all shards.
+    """A LightningModule's gradient clipping: per tower and heads, then the trainer's global clipping.
 
-    Per-tower norms are logged once, by the gradient-norm monitor (``grad_norm/<submodule>``), not here.
-
-    Args:
-        module: the LightningModule (its trainer's strategy decides the path).
-        optimizer: the optimizer being stepped.
-        towers: name -> (tower, max gradient norm; None: not clipped).
-        heads_norm: max gradient norm of the parameters outside the towers (None: not clipped).
-        clip_val: the trainer's ``gradient_clip_val``.
-        algorithm: the trainer's ``gradient_clip_algorithm``.
+    Under FSDP only the root's global clipping over all shards applies.
     """
     from lightning.pytorch.strategies import FSDPStrategy
 

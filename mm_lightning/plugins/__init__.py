@@ -1,6 +1,6 @@
 """Trainer plugins: :class:`AtomicCheckpointIO` (atomic saves, checked loads)."""
 
-from mm_lightning.lazy import lazy_exports
+from mm_lightning import lazy_exports
 
 _EXPORTS = {
     "AtomicCheckpointIO": "mm_lightning.plugins.io",

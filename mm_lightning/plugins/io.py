@@ -1,7 +1,6 @@
 """Checkpoint IO plugin: atomic, durable saves and loads that say what is wrong with a bad file.
 
-The CLI installs it through the trainer's ``plugins`` (``trainer.plugins`` in ``--print_config``); in plain
-Python pass ``Trainer(plugins=[AtomicCheckpointIO()])``.
+The CLI installs it; in plain Python pass ``Trainer(plugins=[AtomicCheckpointIO()])``.
 """
 
 from __future__ import annotations
@@ -38,27 +37,16 @@ class CheckpointFileError(ExplainedError, ValueError):
 class AtomicCheckpointIO(TorchCheckpointIO):
     """``TorchCheckpointIO`` whose local saves are atomic and durable and whose loads check the file first.
 
-    Lightning's own save serializes into memory and then writes through an fsspec transaction whose temporary
-    file lives in the system temp dir; when that is another filesystem (local ``/tmp`` vs. a shared checkpoint
-    volume) the final move is a copy, which a kill can interrupt halfway, and nothing is fsynced. Here the
-    temporary file sits in the target's directory (so ``os.replace`` is an atomic rename), is fsynced before the
-    rename, and the directory is fsynced after it. Remote paths fall back to Lightning's implementation.
-
-    Loading a local file goes through :func:`check_checkpoint_file` first, so an empty, truncated, text or
-    non-Lightning file fails with :class:`CheckpointFileError` naming the file and the problem.
+    Lightning's own save moves a file from the system temp dir (a copy across filesystems, not fsynced); here
+    the fsynced temporary file sits in the target's folder, so the rename is atomic. Remote paths use
+    Lightning's implementation. A bad local file fails to load with :class:`CheckpointFileError`.
     """
 
     @override
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any | None = None
     ) -> None:
-        """Write ``checkpoint`` to ``path`` atomically.
-
-        Args:
-            checkpoint: The state to save.
-            path: Target file.
-            storage_options: Unsupported, as in ``TorchCheckpointIO``.
-        """
+        """Write ``checkpoint`` to ``path`` atomically."""
         if storage_options is not None or not is_local_path(path):
             super().save_checkpoint(checkpoint, path, storage_options)
             return
@@ -84,17 +72,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         map_location: Callable | None = lambda storage, loc: storage,
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
-        """Load ``path`` after checking that it is a readable Lightning checkpoint.
-
-        Args:
-            path: Checkpoint file.
-            map_location: As in ``torch.load``.
-            weights_only: As in ``torch.load``.
-
-        Raises:
-            CheckpointFileError: The file is missing, empty, truncated, not a PyTorch file, or not a Lightning
-                checkpoint.
-        """
+        """Load ``path`` after checking it is a readable Lightning checkpoint (CheckpointFileError if not)."""
         if not is_local_path(path):
             return super().load_checkpoint(path, map_location, weights_only)
         check_checkpoint_file(path, weights_only=weights_only is not False)
@@ -107,13 +85,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 def check_checkpoint_file(path: str | os.PathLike, weights_only: bool = True) -> dict[str, Any]:
     """Raise :class:`CheckpointFileError` unless ``path`` is a complete checkpoint written by Lightning.
 
-    Cheap: zip-format files (what ``torch.save`` writes) are opened memory-mapped, reading only the record
-    index and the small top-level keys, not the tensors.
-
-    Args:
-        path: Local checkpoint file.
-        weights_only: Refuse pickled code, as ``torch.load(weights_only=True)`` (the default of Lightning's
-            local loads and of LightningCLI) does.
+    Returns the loaded dict. Cheap: zip files are memory-mapped, so tensors are not read.
     """
     file = Path(path)
     if not file.is_file():

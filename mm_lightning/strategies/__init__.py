@@ -8,7 +8,7 @@ from typing import Any
 
 from lightning.pytorch.strategies import StrategyRegistry
 
-from mm_lightning.lazy import lazy_exports
+from mm_lightning import lazy_exports
 
 _EXPORTS = {
     "BucketedReducer": "mm_lightning.strategies.reducers",
@@ -44,13 +44,8 @@ for _name, _start_method in (("ddp_explicit", "popen"), ("ddp_explicit_spawn", "
 
 
 def expand_strategy_name(args: list[str]) -> list[str]:
-    """``--trainer.strategy <registry name>`` followed by ``--trainer.strategy.<option>``: the name becomes its class
-    (plus the options the registry entry implies), so nested options apply to it.
-
-    jsonargparse takes nested options only under a class, and Lightning's registry names (``ddp_explicit``,
-    ``ddp_spawn``...) are plain strings to it; the README's spelling
-    ``--trainer.strategy ddp_explicit --trainer.strategy.mode per_parameter`` works this way.
-    """
+    """With ``--trainer.strategy.<option>`` given, turn ``--trainer.strategy <registry name>`` into its class
+    (plus the registry entry's options): jsonargparse takes nested options only under a class."""
     if not any(a.startswith("--trainer.strategy.") for a in args):
         return args
     out: list[str] = []

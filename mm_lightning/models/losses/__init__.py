@@ -4,7 +4,7 @@ A loss is chosen by ``class_path`` (``model.loss``): :class:`ContrastiveLoss` (C
 :class:`SigLipLoss`, or your own class under the contract of :mod:`mm_lightning.models.losses.base`.
 """
 
-from mm_lightning.lazy import lazy_exports
+from mm_lightning import lazy_exports
 
 _EXPORTS = {
     "ContrastiveLoss": "mm_lightning.models.losses.clip",

@@ -1,32 +1,8 @@
-"""The pair-loss contract and the base classes that fulfil it.
+"""The pair-loss contract, the base classes that fulfil it, and the loss terms' weighting.
 
-A loss, built in or your own, is chosen by ``class_path`` + ``init_args``::
-
-    model:
-      loss: {class_path: mm_lightning.models.losses.SigLipLoss, init_args: {bias_init: -10.0}}
-      loss: {class_path: my_losses.MarginLoss, init_args: {margin: 0.2}}   # your own file, on PYTHONPATH
-
-The contract, all of it:
-
-* **Call.** ``forward(image_emb, text_emb, image_ids=None, sample_weights=None)``: (B, D) projected, not yet
-  normalized embeddings of the local rows (row i of each is a pair), (B,) image ids (rows sharing an id are
-  captions of one image, not negatives of each other) and optional (B,) per-pair weights.
-* **Result.** A scalar tensor (the ``itc`` term), or a dict of named scalar terms (``{"itc": ..., "uniformity":
-  ...}``). Terms are combined by name: ``itc`` with ``objective.itc_weight``, ``itm`` (the matching head's)
-  with ``objective.itm_weight``, any other with ``objective.term_weights[name]`` (default 1); each is logged as
-  ``train/loss_<name>`` and ``val/loss`` is their weighted sum.
-* **Scale.** The loss owns its temperature (a parameter of its own, trained with the heads; the module never
-  passes one); a ``temperature`` attribute, if any, is logged as ``train/temperature``.
-  :class:`ScaledPairLoss` gives CLIP's learnable, clamped logit scale.
-* **With the matching head** (``objective.itm_weight > 0``): also ``loss_and_logits(...) -> (result, PairLogits)``,
-  the logits the ITM head mines hard negatives from; subclass :class:`PairLoss` and write ``logits`` and
-  ``loss_from_logits`` to get it.
-* **Data parallelism** is the loss's own: the built-in ones score local rows against the global batch
-  (``mm_lightning.distributed.gather_with_grad``, exact); a loss that does nothing sees the local batch.
-
-A loss that breaks the contract is refused when the model is built (one call on a dry batch), with an error that
-names its class and what is wrong. Also here: :func:`l2_normalize` and the loss terms' weighting (fixed, by
-sample complexity, or dynamic weight averaging).
+A loss takes ``(image_emb, text_emb, image_ids=None, sample_weights=None)`` and returns a scalar (the ``itc``
+term) or a dict of named scalar terms; it owns its temperature and its data parallelism. With the matching
+head on it also needs ``loss_and_logits`` (subclass :class:`PairLoss`); a loss that breaks this is refused.
 """
 
 from __future__ import annotations
@@ -46,13 +22,8 @@ from mm_lightning.errors import ExplainedError
 class PairLogits(NamedTuple):
     """Scores of the local rows against the candidate columns.
 
-    Attributes:
-        i2t: (B, N) local images vs. candidate captions.
-        t2i: (B, N) local captions vs. candidate images.
-        targets: (B,) column of each row's own pair.
-        candidate_ids: (N,) image id of each candidate column (None when the loss got no ids).
-        global_candidates: True when the columns are the batch gathered over all ranks (N = world x B);
-            consumers that need per-column data (token sequences) must gather it the same way.
+    ``targets``: (B,) column of each row's own pair. ``global_candidates``: the columns are the batch gathered
+    over all ranks (N = world x B), so per-column data (token sequences) must be gathered the same way.
     """
 
     i2t: Tensor
@@ -66,22 +37,11 @@ class PairLoss(nn.Module):
     """Base of the image-text losses: ``forward`` = ``loss_from_logits(logits(...))``."""
 
     def logits(self, image_emb: Tensor, text_emb: Tensor, image_ids: Tensor | None = None) -> PairLogits:
-        """Scores of local rows vs. (local or global) candidates.
-
-        Args:
-            image_emb: (B, D) local image embeddings (need not be normalized).
-            text_emb: (B, D) local text embeddings, row i paired with image row i.
-            image_ids: (B,) image ids; pairs sharing an id are not negatives of each other.
-        """
+        """Scores of local rows vs. (local or global) candidates (same-image rows are no negatives)."""
         raise NotImplementedError
 
     def loss_from_logits(self, logits: PairLogits, sample_weights: Tensor | None = None) -> Tensor:
-        """The loss of the local rows from their logits.
-
-        Args:
-            logits: what :meth:`logits` returned.
-            sample_weights: (B,) optional per-pair weights.
-        """
+        """The loss of the local rows from their logits, with optional (B,) ``sample_weights``."""
         raise NotImplementedError
 
     def loss_and_logits(
@@ -91,16 +51,7 @@ class PairLoss(nn.Module):
         image_ids: Tensor | None = None,
         sample_weights: Tensor | None = None,
     ) -> tuple[Tensor, PairLogits]:
-        """The loss of the local rows and the logits for hard-negative mining, sharing work where possible.
-
-        Losses whose global form never builds the global logits (SigLIP) override it.
-
-        Args:
-            image_emb: (B, D) local image embeddings (need not be normalized).
-            text_emb: (B, D) local text embeddings, row i paired with image row i.
-            image_ids: (B,) image ids; pairs sharing an id are not negatives of each other.
-            sample_weights: (B,) optional per-pair weights.
-        """
+        """The loss of the local rows and the logits for hard-negative mining, sharing work where possible."""
         logits = self.logits(image_emb, text_emb, image_ids)
         return self.loss_from_logits(logits, sample_weights), logits
 
@@ -116,14 +67,7 @@ class PairLoss(nn.Module):
         image_ids: Tensor | None = None,
         sample_weights: Tensor | None = None,
     ) -> Tensor:
-        """Loss of the local rows.
-
-        Args:
-            image_emb: (B, D) local image embeddings (need not be normalized).
-            text_emb: (B, D) local text embeddings, row i paired with image row i.
-            image_ids: (B,) image ids; pairs sharing an id are not negatives of each other.
-            sample_weights: (B,) optional per-pair weights (weighted mean over the local rows).
-        """
+        """Loss of the local rows: (B, D) unnormalized embeddings, row i of each is a pair."""
         return self.loss_from_logits(self.logits(image_emb, text_emb, image_ids), sample_weights)
 
 
@@ -174,13 +118,7 @@ def _loss_problem(loss: nn.Module, what: str) -> LossContractError:
 
 
 def loss_terms(loss: nn.Module, value: Any, reserved: tuple[str, ...] = ()) -> dict[str, Tensor]:
-    """A loss's result as named terms: a scalar is the ``itc`` term, a dict names its own.
-
-    Args:
-        loss: the loss that returned ``value`` (for messages).
-        value: what it returned.
-        reserved: names the loss may not use (``itm`` while the matching head is on).
-    """
+    """A loss's result as named terms: a scalar is the ``itc`` term, a dict names its own."""
     terms = value if isinstance(value, dict) else {"itc": value}
     if not terms:
         raise _loss_problem(
@@ -203,15 +141,7 @@ def loss_terms(loss: nn.Module, value: Any, reserved: tuple[str, ...] = ()) -> d
 
 
 def check_loss(loss: Any, embed_dim: int, needs_logits: bool) -> dict[str, Tensor]:
-    """Calls a user's loss once on a dry batch and checks what it does against the contract.
-
-    Returns its terms on the dry batch (their names are what training logs).
-
-    Args:
-        loss: the user's loss.
-        embed_dim: the model's embedding width.
-        needs_logits: the matching head is on (the loss must give ``loss_and_logits``).
-    """
+    """Calls a user's loss once on a dry batch, checks it against the contract and returns its terms."""
     if not isinstance(loss, nn.Module):
         from mm_lightning.models.towers.contract import class_path_of
 
@@ -247,22 +177,12 @@ def check_loss(loss: Any, embed_dim: int, needs_logits: bool) -> dict[str, Tenso
 
 
 def l2_normalize(embeddings: Tensor) -> Tensor:
-    """Unit-length fp32 rows: the one place embeddings are normalized before similarities are taken.
-
-    fp32 because cosine similarities of bf16/fp16 vectors are too coarse to rank thousands of candidates.
-    """
+    """Unit-length fp32 rows (bf16/fp16 cosines are too coarse to rank thousands of candidates)."""
     return F.normalize(embeddings.float(), dim=-1)
 
 
 def complexity_weights(images: Tensor, attention_mask: Tensor) -> Tensor:
-    """Per-pair weights from data complexity: image detail and caption length, mean 1 per batch.
-
-    Image detail is the mean absolute difference between neighbouring pixels (busy images score high).
-
-    Args:
-        images: (B, 3, H, W) images.
-        attention_mask: (B, L) caption masks (their sums are the caption lengths).
-    """
+    """Per-pair weights, mean 1 per batch, from image detail and caption length."""
     with torch.no_grad():
         img = images.float()
         detail = (img[..., 1:, :] - img[..., :-1, :]).abs().mean((1, 2, 3)) + (
@@ -275,15 +195,8 @@ def complexity_weights(images: Tensor, attention_mask: Tensor) -> Tensor:
 class DynamicWeightAveraging(nn.Module):
     """Dynamic Weight Averaging (Liu et al., 2019) over windows of training steps.
 
-    At the end of each window the weight of loss k becomes
-    ``base_k * K * softmax_k(ratio_k / T)`` with ``ratio_k`` = this window's mean loss / the previous one's,
-    so a loss that stops decreasing gains weight. Until two windows are complete the base weights are used.
-    State lives in buffers so it is checkpointed.
-
-    Args:
-        base_weights: fixed weight of each loss (order defines the loss order).
-        window: steps per window.
-        temperature: softmax temperature T (large -> uniform).
+    After each window, weight_k = base_k * K * softmax_k(ratio_k / temperature), with ratio_k this window's
+    mean loss / the previous one's; base weights until two windows are done. State lives in buffers.
     """
 
     def __init__(self, base_weights: list[float], window: int = 50, temperature: float = 2.0) -> None:
@@ -301,12 +214,7 @@ class DynamicWeightAveraging(nn.Module):
         self.register_buffer("windows_done", torch.zeros((), dtype=torch.long))
 
     def update(self, losses: Tensor, reduce_mean: Callable[[Tensor], Tensor] = all_reduce_mean) -> Tensor:
-        """Records this step's (detached) losses and returns the weights to use for this step.
-
-        Args:
-            losses: (K,) loss values of this step.
-            reduce_mean: averages a tensor over ranks, so every rank derives the same weights.
-        """
+        """Records this step's (K,) losses and returns this step's weights (same on every rank)."""
         self.window_sum += losses.detach().float().to(self.window_sum.device)
         self.steps_in_window += 1
         if int(self.steps_in_window) == self.window:
@@ -324,12 +232,7 @@ class DynamicWeightAveraging(nn.Module):
 
 
 def weighted_sum(terms: dict[str, Tensor], weights: Mapping[str, Any]) -> Tensor:
-    """The loss terms' sum, each times the weight of its name (1 when it has none), in the terms' order.
-
-    Args:
-        terms: scalar loss terms by name (``itc``, ``itm``, a loss's own).
-        weights: weight by name (floats, or tensors such as DWA's).
-    """
+    """The loss terms' sum, each times the weight of its name (1 when it has none), in the terms' order."""
     items = iter(terms.items())
     name, term = next(items)
     total = weights.get(name, 1.0) * term

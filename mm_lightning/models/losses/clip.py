@@ -1,10 +1,7 @@
 """CLIP's symmetric InfoNCE loss, exact under data parallelism.
 
-The distributed loss follows open_clip's ``ClipLoss(local_loss=True, gather_with_grad=True)``: each rank scores
-its local rows against the globally gathered columns, and the all-gather carries gradient. The mean of the ranks'
-losses then equals the single-process loss on the concatenated batch, and each rank's feature gradient is
-world_size x the single-process one, so DDP's gradient averaging yields the exact gradient. A gather without
-gradient would drop the other ranks' terms.
+As open_clip's ``ClipLoss(local_loss=True, gather_with_grad=True)``: local rows vs. globally gathered columns,
+through an all-gather that carries gradient (without it the other ranks' terms would be lost).
 """
 
 from __future__ import annotations
@@ -20,15 +17,11 @@ from mm_lightning.models.losses.base import PairLogits, ScaledPairLoss, l2_norma
 class ContrastiveLoss(ScaledPairLoss):
     """Symmetric InfoNCE on L2-normalized embeddings with a learnable temperature.
 
-    The similarity and loss math always runs in fp32 (autocast disabled) so bf16/fp16 training does not
-    round the logits.
-
     Args:
         temperature_init: initial temperature (logit scale = 1 / temperature).
         learnable_temperature: train the temperature.
         max_logit_scale: upper clamp of the logit scale (CLIP uses 100).
-        global_negatives: when distributed, score local rows against the gathered global batch; False uses
-            only the local batch as negatives.
+        global_negatives: when distributed, score local rows against the global batch (False: local only).
     """
 
     def __init__(
@@ -41,13 +34,7 @@ class ContrastiveLoss(ScaledPairLoss):
         super().__init__(temperature_init, learnable_temperature, max_logit_scale, global_negatives)
 
     def logits(self, image_emb: Tensor, text_emb: Tensor, image_ids: Tensor | None = None) -> PairLogits:
-        """Scaled fp32 logits of local rows vs. (global) columns, with same-image non-diagonal pairs masked.
-
-        Args:
-            image_emb: (B, D) local image embeddings (need not be normalized).
-            text_emb: (B, D) local text embeddings, row i paired with image row i.
-            image_ids: (B,) image ids; pairs sharing an id are not negatives of each other.
-        """
+        """Scaled fp32 logits of local rows vs. (global) columns, other same-image pairs masked."""
         with torch.autocast(device_type=image_emb.device.type, enabled=False):
             img, txt = l2_normalize(image_emb), l2_normalize(text_emb)
             rank, size = world()
@@ -71,12 +58,7 @@ class ContrastiveLoss(ScaledPairLoss):
         return PairLogits(logits_i2t, logits_t2i, targets, all_ids, is_global)
 
     def loss_from_logits(self, logits: PairLogits, sample_weights: Tensor | None = None) -> Tensor:
-        """Mean (or ``sample_weights``-weighted mean) over local rows of the two directions' cross-entropy.
-
-        Args:
-            logits: what :meth:`logits` returned.
-            sample_weights: (B,) optional per-pair weights.
-        """
+        """Mean (or ``sample_weights``-weighted mean) over local rows of the two directions' cross-entropy."""
         with torch.autocast(device_type=logits.i2t.device.type, enabled=False):
             per_row = 0.5 * (
                 F.cross_entropy(logits.i2t, logits.targets, reduction="none")

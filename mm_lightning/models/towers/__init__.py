@@ -6,7 +6,7 @@ and carries ``pooled_dim``, ``token_dim`` and the ``data_config`` its weights ex
 serves as a tower under the contract of :mod:`mm_lightning.models.towers.contract`.
 """
 
-from mm_lightning.lazy import lazy_exports
+from mm_lightning import lazy_exports
 
 _EXPORTS = {
     "CLIPImageTower": "mm_lightning.models.towers.clip",

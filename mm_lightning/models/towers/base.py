@@ -20,13 +20,7 @@ from mm_lightning.errors import ExplainedError
 
 @dataclass
 class EncoderOutput:
-    """What a tower returns.
-
-    Attributes:
-        pooled: (B, D_pooled) one vector per sample.
-        tokens: (B, N, D_tokens) token sequence for cross-attention.
-        mask: (B, N) bool, True for real tokens (all True for images).
-    """
+    """What a tower returns: (B, D) ``pooled``, (B, N, D_t) ``tokens``, (B, N) bool ``mask`` (True: real)."""
 
     pooled: Tensor
     tokens: Tensor
@@ -43,44 +37,24 @@ class UnknownModelError(ExplainedError, ValueError):
 
 
 def check_model_name(tower: str, name: str, known: list[str], listing: str) -> None:
-    """Refuses a model name the library does not know, naming close ones (before the library's own error).
-
-    Args:
-        tower: the tower class, for the message.
-        name: the name given.
-        known: the names the library has.
-        listing: how to list them all (e.g. ``"timm.list_models()"``).
-    """
+    """Refuses a model name the library does not know, naming close ones (before the library's own error)."""
     if name not in known:
         raise UnknownModelError(tower, name, known, listing)
 
 
 class Tower(nn.Module):
-    """Base of the image and text towers.
-
-    Subclasses set ``pooled_dim`` (width of ``EncoderOutput.pooled``) and ``token_dim`` (width of the tokens)
-    in their constructor and implement ``forward``.
-    """
+    """Base of the towers: subclasses set ``pooled_dim``, ``token_dim`` and define ``forward``."""
 
     pooled_dim: int
     token_dim: int
 
     @property
     def data_config(self) -> dict[str, Any]:
-        """The preprocessing the weights expect, so the data side can follow them.
-
-        Image towers return ``mean``, ``std`` (per channel, for 0-1 images), ``input_size`` ``(3, H, W)`` and
-        ``interpolation`` (a ``torchvision.transforms.InterpolationMode`` value); text towers return
-        ``tokenizer`` (a name or directory for ``AutoTokenizer``).
-        """
+        """The preprocessing the weights expect (``mean``, ``std``, ``input_size``...; or ``tokenizer``)."""
         raise NotImplementedError(f"{type(self).__name__} does not define its data_config")
 
     def set_gradient_checkpointing(self, enabled: bool) -> None:
-        """Recompute activations in backward instead of storing them (saves memory, costs compute).
-
-        Args:
-            enabled: switch it on or off.
-        """
+        """Recompute activations in backward instead of storing them (saves memory, costs compute)."""
         raise NotImplementedError(f"{type(self).__name__} does not support gradient checkpointing")
 
 
@@ -90,14 +64,7 @@ def image_data_config(
     std: tuple[float, ...] = IMAGENET_STD,
     interpolation: str = "bilinear",
 ) -> dict[str, Any]:
-    """An image tower's ``data_config`` (ImageNet statistics unless the weights say otherwise).
-
-    Args:
-        image_size: square input side.
-        mean: per-channel mean of 0-1 images.
-        std: per-channel standard deviation of 0-1 images.
-        interpolation: resize interpolation the weights were trained with.
-    """
+    """An image tower's ``data_config`` for square inputs (ImageNet statistics of 0-1 images by default)."""
     return {
         "mean": tuple(float(m) for m in mean),
         "std": tuple(float(s) for s in std),
@@ -115,11 +82,7 @@ def is_weights_file(weights: str | None) -> bool:
 
 
 def read_state_dict(path: str) -> dict[str, Tensor]:
-    """Reads a ``.safetensors`` or torch (``weights_only``) state dict, unwrapping ``state_dict``/``model`` keys.
-
-    Args:
-        path: local file.
-    """
+    """Reads a ``.safetensors`` or torch (weights_only) state dict, unwrapping ``state_dict``/``model``."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"weights file {path!r} does not exist")
     try:
@@ -140,13 +103,9 @@ def read_state_dict(path: str) -> dict[str, Tensor]:
 def load_weights_file(
     module: nn.Module, path: str, strict: bool = True, ignored: set[str] | frozenset[str] = frozenset()
 ) -> None:
-    """Loads a local state dict into ``module`` with an error that lists missing and unexpected keys.
+    """Loads a local state dict into ``module``; missing or unexpected keys fail (or warn, not ``strict``).
 
-    Args:
-        module: the backbone to load into.
-        path: ``.pth``/``.pt``/``.bin`` (read with ``weights_only=True``) or ``.safetensors`` file.
-        strict: fail on missing or unexpected keys; False loads what matches and warns with the lists.
-        ignored: keys that may be present in the file without being in ``module`` (a dropped classifier head).
+    ``ignored``: keys the file may hold that ``module`` lacks (a dropped classifier head).
     """
     load_checked_state_dict(module, read_state_dict(path), f"weights file {path!r}", strict, ignored)
 
@@ -158,15 +117,7 @@ def load_checked_state_dict(
     strict: bool = True,
     ignored: set[str] | frozenset[str] = frozenset(),
 ) -> None:
-    """Loads ``state`` into ``module`` after checking keys and shapes (see :func:`load_weights_file`).
-
-    Args:
-        module: the backbone to load into.
-        state: tensors keyed like ``module.state_dict()``.
-        source: where ``state`` came from, for messages (e.g. ``"weights file 'x.pth'"``).
-        strict: fail on missing or unexpected keys; False loads what matches and warns with the lists.
-        ignored: keys that may be present in ``state`` without being in ``module``.
-    """
+    """Loads ``state`` into ``module`` after checking keys and shapes (see :func:`load_weights_file`)."""
     prefix = "backbone."  # a state dict saved from the tower itself
     if state and all(k.startswith(prefix) for k in state):
         state = {k[len(prefix) :]: v for k, v in state.items()}
@@ -211,18 +162,9 @@ class ConfiguredTower(Tower):
 def projection_for(
     tower: nn.Module, pooled_dim: int, embed_dim: int, project: bool = True, kind: str = "image"
 ) -> nn.Module:
-    """Takes the tower's source projection when it has one (output width must be ``embed_dim``), else a new Linear;
-    with ``project`` false, no projection at all (``nn.Identity``: the pooled output is the shared space).
+    """The tower's own projection (moved out of it), else a new Linear; ``nn.Identity`` if not ``project``.
 
-    The projection moves out of the tower into the module, so freezing the tower (LiT) leaves it trainable and
-    checkpoints hold it once.
-
-    Args:
-        tower: an image or text tower.
-        pooled_dim: width of the tower's pooled vector.
-        embed_dim: the module's shared embedding width.
-        project: the tower config's ``project``.
-        kind: ``image`` or ``text``, for the error messages.
+    Moved so that freezing the tower (LiT) leaves it trainable and checkpoints hold it once.
     """
     projection = getattr(tower, "projection", None)
     if not project:

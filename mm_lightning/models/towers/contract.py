@@ -1,39 +1,8 @@
 """The tower contract: what any ``nn.Module`` must do to serve as the image or text tower.
 
-A tower, built in or your own, is chosen by ``class_path`` + ``init_args`` (``model.image_tower``,
-``model.text_tower``)::
-
-    model:
-      image_tower: {class_path: mm_lightning.models.towers.TimmTower, init_args: {name: efficientnet_lite0}}
-      image_tower: {class_path: my_towers.PatchMLP, init_args: {width: 128}}   # your own file, on PYTHONPATH
-
-The built-in towers (:mod:`mm_lightning.models.towers`) subclass :class:`~mm_lightning.models.towers.base.Tower`
-and fulfil it by construction.
-
-The contract, all of it:
-
-* **Input.** Image tower: ``forward(images)`` with ``images`` a (B, 3, H, W) float batch, normalized by the data
-  side. Text tower: ``forward(input_ids, attention_mask)`` with (B, L) integer ids from the tower's tokenizer and a
-  (B, L) mask, 1 for real tokens (``token_type_ids`` too, if ``forward`` has a
-  parameter of that name).
-* **Output.** A (B, D) tensor of pooled features, or an :class:`~mm_lightning.models.towers.base.EncoderOutput`
-  ``(pooled (B, D), tokens (B, N, D_tokens), mask (B, N) bool)`` when the tower also gives token sequences to
-  the cross-attention fusion (ITM). A tower that returns pooled features only gives the fusion one token each.
-* **Widths.** ``pooled_dim`` (and ``token_dim``) attributes when the tower has them; otherwise they are read
-  from one forward of a dry batch of two samples when the model is built (no gradient, in eval mode).
-* **Tokenizer** (text tower). A ``tokenizer`` constructor argument (kept as ``self.tokenizer``), the
-  ``AutoTokenizer`` name or directory its ids come from; the CLI links ``data.tokenizer`` to it.
-* **Optional.** ``data_config``: a dict with any of ``mean``, ``std`` (per channel, of 0-1 images),
-  ``input_size`` ``(3, H, W)``, ``interpolation`` (``bilinear`` or ``bicubic``), which the data side follows
-  unless the data sets its own, and ``pretrained`` (true: these come from trained weights, so a ``data.mean`` /
-  ``data.std`` that differs is warned about); defaults: ImageNet statistics at the tower's ``image_size``
-  attribute (224 without one), bilinear, not pretrained. ``set_gradient_checkpointing(enabled)`` for
-  ``model.gradient_checkpointing``.
-  ``layer_groups()``: the tower's parameter names in groups from input to output, for ``train_last``.
-
-A tower that breaks the contract is refused when the model is built, with an error that names its class and
-what is wrong, instead of a shape error deep inside a training step. :func:`tokenizer_of` reads a text tower's
-tokenizer for the CLI's link.
+``forward(images)`` or ``forward(input_ids, attention_mask)`` returns (B, D) pooled features or an
+``EncoderOutput``; widths and data config are read or inferred, and a tower that breaks the contract is
+refused when the model is built, with an error naming its class (docs/make_it_yours.md has the details).
 """
 
 from __future__ import annotations
@@ -74,14 +43,7 @@ def _problem(kind: Kind, tower: nn.Module, what: str) -> TowerContractError:
 
 
 def encoder_output(kind: Kind, tower: nn.Module, out: Any, batch_size: int) -> EncoderOutput:
-    """A tower's return value as an :class:`EncoderOutput`, checked against the contract.
-
-    Args:
-        kind: ``image`` or ``text`` (for messages).
-        tower: the tower that returned ``out``.
-        out: what its ``forward`` returned.
-        batch_size: rows of the input batch.
-    """
+    """A tower's return value as an :class:`EncoderOutput`, checked against the contract."""
     if isinstance(out, EncoderOutput):
         pooled, tokens, mask = out.pooled, out.tokens, out.mask
         if not all(isinstance(t, Tensor) for t in (pooled, tokens, mask)):
@@ -169,14 +131,7 @@ def _declared_data_config(tower: nn.Module) -> dict[str, Any]:
 
 
 def adopt_tower(kind: Kind, tower: Any) -> nn.Module:
-    """Checks a user's tower against the contract and records its widths and data config on it.
-
-    After this, the tower has ``pooled_dim``, ``token_dim`` and ``data_config`` like the built-in towers.
-
-    Args:
-        kind: ``image`` or ``text``.
-        tower: the user's module.
-    """
+    """Checks a user's tower against the contract; records its widths and data config on it."""
     if not isinstance(tower, nn.Module):
         raise TowerContractError(
             f"{kind} tower {class_path_of(tower)} is not a torch.nn.Module (the tower contract: "
@@ -209,7 +164,7 @@ def adopt_tower(kind: Kind, tower: Any) -> nn.Module:
         data_config = {**defaults, **declared}
     else:
         data_config = {"tokenizer": getattr(tower, "tokenizer", None), **declared}
-    # plain attributes on the user's module (not parameters or buffers: checkpoints are unchanged)
+    # plain attributes, not parameters or buffers: checkpoints are unchanged
     if getattr(tower, "pooled_dim", None) is None:
         tower.pooled_dim = int(pooled_dim)
     if getattr(tower, "token_dim", None) is None:
@@ -236,12 +191,7 @@ def set_gradient_checkpointing(kind: Kind, tower: nn.Module, enabled: bool) -> N
 
 
 def train_last_groups(kind: Kind, tower: nn.Module, count: int) -> None:
-    """Locks all but the tower's last ``count`` layer groups (``tower.layer_groups()``, input to output).
-
-    Raises:
-        TowerContractError: the tower has no ``layer_groups()``.
-        ValueError: ``count`` is not between 1 and the number of groups.
-    """
+    """Locks all but the tower's last ``count`` layer groups (``tower.layer_groups()``, input to output)."""
     method = getattr(tower, "layer_groups", None)
     if method is None:
         raise TowerContractError(
@@ -275,13 +225,9 @@ def keep_locked_layers_in_eval(tower: nn.Module) -> None:
 
 
 def tokenizer_of(text_tower: Any) -> str | None:
-    """The tokenizer (``AutoTokenizer`` name or directory) of a text tower given by ``class_path`` + ``init_args``.
+    """The tokenizer of a text tower given by ``class_path`` + ``init_args`` (for the CLI's link).
 
-    A built-in tower says it (``tokenizer_for``: the model's own, or for open_clip an equivalent Hugging Face copy);
-    a user's tower by its ``tokenizer`` argument.
-
-    Args:
-        text_tower: ``{"class_path": ..., "init_args": {...}}`` (a dict or the CLI's namespace).
+    A built-in tower says it (``tokenizer_for``), a user's tower by its ``tokenizer`` argument.
     """
     if text_tower is None:
         return None

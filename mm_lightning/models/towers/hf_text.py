@@ -23,14 +23,7 @@ def _looks_like_path(name: str) -> bool:
 
 
 def load_hf(loader: Any, name: str, path: str, **kwargs: Any) -> Any:
-    """``loader.from_pretrained(path)`` with errors that name the model and say how to use a local copy.
-
-    Args:
-        loader: ``AutoModel``, ``AutoConfig`` or another class with ``from_pretrained``.
-        name: the name the user gave (for the message).
-        path: what to load (``name`` after ``resolve_pretrained``).
-        kwargs: passed to ``from_pretrained``.
-    """
+    """``loader.from_pretrained(path)`` with errors that name the model and say how to use a local copy."""
     if _looks_like_path(path) and not os.path.isdir(os.path.expanduser(path)):
         raise MissingModelFolder(
             f"text tower {name!r}: no such local directory; pass a folder holding the model's config.json "
@@ -44,12 +37,7 @@ def load_hf(loader: Any, name: str, path: str, **kwargs: Any) -> Any:
 
 
 def set_hf_gradient_checkpointing(model: Any, enabled: bool) -> None:
-    """Switches a Hugging Face model's per-layer activation checkpointing (non-reentrant).
-
-    Args:
-        model: a ``PreTrainedModel``.
-        enabled: switch it on or off.
-    """
+    """Switches a Hugging Face model's per-layer activation checkpointing (non-reentrant)."""
     # transformers >= 5.2x renamed gradient_checkpointing_* to activation_checkpointing_* (old names warn)
     if hasattr(model, "activation_checkpointing_enable"):
         enable, disable = model.activation_checkpointing_enable, model.activation_checkpointing_disable
@@ -65,10 +53,8 @@ class HFTextTower(Tower):
     """Text tower over a Hugging Face ``AutoModel``.
 
     Args:
-        name: HF hub name or local directory (passed through ``resolve_pretrained``, so built-in names such as
-            ``mm-lightning/demo-bert`` work offline).
-        pretrained: load weights (``from_pretrained``); False builds the model from its config, randomly
-            initialised.
+        name: HF hub name or local directory (built-in names such as ``mm-lightning/demo-bert`` work offline).
+        pretrained: load weights (``from_pretrained``); False builds it from its config, randomly initialised.
         config_overrides: config fields to override (e.g. ``hidden_size``, ``num_hidden_layers``).
         pooling: ``cls`` (first token) or ``mean`` (mean over real tokens).
         trust_remote_code: allow code shipped with the model; off by default for safety.
@@ -115,11 +101,7 @@ class HFTextTower(Tower):
         return str(init_args.get("name", "bert-base-uncased"))
 
     def set_gradient_checkpointing(self, enabled: bool) -> None:
-        """Switches Hugging Face's per-layer activation checkpointing.
-
-        Args:
-            enabled: switch it on or off.
-        """
+        """Switches Hugging Face's per-layer activation checkpointing."""
         set_hf_gradient_checkpointing(self.model, enabled)
 
     def layer_groups(self) -> list[list[str]]:

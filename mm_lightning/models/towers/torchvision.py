@@ -1,10 +1,4 @@
-"""Image towers over torchvision: any classification backbone by name, or a small CPU build.
-
-- ResNet family, ViT, ConvNeXt, EfficientNet, MobileNet, ... by ``torchvision.models`` name, with torchvision's
-  weights by name (``IMAGENET1K_V2``, needs the torch hub cache offline) or from a local ``.pth`` /
-  ``.safetensors`` file;
-- ``resnet_custom`` (a narrow ResNet) and ``vit_custom`` (a small ViT) for CPU runs.
-"""
+"""Image towers over torchvision: any classification backbone by name, or a small ResNet/ViT for CPU runs."""
 
 from __future__ import annotations
 
@@ -35,14 +29,12 @@ CUSTOM_IMAGE_ENCODERS = ("resnet_custom", "vit_custom")
 class SmallResNet(nn.Sequential):
     """A narrow ResNet from torchvision's ``BasicBlock`` for small images on CPU.
 
-    torchvision's ``ResNet`` hard-codes the 64..512 stage widths, so the stages are assembled here from its
-    blocks. A stride-1 3x3 stem keeps the detail of 32-64 px images.
+    Built here because torchvision's ``ResNet`` hard-codes the 64..512 stage widths.
 
     Args:
         widths: channels per stage; each stage after the first halves the resolution.
         layers: number of ``BasicBlock`` per stage (default: one per stage).
-        stem_stride: stride of the stem convolution; above 2 the stem is a non-overlapping patchify
-            convolution (kernel = stride), which cuts the cost of the first stage for larger images.
+        stem_stride: stride of the stem convolution; above 2 a patchify convolution (kernel = stride).
     """
 
     def __init__(
@@ -83,16 +75,11 @@ def _flatten_map(fmap: Tensor) -> Tensor:
 class TorchvisionTower(Tower):
     """Image tower over a torchvision backbone.
 
-    CNNs yield feature-map cells as tokens and their average (through the backbone's own pre-classifier
-    layers, e.g. ConvNeXt's LayerNorm) as the pooled vector; ViTs yield all tokens and the class token.
-
     Args:
         name: torchvision model name (``torchvision.models.list_models()``), ``resnet_custom`` or ``vit_custom``.
-        weights: torchvision weights name (e.g. ``"IMAGENET1K_V2"``), a local ``.pth``/``.pt``/``.safetensors``
-            state dict of the same backbone (its classification head may be included), or None (random init).
+        weights: torchvision weights name (``IMAGENET1K_V2``), a local ``.pth``/``.safetensors`` file or None.
         image_size: input resolution (ViTs are built for it).
-        kwargs: extra constructor arguments (e.g. ``widths``/``layers``/``stem_stride`` for ``resnet_custom``,
-            ``patch_size``, ``num_layers``, ``hidden_dim`` for ``vit_custom``).
+        kwargs: extra backbone constructor arguments (e.g. ``widths`` of ``resnet_custom``).
         strict: with a weights file, fail on missing or unexpected keys (False loads what matches, warns).
     """
 
@@ -174,11 +161,7 @@ class TorchvisionTower(Tower):
         )
 
     def set_gradient_checkpointing(self, enabled: bool) -> None:
-        """Recompute each stage's activations in backward instead of storing them (saves memory).
-
-        Args:
-            enabled: switch it on or off.
-        """
+        """Recompute each stage's activations in backward instead of storing them (saves memory)."""
         self.gradient_checkpointing = enabled
 
     def _run_stages(self, x: Tensor, stages: Sequence[nn.Module]) -> Tensor:
