@@ -2,7 +2,8 @@
 
 Run ``python -m mm_lightning fit --config configs/demo.yaml`` for the offline demo. The subpackages export their
 public names lazily (PEP 562, :func:`lazy_exports`): each loads its module on first use, so a run loads only what
-it touches.
+it touches. The project's own errors derive from :class:`ExplainedError` (how the command line prints them:
+:mod:`mm_lightning.errors`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ def lazy_exports(
         return sorted(exports)
 
     return getattr_, dir_
+
+
+class ExplainedError(Exception):
+    """Base of errors whose message says what is wrong and where: the CLI prints it without a traceback."""
 
 
 __version__ = "0.1.0"

@@ -1,7 +1,6 @@
 """Command line: ``python -m mm_lightning {fit,validate,test,predict,audit,shard} --config configs/<x>.yaml``.
-
-A ``LightningCLI`` with the project's defaults (logger, checkpoints, monitors, seed) and linked arguments: the
-tokenizer follows the text tower, image preprocessing the image tower, logs and checkpoints the run dir."""
+A ``LightningCLI`` with the project's defaults and linked options: the tokenizer follows the text tower, image
+preprocessing the image tower, logs and checkpoints the run directory."""
 
 from __future__ import annotations
 
@@ -31,7 +30,6 @@ from mm_lightning.callbacks import (
     RunSummary,
 )
 from mm_lightning.data import MultimodalDataModule
-from mm_lightning.errors import cli_message, show_traceback
 from mm_lightning.models import MultimodalModule
 from mm_lightning.models.towers.contract import tokenizer_of
 from mm_lightning.strategies import expand_strategy_name  # (also registers the "ddp_explicit" name)
@@ -43,14 +41,12 @@ STANDALONE_COMMANDS = {
     "zeroshot": "Zero-shot classification of labeled images with a checkpoint (options: zeroshot --help).",
 }
 TRAINER_DEFAULTS: dict[str, Any] = {
-    # the run directory: TensorBoard events, config.yaml, checkpoints/
-    "default_root_dir": "logs/mm_lightning",
+    "default_root_dir": "logs/mm_lightning",  # the run dir: TensorBoard events, config.yaml, checkpoints/
     "logger": {
         "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
         "init_args": {"save_dir": "logs/mm_lightning", "name": "", "default_hp_metric": False},
     },
-    # atomic checkpoint saves; loads that explain a bad file
-    "plugins": [{"class_path": "mm_lightning.plugins.AtomicCheckpointIO"}],
+    "plugins": [{"class_path": "mm_lightning.plugins.AtomicCheckpointIO"}],  # atomic saves; clear load errors
     "log_every_n_steps": 10,
 }
 
@@ -58,31 +54,20 @@ TRAINER_DEFAULTS: dict[str, Any] = {
 CALLBACK_GROUPS: dict[str, type] = {
     # best by the monitored metric; listed first so last.ckpt records its state when both save at once
     "best_checkpoint": ModelCheckpoint,
-    # last.ckpt whatever the metrics: each epoch, every N steps or every T (one of the three)
-    "checkpoint": ModelCheckpoint,
+    "checkpoint": ModelCheckpoint,  # last.ckpt whatever the metrics: each epoch, every N steps or every T
     "lr_monitor": LearningRateMonitor,
-    # samples/s, batches/s (and FLOPs/s) over a sliding window of steps
-    "throughput": ThroughputMonitor,
-    # data/skipped and the first reasons, when on_bad_record=skip replaces samples
-    "bad_records": BadRecordLogger,
-    # acts only in `predict`: one embeddings file per rank
-    "prediction": EmbeddingWriter,
-    # Lightning's layer table, without a column of unmeasured (zero) FLOPs
-    "model_summary": ModelSummary,
-    # skip non-finite steps, stop after K in a row
-    "nan_guard": NaNGuard,
-    # SIGTERM / SIGUSR1 / Ctrl-C -> save last.ckpt after this batch, exit 0
-    "preemption": PreemptionCheckpoint,
-    # RNG states and loader position, so a resumed run continues bit for bit
-    "exact_resume": ExactResume,
-    # what the run produced, printed when fit/validate/test ends
-    "run_summary": RunSummary,
-    # plain progress lines when the output goes to a file (nohup, SLURM, tee)
-    "progress_lines": ProgressLines,
+    "throughput": ThroughputMonitor,  # samples/s, batches/s (and FLOPs/s) over a window of steps
+    "bad_records": BadRecordLogger,  # data/skipped and the first reasons under on_bad_record=skip
+    "prediction": EmbeddingWriter,  # acts only in `predict`: one embeddings file per rank
+    "model_summary": ModelSummary,  # Lightning's layer table, without a column of zero FLOPs
+    "nan_guard": NaNGuard,  # skip non-finite steps, stop after K in a row
+    "preemption": PreemptionCheckpoint,  # SIGTERM/SIGUSR1/Ctrl-C: save last.ckpt after this batch, exit 0
+    "exact_resume": ExactResume,  # RNG states and loader position: a resume continues bit for bit
+    "run_summary": RunSummary,  # what the run produced, printed when it ends
+    "progress_lines": ProgressLines,  # plain progress lines when the output goes to a file (nohup, SLURM)
 }
 
 
-# Group settings that differ from the callback classes' defaults.
 CALLBACK_DEFAULTS: dict[str, dict[str, Any]] = {
     # no monitor (it would wait for the metric): the top-1 is the latest, rewritten in place as last.ckpt
     "checkpoint": {"filename": "last", "save_top_k": 1, "enable_version_counter": False},
@@ -94,8 +79,7 @@ CALLBACK_DEFAULTS: dict[str, dict[str, Any]] = {
         "auto_insert_metric_name": False,
     },
     "lr_monitor": {"logging_interval": "step"},
-    # the network's parts (towers, projections, loss, ITM) under the DualEncoder
-    "model_summary": {"max_depth": 2},
+    "model_summary": {"max_depth": 2},  # the DualEncoder's parts: towers, projections, loss, ITM
     # Lightning's default window is 100 steps
     "throughput": {"batch_size_fn": "mm_lightning.cli.batch_size_of", "window_size": 20},
 }
@@ -126,13 +110,13 @@ def batch_size_of(batch: dict[str, Any]) -> int:
 
 
 def checkpoint_dir_of(run_dir: str) -> str:
-    """Where a run directory keeps its checkpoints."""
     return os.path.join(run_dir, "checkpoints")
 
 
 def expand_short_names(args: list[str]) -> list[str]:
-    """Replace a built-in class's short name on the command line (``--model.image_tower TimmTower``) by its
-    path: LightningCLI resolves short names only among loaded classes (config files must give the path)."""
+    """Replace built-in short class names (``--model.image_tower TimmTower``) by their import paths.
+
+    LightningCLI resolves short names only among loaded classes (config files must give the path)."""
     out = list(args)
     for i, arg in enumerate(args):
         key, eq, value = arg.partition("=")
@@ -354,7 +338,9 @@ def main(argv: list[str] | None = None) -> int:
             return import_module(f"mm_lightning.{args[0]}").main(list(args[1:]))
         return cli_main(argv).exit_code
     except Exception as err:
-        # the project's errors: the reason and the fix, not a traceback (errors.py)
+        from mm_lightning.errors import cli_message, show_traceback
+
+        # the project's errors: the reason and the fix, not a traceback
         message = None if show_traceback() else cli_message(err)
         if message is None:
             raise

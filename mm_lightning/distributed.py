@@ -1,7 +1,5 @@
-"""The one home of the project's collectives: all-gathers (with or without gradient) and padding helpers.
-
-Every function also works in a single process (returning its input), so callers never branch on world size.
-"""
+"""The project's collectives: all-gathers (with or without gradient) and padding helpers; in a single process
+each returns its input, so callers never branch on world size."""
 
 from __future__ import annotations
 
@@ -15,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics.utilities.distributed import gather_all_tensors
 
-from mm_lightning.errors import ExplainedError
+from mm_lightning import ExplainedError
 
 _LOCAL = threading.local()
 
@@ -52,9 +50,7 @@ def gather_with_grad(tensor: Tensor) -> Tensor:
 class _GatherWithGrad(torch.autograd.Function):
     """All-gather whose backward sums each slice's gradient over the ranks (a reduce-scatter).
 
-    Hand-written: ``torch.distributed.nn.functional.all_gather`` is deprecated, and its replacement's
-    lazily-waited tensors crashed gloo runs at exit. Every collective here is synchronous.
-    """
+    Hand-written, synchronous: torch.distributed.nn's all_gather is deprecated, its successor crashed gloo."""
 
     @staticmethod
     def forward(ctx: torch.autograd.function.FunctionCtx, tensor: Tensor) -> Tensor:

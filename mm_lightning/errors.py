@@ -1,5 +1,6 @@
 """How the CLI reports the project's own errors: ``error: <Kind>: <message>`` plus the fix, exit code 1, no
-traceback (``MM_LIGHTNING_TRACEBACK=1`` shows it). Any other exception keeps its traceback."""
+traceback (``MM_LIGHTNING_TRACEBACK=1`` shows it). Any other exception keeps its traceback. Loaded when a
+command fails."""
 
 from __future__ import annotations
 
@@ -8,11 +9,9 @@ import re
 
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
+from mm_lightning import ExplainedError
+
 TRACEBACK_ENV = "MM_LIGHTNING_TRACEBACK"
-
-
-class ExplainedError(Exception):
-    """Base of errors whose message says what is wrong and where: the CLI prints it without a traceback."""
 
 
 def explained_error_names() -> set[str]:

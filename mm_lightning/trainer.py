@@ -1,7 +1,5 @@
-"""``MultimodalTrainer``: Lightning's ``Trainer`` plus the ``audit`` and ``shard`` subcommands (LightningCLI
-builds each subcommand's options from the trainer method of the same name); and what the CLI does with
-``--ckpt_path`` before Lightning loads it (:class:`ResumeOverrides`: resolve ``last``, check the file, warn which
-options the checkpoint overrides)."""
+"""``MultimodalTrainer``: ``Trainer`` + ``audit``/``shard`` subcommands (options from the same-named methods);
+:class:`ResumeOverrides` checks ``--ckpt_path`` before loading (``last``, file check, override warnings)."""
 
 from __future__ import annotations
 
@@ -14,8 +12,6 @@ from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.cli import instantiate_class
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
-from mm_lightning.plugins.io import CheckpointFileError, check_checkpoint_file
-
 
 @dataclass
 class AuditOptions:
@@ -26,8 +22,7 @@ class AuditOptions:
         splits: Splits to scan (those without a file are skipped).
         workers: Image-decoding processes.
         max_error_rate: Exit with status 1 when (bad records / records) exceeds this.
-        progress: Show a progress bar while decoding images.
-    """
+        progress: Show a progress bar while decoding images."""
 
     output: str = "audit_report.json"
     splits: list[str] = field(default_factory=lambda: ["train", "val", "test"])
@@ -56,14 +51,11 @@ class MultimodalTrainer(Trainer):
         datamodule: LightningDataModule | None = None,
         audit: AuditOptions | None = None,
     ) -> int:
-        """Check every record, image and caption of the data and write a JSON report; returns 0, or 1 when the
-        error rate exceeds ``audit.max_error_rate`` or a split has no valid record.
+        """Check every record, image and caption and write a JSON report; returns 1 if the error rate exceeds
+        ``audit.max_error_rate`` or a split has no valid record, else 0.
 
         Args:
-            model: Unused (the audit reads the data only).
-            datamodule: The data to check.
-            audit: Report path, splits, workers and the error-rate threshold.
-        """
+            audit: Report path, splits, workers and the error-rate threshold."""
         from mm_lightning.data.audit import run_audit
 
         if audit is None:  # no --audit.* option given
@@ -102,8 +94,6 @@ class MultimodalTrainer(Trainer):
         """Convert the JSONL splits into WebDataset shards under ``out/<split>/`` (img2dataset's layout).
 
         Args:
-            model: Unused (only the data is read).
-            datamodule: The data to convert.
             out: Output folder.
             samples_per_shard: Records per shard (the last one of a split may be smaller).
             splits: Splits to convert (default: train, val, test; those without a file are skipped).
@@ -111,8 +101,7 @@ class MultimodalTrainer(Trainer):
             jpeg_quality: JPEG quality when re-encoding.
             validate: Decode every image while writing (bad ones never reach a shard).
             workers: Writer processes (default: every CPU).
-            progress: Show a progress bar.
-        """
+            progress: Show a progress bar."""
         from mm_lightning.data.shard_writer import ShardOptions, shard_datamodule
 
         if datamodule is None:
@@ -131,8 +120,7 @@ def instantiate_datamodule(spec: object) -> LightningDataModule:
     return instantiate_class((), init)
 
 
-# Values of --ckpt_path that Lightning resolves itself (besides "last", resolved here).
-SPECIAL_CKPT_PATHS = ("best", "hpc", "registry")
+SPECIAL_CKPT_PATHS = ("best", "hpc", "registry")  # --ckpt_path values Lightning resolves itself (not "last")
 
 
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -195,6 +183,8 @@ class ResumeOverrides:
             if last is None or not os.path.exists(last):
                 return  # Lightning looks for it and says so when there is none
             config.ckpt_path = ckpt_path = last
+        from mm_lightning.plugins.checkpoint_file import CheckpointFileError, check_checkpoint_file
+
         try:
             content = check_checkpoint_file(ckpt_path)
         except CheckpointFileError as err:

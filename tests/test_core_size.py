@@ -13,8 +13,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # today's core, as README's "Where things are" says; lower these as the core shrinks
-MAX_CORE_MODULES = 40
-MAX_CORE_LINES = 6_750
+MAX_CORE_MODULES = 39
+MAX_CORE_LINES = 6_000
 OPT_IN = {
     "mm_lightning.strategies.explicit_ddp",
     "mm_lightning.strategies.reducers",
@@ -40,6 +40,15 @@ OPT_IN = {
     "mm_lightning.metrics",
     "mm_lightning.callbacks.monitors",
     "mm_lightning.callbacks.flops",
+    "mm_lightning.data.samplers",
+    "mm_lightning.models.towers.weights",
+    "mm_lightning.models.towers.user_towers",
+    "mm_lightning.models.losses.checks",
+    "mm_lightning.models.losses.weighting",
+    "mm_lightning.models.checkpoints",
+    "mm_lightning.plugins.checkpoint_file",
+    "mm_lightning.errors",
+    "mm_lightning.assets.demo_bert",
 }
 
 

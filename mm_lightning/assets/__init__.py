@@ -1,7 +1,8 @@
 """Files shipped inside the package, and the names that point at them.
 
 ``resolve_pretrained`` turns built-in model names into local paths so they work offline anywhere; a
-download this machine cannot make becomes one clear error (:class:`PretrainedUnavailable`).
+download this machine cannot make becomes one clear error (:class:`PretrainedUnavailable`);
+:func:`mm_lightning.assets.demo_bert.build_demo_bert` wrote the shipped demo text encoder's files.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from mm_lightning.errors import ExplainedError
+from mm_lightning import ExplainedError
 
 ASSETS_DIR = Path(__file__).resolve().parent
 DEMO_BERT = "mm-lightning/demo-bert"

@@ -17,12 +17,11 @@ class BadRecordLogger(pl.Callback):
     at the end of each stage warns a summary and writes it to TensorBoard as ``data/skipped_summary``.
 
     Args:
-        keep: how many skip reasons to keep for the summary.
-    """
+        keep: how many skip reasons the summary keeps."""
 
     def __init__(self, keep: int = 20) -> None:
         self.keep = keep
-        self.local = SkipLog(keep)  # found by this rank's loaders
+        self.local = SkipLog(keep)
         self.indexed = SkipLog(keep)  # dropped while indexing (the same on every rank)
         self._warned = False
         self._steps_before = 0  # optimizer steps done when the current training batch started

@@ -1,7 +1,5 @@
-"""Checkpoint callbacks for runs that get stopped: exact RNG resume, and saving when the job is told to stop.
-
-Resume with ``python -m mm_lightning fit --config ... --ckpt_path last``.
-"""
+"""Checkpoint callbacks for stopped runs: exact RNG resume, and saving when the job is told to stop.
+Resume with ``python -m mm_lightning fit --config ... --ckpt_path last``."""
 
 from __future__ import annotations
 
@@ -27,13 +25,11 @@ from mm_lightning.data.loader import ResumableDataLoader, derive_seed, global_se
 class ExactResume(Callback):
     """Make a resumed run continue exactly like an uninterrupted one (RNG streams and data position).
 
-    Stores the Python, NumPy and torch RNG states in the checkpoint and reseeds them at each training batch.
-    Random augmentation is exact only if it does not draw from the global generators of the loading process.
+    Saves and reseeds (per batch) Python/NumPy/torch RNGs; augmentation on loader-process globals is inexact.
 
     Args:
         seed: Base seed of the per-batch reseeding; ``None`` uses the one ``seed_everything`` set (0 if none).
-        reseed_every_batch: Reseed the global generators at each training batch.
-    """
+        reseed_every_batch: Reseed the global generators at each training batch."""
 
     def __init__(self, seed: int | None = None, reseed_every_batch: bool = True) -> None:
         self.seed = seed
@@ -115,16 +111,13 @@ def _only_cpu_or_cuda() -> bool:
 
 
 class PreemptionCheckpoint(Callback):
-    """Save ``last.ckpt`` and exit cleanly (code 0) when the job is told to stop (SIGTERM, SIGUSR1, Ctrl-C),
-    and when training ends.
+    """Save ``last.ckpt`` and exit 0 when the job is told to stop (SIGTERM, SIGUSR1, Ctrl-C) or training ends.
 
-    After each batch the ranks agree whether any got a signal; all then save ``last.ckpt`` and raise
-    ``SIGTERMException`` (exit 0), so a scheduler can requeue the job. A second Ctrl-C stops at once, unsaved.
+    After each batch ranks agree on any signal; all save and raise ``SIGTERMException`` (exit 0, requeueable).
 
     Args:
-        signals: Names of the signals that mean "save and stop".
-        save_at_end: Also write ``last.ckpt`` when training ends.
-    """
+        signals: Names of the signals that mean "save and stop" (a 2nd Ctrl-C stops at once, unsaved).
+        save_at_end: Also write ``last.ckpt`` when training ends."""
 
     def __init__(
         self, signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1", "SIGINT"), save_at_end: bool = True
@@ -140,9 +133,8 @@ class PreemptionCheckpoint(Callback):
         if self._active:
             if signum == signal.SIGINT and self.received == signal.SIGINT:
                 self._active = False
-                raise KeyboardInterrupt  # the second Ctrl-C: stop now
-            # Only a flag: the handler runs between two bytecodes of whatever executes, so it must not save.
-            self.received = signal.Signals(signum)
+                raise KeyboardInterrupt
+            self.received = signal.Signals(signum)  # only a flag: saving between two bytecodes is unsafe
             if signum == signal.SIGINT:
                 # os.write: a handler that prints could interrupt a write to the same stream (reentrant call)
                 os.write(
@@ -172,13 +164,11 @@ class PreemptionCheckpoint(Callback):
         if stage != "fit":
             return
         self.received, self._active, self._previous = None, True, {}
-        # Before Lightning's SIGTERM handler, so data-loader workers forked later inherit one that spares them
-        self._install()
+        self._install()  # before Lightning's: loader workers forked later inherit a handler that spares them
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # Lightning's own handler (registered after `setup`) would raise in the middle of validation.
-        self._install()
+        self._install()  # Lightning's handler (registered after `setup`) would raise mid-validation
 
     @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:

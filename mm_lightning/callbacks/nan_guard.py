@@ -1,7 +1,5 @@
 """NaN/Inf guard: skip optimizer steps whose loss or gradient norm is not finite, stop after K in a row.
-
-Add it with ``--trainer.callbacks+=mm_lightning.callbacks.NaNGuard`` or the CLI's ``nan_guard`` group.
-"""
+Add it with ``--trainer.callbacks+=mm_lightning.callbacks.NaNGuard`` or the CLI's ``nan_guard`` group."""
 
 from __future__ import annotations
 
@@ -15,7 +13,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from mm_lightning.errors import ExplainedError
+from mm_lightning import ExplainedError
 from mm_lightning.models.module import ends_epoch_or_run, loggers_write_this_step
 
 
@@ -83,17 +81,13 @@ class NonFiniteTrainingError(ExplainedError, RuntimeError):
 class NaNGuard(Callback):
     """Skip optimizer steps with a non-finite loss or gradient norm; raise after ``max_consecutive`` in a row.
 
-    Checked after all backward passes, DDP's all-reduce and AMP unscaling; every rank takes the same decision.
-    A skipped step leaves parameters and optimizer state untouched (``global_step``, LR schedulers advance);
-    the count is logged as ``train/skipped_steps``. Under a 16-bit ``GradScaler`` only the loss is checked.
-    When deferred (see ``defer``) the decision stays on the device, and the limit is enforced at the next step
-    the loggers write or at the epoch's end.
+    Checked after backward, DDP all-reduce and AMP unscaling, alike on all ranks. A skipped step keeps the
+    parameters and optimizer state (``global_step``, schedulers advance); counted in ``train/skipped_steps``.
+    16-bit ``GradScaler``: loss only. Deferred, the limit acts at the next step loggers write or at epoch end.
 
     Args:
         max_consecutive: Consecutive non-finite steps after which training stops (NonFiniteTrainingError).
-        defer: read the decision lazily when the optimizer can apply it itself (fused): ``None`` (default) on
-            accelerators, ``True`` also on CPU, ``False`` never (decide on the host every step).
-    """
+        defer: decide on device for fused optimizers: None not on CPU, True always, False never."""
 
     def __init__(self, max_consecutive: int = 3, defer: bool | None = None) -> None:
         if max_consecutive < 1:
@@ -113,8 +107,7 @@ class NaNGuard(Callback):
 
     @override
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
-        # Kept as a tensor (no host sync here); accumulates over the micro-batches of one optimizer step.
-        bad = ~torch.isfinite(loss.detach()).all()
+        bad = ~torch.isfinite(loss.detach()).all()  # tensor, no host sync; ORed over one step's micro-batches
         self._loss_nonfinite = bad if self._loss_nonfinite is None else self._loss_nonfinite | bad
 
     @override
@@ -128,8 +121,7 @@ class NaNGuard(Callback):
         self._loss_nonfinite = None
         grad_bad = torch.zeros((), dtype=torch.bool, device=device)
         if getattr(trainer.precision_plugin, "scaler", None) is None:
-            # shared with the gradient-norm monitor: computed once per step
-            total = step_grad_norms(pl_module, trainer.global_step).total
+            total = step_grad_norms(pl_module, trainer.global_step).total  # shared with the grad-norm monitor
             if total is not None:
                 grad_bad = ~torch.isfinite(total).to(device)
         local = torch.stack([loss_bad, grad_bad]).float()

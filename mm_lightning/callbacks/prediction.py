@@ -16,7 +16,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from torch import Tensor
 from typing_extensions import override
 
-from mm_lightning.errors import ExplainedError
+from mm_lightning import ExplainedError
 
 FIELDS = ("image_embeddings", "text_embeddings", "image_id", "index")
 

@@ -97,8 +97,7 @@ class ProgressLines(Callback):
 
     Args:
         every_s: Seconds between two training progress lines.
-        force: Print them on a terminal too.
-    """
+        force: Print them on a terminal too."""
 
     def __init__(self, every_s: float = 30.0, force: bool = False) -> None:
         self.every_s = every_s
@@ -173,7 +172,6 @@ class ModelSummary(LightningModelSummary):
                 **summarize_kwargs,
             )
             return
-        # the first column is the index
         columns = [(name, values) for name, values in summary_data if name != "FLOPs"]
         rows = len(columns[0][1]) if columns else 0
         header = [name for name, _ in columns]

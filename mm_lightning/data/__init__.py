@@ -10,7 +10,7 @@ _EXPORTS = {
     "DemoShardDataModule": "mm_lightning.data.shard_datamodule",
     "EmptySplitError": "mm_lightning.data.dataset",
     "JsonlIndex": "mm_lightning.data.jsonl",
-    "LengthGroupedSampler": "mm_lightning.data.dataset",
+    "LengthGroupedSampler": "mm_lightning.data.samplers",
     "MultimodalCollate": "mm_lightning.data.collate",
     "MultimodalDataModule": "mm_lightning.data.datamodule",
     "NoTrainingBatch": "mm_lightning.data.dataset",

@@ -26,10 +26,9 @@ from tqdm import tqdm
 
 from mm_lightning.data.collate import load_tokenizer
 from mm_lightning.data.datamodule import MultimodalDataModule
-from mm_lightning.data.dataset import splits_with_files
 from mm_lightning.data.images import pil_guard_lifted
 from mm_lightning.data.jsonl import check_utf8
-from mm_lightning.data.pools import process_pool
+from mm_lightning.data.pools import process_pool, splits_with_files
 from mm_lightning.data.records import Record, RecordError
 from mm_lightning.data.samples import SampleBuilder
 

@@ -37,10 +37,7 @@ def batch_buffer(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
 
 class ByValue:
-    """A small tensor that crosses the worker queue inside the pickle, unpickled as an ordinary tensor.
-
-    For a few KB, torch's own shared-memory segment per tensor (its fd passed over a socket) costs far more.
-    """
+    """A small tensor sent inside the pickle: for a few KB, cheaper than torch's shared-memory segment."""
 
     def __init__(self, tensor: torch.Tensor) -> None:
         self.tensor = tensor
@@ -60,11 +57,9 @@ def _from_bytes(data: bytes, dtype: torch.dtype, shape: tuple[int, ...]) -> torc
 
 
 class MultimodalCollate:
-    """Picklable collate callable (fork and spawn workers); the tokenizer loads lazily and is not pickled.
-
+    """Picklable collate (fork and spawn workers); the tokenizer loads lazily and is not pickled.
     ``normalize``: applied to the stacked uint8 images in the worker (``None``: left uint8 for the device).
-    Batches also carry ``skipped`` (the RecordErrors their rows stand in for) and ``stand_in`` ((B,) bool).
-    """
+    Batches also carry ``skipped`` (RecordErrors their rows stand in for) and ``stand_in`` ((B,) bool)."""
 
     def __init__(
         self,

@@ -1,10 +1,4 @@
-"""MultimodalDataModule: JSONL image-caption files -> normalized image batches + dynamically padded tokens.
-
-Use it from the CLI (``python -m mm_lightning fit --config configs/base.yaml``) or from Python::
-
-    dm = MultimodalDataModule(train_file="train.jsonl", image_config=model.data_config["image"])
-    trainer.fit(model, datamodule=dm)
-"""
+"""MultimodalDataModule: JSONL image-caption files -> normalized image batches + dynamically padded tokens."""
 
 from __future__ import annotations
 
@@ -25,7 +19,6 @@ from mm_lightning.data.dataset import (
     CaptionSampling,
     EmptySplitError,
     ImageTextDataset,
-    LengthGroupedSampler,
     NoTrainingBatch,
     Split,
 )
@@ -52,40 +45,36 @@ from mm_lightning.data.transforms import (
 
 
 class MultimodalDataModule(pl.LightningDataModule):
-    """Image-text pairs from JSONL files (one object per line).
-
-    Files are read in :meth:`setup`, never in ``__init__``, so subclasses can create them in ``prepare_data``.
+    """Image-text pairs from JSONL files, read in :meth:`setup` (so ``prepare_data`` may create them).
 
     Args:
         train_file: training JSONL.
         val_file: validation JSONL (every caption kept, ground truth by ``image_id``).
         test_file: test JSONL (same protocol as validation).
         predict_file: prediction JSONL.
-        image_root: folder that relative image paths are resolved against (default: each JSONL's folder).
-        image_key: record key holding the image path (e.g. ``"image_path"``).
-        text_key: record key holding the caption, a string or a list of strings.
+        image_root: folder relative image paths resolve against (default: each JSONL's folder).
+        image_key: record key of the image path (e.g. ``"image_path"``).
+        text_key: record key of the caption, a string or a list of strings.
         tokenizer: HF tokenizer name or local path (the CLI links it to ``model.text_tower``).
         max_length: truncate captions to this many tokens.
-        pad_to_multiple_of: pad each batch's token length up to a multiple of this (e.g. 8), or ``None``.
+        pad_to_multiple_of: pad each batch's token length to a multiple of this (e.g. 8), or ``None``.
         image_size: output image side; null follows ``image_config`` (else 224); if set, it wins.
         batch_size: batch size per device.
         num_workers: DataLoader worker processes per device.
         pin_memory: pin host memory for faster host-to-device copies.
-        persistent_workers: keep workers alive across epochs, reusing shared-memory slots for image batches.
+        persistent_workers: keep workers (and their shared-memory image slots) alive across epochs.
         prefetch_factor: batches each worker prepares ahead (only with ``num_workers > 0``).
         multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or ``None`` (platform default).
         on_bad_record: ``"raise"`` stops with file, line and reason; ``"skip"`` swaps in a valid sample.
         max_replacements: under ``"skip"``, bad candidates tried for one replacement before the run stops.
-        caption_sampling: training, several captions per image: ``"random"`` draws one per image per visit,
-            ``"all"`` visits every (image, caption) pair. Evaluation always uses all pairs.
+        caption_sampling: training: ``"random"`` (one caption per image per visit) or ``"all"`` (every pair).
         length_grouping: batch training captions of similar length together (less padding).
         length_window: global batches per length-sorting window when ``length_grouping`` is on.
         train_scale: area range of the training random resized crop.
         horizontal_flip: random horizontal flips in training (off: captions say "left"/"right").
         mean: normalization mean per channel (0-1 units); null: the image tower's, else ImageNet's.
         std: normalization std per channel; null follows the image tower like ``mean``.
-        normalize_on: where uint8 images become normalized float32: ``"device"`` (after the host-to-device
-            copy), ``"worker"`` (in the collate) or ``"auto"`` (device under a Trainer, else the collate).
+        normalize_on: "device" (after transfer), "worker" (collate), "auto" (device in Trainer, else worker).
         reduced_decode: let JPEGs decode at 1/2, 1/4 or 1/8 size when the crop still needs no upsampling.
         confine_to_root: reject image paths (absolute, ``..``, links) that leave ``image_root``.
         max_image_pixels: refuse images above this many pixels (decompression bombs); ``None`` disables.
@@ -131,7 +120,6 @@ class MultimodalDataModule(pl.LightningDataModule):
         files = (train_file, val_file, test_file, predict_file)
         self.files: dict[str, str | None] = dict(zip(("train", "val", "test", "predict"), files, strict=True))
         self.normalize = Normalize(mean or IMAGENET_MEAN, std or IMAGENET_STD)
-        # defaults here; follow_image_tower may replace them with what the image tower expects
         self.image_size, self.interpolation = image_size or DEFAULT_IMAGE_SIZE, "bilinear"
         self.collate = MultimodalCollate(tokenizer, max_length, pad_to_multiple_of)
         self.datasets: dict[str, ImageTextDataset] = {}
@@ -152,7 +140,7 @@ class MultimodalDataModule(pl.LightningDataModule):
         """Lines dropped while indexing JSONL (bad JSON, missing keys, bad captions, bad paths), by split."""
         log = SkipLog()
         for split, ds in self.datasets.items():
-            for part in getattr(ds, "datasets", [ds]):  # the sources of a training mix, or the one dataset
+            for part in getattr(ds, "datasets", [ds]):  # a training mix's sources, or the one dataset
                 if hasattr(part, "index"):  # shards have no index: their bad records are found while reading
                     log.update(part.index.skips, split=split)
         return log
@@ -284,8 +272,7 @@ class MultimodalDataModule(pl.LightningDataModule):
         """Whether the collate normalizes images in the workers (else ``on_after_batch_transfer`` does)."""
         if self.hparams.normalize_on != "auto":
             return self.hparams.normalize_on == "worker"
-        # Device also on CPU: float32 (4x uint8's bytes) in fresh shared segments page-faults far more.
-        # Outside a Trainer nothing runs on_after_batch_transfer, so the collate normalizes.
+        # Device even on CPU: float32 (4x uint8) in fresh shared memory page-faults more; no Trainer, no hook.
         return self.trainer is None
 
     def _collate(self) -> MultimodalCollate:
@@ -339,6 +326,8 @@ class MultimodalDataModule(pl.LightningDataModule):
         # one process: shuffle=True (a checkpointable RandomSampler); several: the sampler Lightning would add
         sampler = DistributedSampler(dataset, world, rank, seed=global_seed()) if world > 1 else None
         if hp.length_grouping:
+            from mm_lightning.data.samplers import LengthGroupedSampler
+
             lengths, seed = dataset.lengths(), global_seed()
             sampler = LengthGroupedSampler(lengths, hp.batch_size, world, rank, seed, hp.length_window)
         self.check_a_batch(len(dataset) if sampler is None else len(sampler), where)

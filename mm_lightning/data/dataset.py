@@ -1,28 +1,24 @@
-"""Map-style image-caption dataset over a JSONL index, split helpers and errors, a length-grouped sampler."""
+"""Map-style image-caption dataset over a JSONL index, with the split helpers and their errors."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable, Iterator, Mapping, Sized
 from typing import Any, Literal
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, DistributedSampler
+from torch.utils.data import Dataset
 
+from mm_lightning import ExplainedError
 from mm_lightning.data.jsonl import JsonlIndex
-from mm_lightning.data.loader import derive_seed, derived_rng, global_seed
+from mm_lightning.data.loader import derive_seed, global_seed
 from mm_lightning.data.samples import BadRecordPolicy, SampleBuilder
-from mm_lightning.errors import ExplainedError
 
 CaptionSampling = Literal["random", "all"]
 
 
 class ImageTextDataset(Dataset):
     """Yields ``{"image": uint8 (3,H,W), "caption", "image_id", "index", "skipped"}``.
-
-    ``caption_sampling``: ``"random"``: one item per image, caption drawn per visit; ``"all"``: one per pair.
-    """
+    ``caption_sampling="random"``: one item per image, caption drawn per visit; ``"all"``: one per pair."""
 
     def __init__(
         self,
@@ -67,10 +63,7 @@ class ImageTextDataset(Dataset):
         return self.builder(pair.record, pair.caption, pair.image_id, item)
 
     def __getitems__(self, items: list[int]) -> list[dict[str, Any]]:
-        """Load a whole batch with its random draws (caption choice, crops) seeded by the batch's own indices.
-
-        Augmentation is then the same in any worker layout and after a mid-epoch resume.
-        """
+        """Load a batch; draws (caption, crops) seeded by its indices: same in any worker layout or resume."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(self.seed, items))
             return self.policy.load_batch(list(items), self.load, len(self))
@@ -87,33 +80,6 @@ STAGE_SPLITS: dict[str, tuple[str, ...]] = {
     "test": ("test",),
     "predict": ("predict",),
 }
-
-
-class MissingTrainingFile(ExplainedError, FileNotFoundError):
-    """The training JSONL named in the config does not exist."""
-
-    def __init__(self, command: str, path: str) -> None:
-        super().__init__(
-            f"{command}: train: {path} does not exist. Set --data.init_args.train_file to your JSONL."
-        )
-
-
-def splits_with_files(files: Mapping[str, str | None], splits: Iterable[str], command: str) -> list[str]:
-    """The splits whose JSONL file exists (a missing val/test is left out with a message, train raises)."""
-    chosen = []
-    for split in splits:
-        path = files.get(split)
-        if path is None:
-            continue
-        if not os.path.exists(path):
-            if split == "train":
-                raise MissingTrainingFile(command, path)
-            print(
-                f"{command}: {split}: {path} does not exist: left out (--data.init_args.{split}_file sets it)"
-            )
-            continue
-        chosen.append(split)
-    return chosen
 
 
 class NoTrainingBatch(ExplainedError, ValueError):
@@ -143,52 +109,3 @@ class EmptySplitError(ExplainedError, ValueError):
             "train": " There is nothing to train on.",
         }.get(split, "")
         super().__init__(f"{label} {file}: 0 valid records found ({detail}).{hint}")
-
-
-class LengthGroupedSampler(DistributedSampler):
-    """Shuffle, sort by length inside windows of ``window_batches`` global batches, deal batches to ranks.
-
-    A ``DistributedSampler`` so Lightning keeps it; the order depends only on ``(seed, epoch)`` (resumable).
-    """
-
-    def __init__(
-        self,
-        lengths: Sized,
-        batch_size: int,
-        num_replicas: int = 1,
-        rank: int = 0,
-        seed: int = 0,
-        window_batches: int = 32,
-        drop_last: bool = True,
-    ) -> None:
-        super().__init__(
-            lengths, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=drop_last
-        )
-        self.lengths = np.asarray(lengths)
-        self.batch_size, self.window_batches = batch_size, window_batches
-        per_step = batch_size * num_replicas
-        steps = len(self.lengths) // per_step if drop_last else -(-len(self.lengths) // per_step)
-        self.num_samples = steps * batch_size
-        self.total_size = steps * per_step
-
-    def batches(self) -> np.ndarray:
-        """(steps, num_replicas, batch_size) item indices for the current epoch, identical on every rank."""
-        rng = derived_rng(self.seed, self.epoch)
-        order = rng.permutation(len(self.lengths))
-        if self.total_size > len(order):  # wrap around so every rank gets full batches
-            order = np.concatenate([order, order[: self.total_size - len(order)]])
-        window = self.batch_size * self.num_replicas * self.window_batches
-        chunks = []
-        for start in range(0, len(order), window):
-            part = order[start : start + window]
-            chunks.append(part[np.argsort(self.lengths[part], kind="stable")])
-        grouped = np.concatenate(chunks)[: self.total_size].reshape(-1, self.batch_size)
-        # Shuffle whole batches so long and short ones alternate; rank r takes every num_replicas-th batch.
-        grouped = grouped[rng.permutation(len(grouped))]
-        return grouped.reshape(-1, self.num_replicas, self.batch_size)
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.batches()[:, self.rank].reshape(-1).tolist())
-
-    def __len__(self) -> int:
-        return self.num_samples

@@ -1,8 +1,5 @@
-"""Deterministic synthetic image-caption data: coloured shapes with compositional captions.
-
-Written as PNG files + JSONL, the format users bring, so the demo runs the real data path. Val and test use
-attribute combinations unseen in training, with unique captions and two captions per image.
-"""
+"""Deterministic synthetic coloured shapes with compositional captions, as PNG + JSONL (the real data path).
+Val and test use attribute combinations unseen in training: unique captions, two per image."""
 
 from __future__ import annotations
 
@@ -59,40 +56,6 @@ def captions_for(combo: Combo) -> list[str]:
         t.format(shape=shape, colour=colour, size=size, position=position, background=background)
         for t in TEMPLATES
     ]
-
-
-def demo_words() -> list[str]:
-    """Every word the demo captions can contain, sorted (the demo tokenizer's vocabulary is built from it)."""
-    words: set[str] = set()
-    for template in TEMPLATES:
-        words.update(w for w in template.replace("{", " {").split() if not w.startswith("{"))
-    for group in (SHAPES, COLOURS, SIZES, POSITIONS, BACKGROUNDS):
-        for name in group:
-            words.update(name.split())
-    return sorted(words)
-
-
-def build_demo_bert(out_dir: str | Path) -> Path:
-    """Write the demo text encoder directory: a tiny BERT ``config.json`` and a WordPiece tokenizer.
-
-    The vocabulary is the demo captions' words (no ``[UNK]``); no weights (``pretrained: false``).
-    """
-    from transformers import BertConfig, BertTokenizerFast
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ",", ".", *demo_words()]
-    tokenizer = BertTokenizerFast(vocab={token: i for i, token in enumerate(vocab)}, model_max_length=64)
-    tokenizer.save_pretrained(out)
-    BertConfig(
-        vocab_size=len(vocab),
-        hidden_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=256,
-        max_position_embeddings=64,
-    ).save_pretrained(out)
-    return out
 
 
 def _shape_polygon(shape: str, cx: float, cy: float, r: float) -> list[tuple[float, float]]:
@@ -231,16 +194,16 @@ def demo_generator_args(
 
 
 class DemoDataModule(MultimodalDataModule):
-    """The synthetic demo as a datamodule: generates the data on first use, then reads it like user data.
+    """The synthetic demo: generated on first use, then read like user data.
 
     Args:
-        data_dir: Cache directory for the generated files (JSONL + PNG images).
-        render_size: Side of the generated images in pixels (the transforms then resize to ``image_size``).
-        train_renders: Renders (random jitter) of each training attribute combination.
-        num_val: Validation images (held-out attribute combinations, unique captions).
-        num_test: Test images (held-out attribute combinations, unique captions).
-        demo_seed: Seed of the generator (the dataset is a pure function of these arguments).
-        **kwargs: Any other :class:`MultimodalDataModule` argument (batch_size, image_size, tokenizer, ...).
+        data_dir: cache directory of the generated files (JSONL + PNG images).
+        render_size: generated image side in pixels (the transforms then resize to ``image_size``).
+        train_renders: renders (random jitter) of each training attribute combination.
+        num_val: validation images (held-out attribute combinations, unique captions).
+        num_test: test images (held-out attribute combinations, unique captions).
+        demo_seed: generator seed (the dataset is a pure function of these arguments).
+        **kwargs: any other :class:`MultimodalDataModule` argument (batch_size, image_size, tokenizer, ...).
     """
 
     def __init__(
@@ -266,6 +229,5 @@ class DemoDataModule(MultimodalDataModule):
 
     @override
     def prepare_data(self) -> None:
-        # Atomic generation: an interrupted run leaves no half-written dataset at data_dir.
         generate_demo_dataset(self.data_dir, **self.generator_args)
         super().prepare_data()

@@ -1,8 +1,5 @@
-"""Image decoding: every mode users meet comes out as a 3-channel RGB ``uint8`` tensor (3, H, W).
-
-:class:`EncodedImage` reads the header first, so a caller can pick its crop, then ask for a DCT-scaled JPEG
-decode. JPEGs use ``simplejpeg`` when installed, else PIL or torchvision; other formats go through PIL.
-"""
+"""Image decoding: every mode users meet comes out as an RGB ``uint8`` tensor (3, H, W).
+JPEGs use ``simplejpeg`` if installed (else PIL or torchvision) and may decode DCT-scaled; others use PIL."""
 
 from __future__ import annotations
 
@@ -75,9 +72,7 @@ def pil_guard_lifted() -> Iterator[None]:
 
 class EncodedImage:
     """An encoded image opened header-only: displayed size first, pixels (optionally DCT-scaled) on demand.
-
-    Raises :class:`ImageDecodeError` for an unreadable header or over ``max_pixels`` (``None``: no limit).
-    """
+    Raises :class:`ImageDecodeError` for an unreadable header or over ``max_pixels`` (``None``: no limit)."""
 
     def __init__(
         self,
@@ -225,9 +220,7 @@ def decode_image_bytes(
     background: tuple[int, int, int] = (255, 255, 255),
 ) -> torch.Tensor:
     """Decode one encoded image (e.g. a shard member) to RGB uint8 (3, H, W), or raise ImageDecodeError.
-
-    ``min_side``: JPEGs may decode at 1/2, 1/4 or 1/8 size while the shorter side keeps that many pixels.
-    """
+    ``min_side``: JPEGs may decode at 1/2, 1/4 or 1/8 size while the shorter side keeps that many pixels."""
     with EncodedImage(read_image_bytes(data), max_pixels, background) as image:
         scale = dct_scale_for(image.size, (min_side, min_side)) if min_side and image.scalable else 1
         return image.decode(scale).contiguous()

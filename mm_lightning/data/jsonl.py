@@ -1,8 +1,5 @@
 """JSONL source: one ``{"image": <path>, "text": <caption or list>}`` object per line, images as files.
-
-The index keeps byte offsets in numpy arrays, never a list of dicts: forked workers would copy the pages of
-ref-counted Python objects and grow. Lines are re-read by offset when a sample is needed.
-"""
+Lines are re-read by byte offsets held in numpy (Python objects' refcounts make forked workers copy pages)."""
 
 from __future__ import annotations
 
@@ -111,8 +108,7 @@ class Pair:
     image_id: int
 
 
-# UTF-32 first: its little-endian mark starts with UTF-16's
-_WIDE_BOMS = (
+_WIDE_BOMS = (  # UTF-32 first: its little-endian mark starts with UTF-16's
     (b"\xff\xfe\x00\x00", "UTF-32"),
     (b"\x00\x00\xfe\xff", "UTF-32"),
     (b"\xff\xfe", "UTF-16"),
@@ -134,11 +130,9 @@ def check_utf8(file: str, head: bytes) -> None:
 
 
 class JsonlIndex:
-    """Byte offsets of the valid lines of a JSONL file plus per-caption ("pair") arrays.
-
-    Per pair: ``cap_line`` (valid-line index), ``cap_pos`` (place in its list), ``cap_words``, ``image_ids``.
-    ``on_bad_record="skip"`` drops bad lines into ``skips``; ``"raise"`` raises on the first.
-    """
+    """Byte offsets of a JSONL file's valid lines, and per pair (caption) ``cap_line`` (valid-line index),
+    ``cap_pos`` (place in its list), ``cap_words``, ``image_ids``. ``on_bad_record="skip"`` logs bad lines in
+    ``skips``; ``"raise"`` raises on the first."""
 
     def __init__(self, parser: RecordParser, on_bad_record: str = "raise") -> None:
         self.parser, self.file = parser, parser.file

@@ -1,7 +1,5 @@
-"""The built-in loaders: a training loader whose end-of-epoch state resumes at the next epoch, and workers
-that a signal to the whole process group does not kill; and the run's seed (:func:`global_seed`, the one place
-that reads ``PL_GLOBAL_SEED``) with every seed derived from it, so per-batch randomness depends only on the run's
-seed and the batch's identity, not on worker layout or resume point."""
+"""Loaders that resume after an epoch's end and whose workers survive group-wide signals; the run's seed
+(:func:`global_seed`) and seeds derived from it, so per-batch draws depend only on it and the batch."""
 
 from __future__ import annotations
 
@@ -25,11 +23,9 @@ STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGUSR1})
 
 
 class StartsWorkersOutsideTheGroup:
-    """Holds the stop signals back while a loader using :func:`ignore_stop_signals` starts its workers.
-
-    Else a group-wide signal (Ctrl-C as validation starts) kills workers not yet out of the group. Only forked
-    workers inherit the mask: under ``spawn``/``forkserver`` a worker still importing may not be covered.
-    """
+    """Blocks stop signals while a loader using :func:`ignore_stop_signals` starts workers, so a group-wide
+    Ctrl-C kills none still in the group. Only forked workers inherit the mask: under ``spawn``/``forkserver``
+    a worker still importing may not be covered."""
 
     num_workers: int
     worker_init_fn: Any
@@ -51,21 +47,15 @@ class WorkerSafeDataLoader(StartsWorkersOutsideTheGroup, DataLoader):
 
 
 class ResumableDataLoader(StartsWorkersOutsideTheGroup, StatefulDataLoader):
-    """``StatefulDataLoader`` that also resumes exactly from a state saved after an epoch's last batch.
-
-    torchdata's state saved there makes the next epoch yield nothing (meta-pytorch/data#1437): this loader
-    counts yielded batches and, loading a finished epoch, runs its empty rest at once. It also saves the
-    sampler's epoch and sets it on load (Lightning calls ``set_epoch`` only after creating the iterator).
-    """
+    """``StatefulDataLoader`` that also resumes from a state saved after an epoch's last batch, where
+    torchdata's next epoch would yield nothing (meta-pytorch/data#1437). It also saves and restores the
+    sampler's epoch (Lightning calls ``set_epoch`` only after creating the iterator)."""
 
     BATCHES_KEY = "mm_lightning_batches_yielded"
     EPOCH_KEY = "mm_lightning_sampler_epoch"
-    # batches this epoch's iterator yielded (incl. before a resume); 0 once it ended by itself
-    _yielded = 0
-    # batches already yielded in the epoch a loaded state resumes
-    _resumed_at = 0
-    # whether a saved position was loaded (a resumed run checks that Lightning applied it)
-    position_loaded = False
+    _yielded = 0  # batches this epoch's iterator yielded (incl. before a resume); 0 once it ended by itself
+    _resumed_at = 0  # batches already yielded in the epoch a loaded state resumes
+    position_loaded = False  # a resumed run checks that Lightning applied the saved position
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         with warnings.catch_warnings():
@@ -132,11 +122,8 @@ class ResumableDataLoader(StartsWorkersOutsideTheGroup, StatefulDataLoader):
 
 
 class TrainPosition:
-    """The train loader's position, saved with the data module's state and applied to the next train loader.
-
-    Lightning restores a position only mid-epoch, into a loader set up after the checkpoint was read; this
-    also covers end-of-epoch resumes and data set up early. Loading the same state twice changes nothing.
-    """
+    """The train loader's position, saved with the data module and applied to the next train loader: unlike
+    Lightning's, also at an epoch's end and for data set up early. Loading a state twice changes nothing."""
 
     KEY = "train_loader"
 
@@ -163,15 +150,11 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def ignore_stop_signals(worker_id: int, rank: int | None = None) -> None:
-    """``worker_init_fn``: leave the process group, ignore Ctrl-C and SIGUSR1, die with the parent, seed.
-
-    A group-wide signal (Ctrl-C, ``timeout``) would otherwise kill workers first: the run fails before saving.
-    ``rank`` seeds the workers as Lightning's own ``worker_init_fn`` would.
-    """
+    """``worker_init_fn``: leave the process group, ignore Ctrl-C and SIGUSR1, die with the parent, seed by
+    ``rank`` as Lightning does. Else a group-wide Ctrl-C or ``timeout`` kills workers before the run saves."""
     os.setpgid(0, 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # SLURM's --signal=USR1 reaches every process of the job step
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # SLURM's --signal=USR1 reaches every process of the step
     # A SIGTERM held back since this worker started was sent to the group: the main process has it too.
     if signal.SIGTERM in signal.sigpending():
         signal.sigtimedwait({signal.SIGTERM}, 0)
@@ -200,9 +183,8 @@ def global_seed(default: int = 0) -> int:
 
 def derive_seed(base: int, values: Sequence[int] | np.ndarray | int) -> int:
     """A 32-bit seed that is a pure function of ``base`` and ``values`` (a batch index, item indices...)."""
-    # CRC32, not hash(): stable across processes and Python versions
     data = np.asarray(values, dtype=np.int64).reshape(-1).tobytes()
-    return zlib.crc32(data, base & 0xFFFFFFFF)
+    return zlib.crc32(data, base & 0xFFFFFFFF)  # not hash(): stable across processes and Python versions
 
 
 def derived_rng(base: int, *values: int) -> np.random.Generator:

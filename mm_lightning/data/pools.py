@@ -1,9 +1,14 @@
-"""Process pools for the offline data tools (audit, shard conversion) that are safe to start from any process."""
+"""What the offline data tools (``audit``, ``shard``) share: the splits they read, and process pools that are safe
+to start from any process."""
 
 from __future__ import annotations
 
 import multiprocessing
+import os
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ProcessPoolExecutor
+
+from mm_lightning import ExplainedError
 
 PRELOAD = (
     "mm_lightning.data.audit",
@@ -26,3 +31,30 @@ def process_pool(workers: int) -> ProcessPoolExecutor:
     # imported once in the server (before it starts), so each worker forks with them loaded instead of importing
     context.set_forkserver_preload(list(PRELOAD))
     return ProcessPoolExecutor(max_workers=max(1, workers), mp_context=context)
+
+
+class MissingTrainingFile(ExplainedError, FileNotFoundError):
+    """The training JSONL named in the config does not exist."""
+
+    def __init__(self, command: str, path: str) -> None:
+        super().__init__(
+            f"{command}: train: {path} does not exist. Set --data.init_args.train_file to your JSONL."
+        )
+
+
+def splits_with_files(files: Mapping[str, str | None], splits: Iterable[str], command: str) -> list[str]:
+    """The splits whose JSONL file exists (a missing val/test is left out with a message, train raises)."""
+    chosen = []
+    for split in splits:
+        path = files.get(split)
+        if path is None:
+            continue
+        if not os.path.exists(path):
+            if split == "train":
+                raise MissingTrainingFile(command, path)
+            print(
+                f"{command}: {split}: {path} does not exist: left out (--data.init_args.{split}_file sets it)"
+            )
+            continue
+        chosen.append(split)
+    return chosen

@@ -1,8 +1,4 @@
-"""What a record is and how one bad record is reported, whatever source it comes from (JSONL, shards).
-
-Every check raises :class:`RecordError` and :func:`record_errors` turns any other exception into one, so a
-hostile record is a clear error or a counted skip (:class:`SkipLog`).
-"""
+"""Records of every source (JSONL, shards); any failure becomes a :class:`RecordError`, raised or counted."""
 
 from __future__ import annotations
 
@@ -15,7 +11,7 @@ from typing import Any, Literal
 
 import torch
 
-from mm_lightning.errors import ExplainedError
+from mm_lightning import ExplainedError
 
 ErrorKind = Literal[
     "malformed_json",  # not JSON, not an object, nested too deep, a number too long, undecodable bytes
@@ -86,8 +82,7 @@ class Record:
         )
 
 
-# Exceptions that are never one record's fault: stop the run rather than skip a record.
-FATAL = (MemoryError,)
+FATAL = (MemoryError,)  # never one record's fault: stop the run rather than skip a record
 
 
 def describe(err: BaseException) -> str:
@@ -107,10 +102,7 @@ def record_errors(
     sample: str | None = None,
     what: str = "",
 ) -> Iterator[None]:
-    """Turn any exception raised inside the block into a :class:`RecordError` of ``kind`` for this record.
-
-    ``RecordError`` passes through; ``KeyboardInterrupt``, ``SystemExit`` and ``MemoryError`` propagate.
-    """
+    """Turn an ``Exception`` in the block into a :class:`RecordError` of ``kind`` (not ``MemoryError``)."""
     try:
         yield
     except (RecordError, *FATAL):
@@ -144,8 +136,7 @@ def validate_captions(value: object, record: Record, key: str) -> list[str]:
 
 
 SKIPPED_KEY = "skipped"  # sample/batch field: list of RecordError for the bad records a sample stands in for
-# sample field True / batch field (B,) bool: a copy of a valid record standing in for a bad one (map-style
-# sources); evaluation leaves such rows out of every metric
+# sample field True / batch (B,) bool: a valid record's copy standing in for a bad one; metrics leave it out
 STAND_IN_KEY = "stand_in"
 SPLITS = ("train", "val", "test", "predict")
 

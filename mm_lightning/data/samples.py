@@ -1,8 +1,4 @@
-"""Record -> sample, and the bad-record policy; shared by every source (JSONL index, shards) and the audit.
-
-Any failure on the way is a RecordError. Under ``skip`` a valid sample stands in and carries the error: a
-seeded draw for map-style sources (the same on every rank and resume), the next valid record for streams.
-"""
+"""Record -> sample, and the bad-record policy; shared by every source (JSONL index, shards) and the audit."""
 
 from __future__ import annotations
 
@@ -14,11 +10,11 @@ from typing import Any, Literal
 
 import torch
 
+from mm_lightning import ExplainedError
 from mm_lightning.data.images import DEFAULT_MAX_PIXELS, ImageDecodeError, decode_image_file
 from mm_lightning.data.loader import derived_rng
 from mm_lightning.data.records import SKIPPED_KEY, STAND_IN_KEY, Record, RecordError, record_errors
 from mm_lightning.data.transforms import DecodeResizedCrop
-from mm_lightning.errors import ExplainedError
 
 ORIGIN_KEY = "origin"  # sample field: where the record came from, for errors found in the collate
 
@@ -28,10 +24,7 @@ MAX_ASPECT_RATIO = 100.0
 
 
 class SampleBuilder:
-    """Checks, decodes and transforms the image of a record; every failure is a ``RecordError``.
-
-    ``features``, set by :class:`~mm_lightning.callbacks.LockedImageFeatures`, replaces the decoded image.
-    """
+    """Checks, decodes, transforms a record's image or raises ``RecordError``; ``features`` may replace it."""
 
     def __init__(
         self,
@@ -59,8 +52,7 @@ class SampleBuilder:
                 mode = os.stat(path).st_mode
             except FileNotFoundError as err:
                 raise record.error(f"image file not found ({err.strerror})", "missing_image") from err
-            if not stat.S_ISREG(mode):
-                # a FIFO would block the reader forever
+            if not stat.S_ISREG(mode):  # a FIFO would block the reader forever
                 raise record.error("image path is not a regular file", "bad_path")
 
     def decode(self, record: Record, min_side: int | None = None) -> torch.Tensor:
@@ -124,10 +116,7 @@ class TooManyBadRecords(ExplainedError, RuntimeError):
 
 
 class BadRecordPolicy:
-    """What a bad record costs: ``raise``, or ``skip`` (a valid sample stands in; the error is recorded).
-
-    Replacement draws follow ``seed`` (the same on every rank); ``max_replacements`` bad tries end the run.
-    """
+    """Bad record: ``raise``, or ``skip`` (a valid sample drawn by ``seed``, same on all ranks, stands in)."""
 
     def __init__(
         self, on_bad_record: OnBadRecord = "raise", max_replacements: int = 64, seed: int = 0
@@ -143,10 +132,8 @@ class BadRecordPolicy:
         return self.load_batch([item], load, size)[0]
 
     def load_batch(self, items: list[int], load: Callable[[int], dict[str, Any]], size: int) -> list[dict]:
-        """Load ``items`` of a map-style dataset of ``size`` items; bad ones raise or are replaced.
-
-        A replacement is drawn seeded by ``(seed, item)``, avoids this batch's items, keeps its own ``index``.
-        """
+        """Load ``items`` of a map-style dataset of ``size``; bad ones raise or are replaced by a draw seeded
+        by ``(seed, item)`` that avoids this batch's items and keeps its own ``index``."""
         taken = set(items)
         out = []
         for item in items:

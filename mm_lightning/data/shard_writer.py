@@ -30,7 +30,6 @@ from PIL import Image
 from tqdm import tqdm
 from webdataset import TarWriter
 
-from mm_lightning.data.dataset import splits_with_files
 from mm_lightning.data.images import (
     DEFAULT_MAX_PIXELS,
     ImageDecodeError,
@@ -38,7 +37,7 @@ from mm_lightning.data.images import (
     pil_guard_lifted,
 )
 from mm_lightning.data.jsonl import RecordParser
-from mm_lightning.data.pools import process_pool
+from mm_lightning.data.pools import process_pool, splits_with_files
 from mm_lightning.data.records import RecordError
 
 ImageFormat = Literal["copy", "jpg"]

@@ -1,8 +1,4 @@
-"""Image transforms that decode and crop in one step, on uint8 tensors, plus normalization.
-
-:class:`DecodeResizedCrop` reads the header, draws the crop as ``RandomResizedCrop`` would, then decodes at
-the largest JPEG DCT scale that needs no upsampling. Normalization runs after transfer or in the collate.
-"""
+"""Image transforms that decode and crop in one step on uint8 tensors, plus normalization."""
 
 from __future__ import annotations
 
@@ -23,11 +19,9 @@ from mm_lightning.data.images import (
     read_image_bytes,
 )
 
-# ImageNet statistics of 0-1 images (torchvision's and timm's defaults)
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_MEAN = (0.485, 0.456, 0.406)  # of 0-1 images (torchvision's and timm's defaults)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-# the image side when neither the data nor an image tower sets one (e.g. `audit` without a model)
-DEFAULT_IMAGE_SIZE = 224
+DEFAULT_IMAGE_SIZE = 224  # side when neither data nor image tower sets one (e.g. `audit` without a model)
 
 INTERPOLATIONS = ("bilinear", "bicubic")  # antialiased resizes torch runs on uint8 directly
 Box = tuple[int, int, int, int]  # top, left, height, width in displayed full-size pixels
@@ -35,9 +29,7 @@ Box = tuple[int, int, int, int]  # top, left, height, width in displayed full-si
 
 class DecodeResizedCrop:
     """Encoded image (path/bytes) or uint8 tensor -> crop chosen from the header -> scaled decode -> resize.
-
-    ``scale=None``: the evaluation crop; ``interpolation``: what the image tower's weights were trained with.
-    """
+    ``scale=None``: the evaluation crop; ``interpolation``: what the image tower was trained with."""
 
     def __init__(
         self,
@@ -64,8 +56,7 @@ class DecodeResizedCrop:
     def crop_box(self, width: int, height: int) -> Box:
         """The crop (top, left, height, width) for this displayed size, drawn like ``RandomResizedCrop``."""
         if self.scale is None:
-            # Resize(shorter side = size) + CenterCrop(size) is a centered square of the shorter side.
-            side = min(width, height)
+            side = min(width, height)  # = Resize(shorter side to size) + CenterCrop(size)
             return (height - side) // 2, (width - side) // 2, side, side
         u = torch.rand(22, dtype=torch.float64).tolist()
         (lo, hi), (log_lo, log_hi), area = self.scale, self.log_ratio, width * height

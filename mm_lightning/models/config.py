@@ -1,7 +1,5 @@
-"""The model's option groups: how each tower trains, the fusion, how the loss terms are weighted, optimization.
-
-``MultimodalModule`` takes them as nested CLI/YAML groups (``--model.optim.lr 3e-3``), dataclasses or dicts.
-"""
+"""The model's option groups (tower training, fusion, loss weighting, optimization): ``MultimodalModule``
+takes them as nested CLI/YAML groups (``--model.optim.lr 3e-3``), dataclasses or dicts."""
 
 from __future__ import annotations
 
@@ -17,14 +15,11 @@ class TowerTraining:
 
     Args:
         freeze: keep the tower's weights fixed (and the tower in eval mode, LiT-style).
-        train_last: train only the tower's last N layer groups (``layer_groups()``), the earlier ones locked
-            and in eval mode (null: the whole tower trains).
+        train_last: train only the last N ``layer_groups()``; earlier ones locked, in eval mode (null: all).
         freeze_batchnorm: BatchNorm layers in eval mode (statistics fixed, affine weights still train).
-        project: learn a projection into the shared space; false uses the pooled output itself (``embed_dim``
-            must equal its width).
+        project: learn a projection to shared space; false: the pooled output (``embed_dim`` = its width).
         lr: learning rate of the tower (null: ``optim.lr``; 0 is a valid choice).
-        clip_norm: max gradient norm of the tower (null: no per-tower clipping).
-    """
+        clip_norm: max gradient norm of the tower (null: no per-tower clipping)."""
 
     freeze: bool = False
     train_last: int | None = None
@@ -41,8 +36,7 @@ class FusionConfig:
     Args:
         layers: fusion layers.
         heads: attention heads (must divide ``embed_dim``).
-        bidirectional: also let the text tokens attend to the image tokens.
-    """
+        bidirectional: also let the text tokens attend to the image tokens."""
 
     layers: int = 1
     heads: int = 8
@@ -60,8 +54,7 @@ class ObjectiveConfig:
         weighting: ``fixed`` weights, or ``dwa`` (Dynamic Weight Averaging on the losses' trend).
         dwa_window: DWA window in steps.
         dwa_temperature: DWA softmax temperature.
-        sample_weighting: ``none``, or ``complexity`` (per-pair weights from image detail and caption length).
-    """
+        sample_weighting: ``none`` or ``complexity`` (per-pair weights from image detail, caption length)."""
 
     itc_weight: float = 1.0
     itm_weight: float = 1.0
@@ -82,9 +75,7 @@ class GradCacheConfig:
     """Exact gradient caching (:mod:`mm_lightning.models.gradcache`).
 
     Args:
-        chunks: embed each training batch in this many chunks (same loss and gradient, one chunk's activation
-            memory, one extra tower forward); 1 switches it off.
-    """
+        chunks: embed batches in N chunks (same gradient, 1 chunk's activation memory, +1 forward); 1: off."""
 
     chunks: int = 1
 
@@ -94,13 +85,12 @@ class OptimConfig:
     """AdamW with linear warmup then cosine decay per step (tower learning rates live in the tower groups).
 
     Args:
-        lr: learning rate of the new heads (projections, fusion, ITM head, temperature) and default of the towers.
+        lr: learning rate of new heads (projections, fusion, ITM head, temperature) and towers' default.
         weight_decay: AdamW weight decay (biases, norms and the temperature are excluded).
         warmup_steps: linear warmup steps.
         min_lr_ratio: final LR / peak LR of the cosine decay.
         clip_heads: max gradient norm of the parameters outside the towers (null: none).
-        fused: AdamW's fused kernel (null: fused when every parameter is on a CUDA device).
-    """
+        fused: AdamW's fused kernel (null: fused when every parameter is on a CUDA device)."""
 
     lr: float = 1e-4
     weight_decay: float = 0.05
@@ -111,6 +101,11 @@ class OptimConfig:
 
 
 # shared defaults of MultimodalModule's arguments (frozen, so sharing them is safe)
+# the LightningModule keeps the network under this attribute (checkpoint keys start with "model.")
+CHECKPOINT_PREFIX = "model."
+# the parts a config names by class_path, recorded so in checkpoints
+PARTS = ("image_tower", "text_tower", "loss")
+
 DEFAULT_TRAINING = TowerTraining()
 DEFAULT_FUSION = FusionConfig()
 DEFAULT_OBJECTIVE = ObjectiveConfig()

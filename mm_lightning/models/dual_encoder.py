@@ -10,7 +10,6 @@ import os
 from typing import TYPE_CHECKING, Any
 
 import torch
-from lightning.pytorch.cli import instantiate_class
 from torch import Tensor, nn
 from typing_extensions import override
 
@@ -22,16 +21,16 @@ from mm_lightning.models.config import (
     as_config,
 )
 from mm_lightning.models.itm import ImageTextMatching
-from mm_lightning.models.losses import ContrastiveLoss, check_loss, loss_terms
+from mm_lightning.models.losses import ContrastiveLoss, loss_terms
 from mm_lightning.models.losses.base import l2_normalize
 from mm_lightning.models.towers.base import (
     EncoderOutput,
+    Tower,
     batchnorm_layers,
     projection_for,
     take_over_logit_scale,
 )
 from mm_lightning.models.towers.contract import (
-    adopt_tower,
     call_text_tower,
     data_config_of,
     encoder_output,
@@ -43,11 +42,6 @@ from mm_lightning.models.towers.contract import (
 
 if TYPE_CHECKING:
     from mm_lightning.models.chunked_embedding import GradientCaching
-
-# the LightningModule keeps the network under this attribute (checkpoint keys start with "model.")
-CHECKPOINT_PREFIX = "model."
-# the parts a config names by class_path, recorded so in checkpoints
-PARTS = ("image_tower", "text_tower", "loss")
 
 
 # named by path so a run imports only the loss it uses
@@ -87,8 +81,8 @@ class DualEncoder(nn.Module):
         self.text_config = tc = as_config(TowerTraining, text)
         fc = as_config(FusionConfig, fusion)
         self.embed_dim = embed_dim
-        self.image_encoder = adopt_tower("image", image_tower)
-        self.text_encoder = adopt_tower("text", text_tower)
+        self.image_encoder = _checked_tower("image", image_tower)
+        self.text_encoder = _checked_tower("text", text_tower)
         self._text_takes_types = takes_token_type_ids(self.text_encoder)
         # towers cut from a pretrained dual encoder (CLIP, SigLIP, open_clip) bring their projections
         self.image_proj = projection_for(
@@ -100,6 +94,8 @@ class DualEncoder(nn.Module):
         loss = ContrastiveLoss() if loss is None else loss
         # a user's loss (a subclass of a built-in one too) is checked against the contract (losses/base.py)
         if f"{type(loss).__module__}.{type(loss).__qualname__}" not in BUILT_IN_LOSSES:
+            from mm_lightning.models.losses.checks import check_loss
+
             check_loss(loss, embed_dim, needs_logits=itm)
         self.contrastive = loss
         take_over_logit_scale(self.contrastive, self.image_encoder, self.text_encoder)
@@ -137,41 +133,9 @@ class DualEncoder(nn.Module):
 
         A module built in Python records no parts: pass them (``image_tower=..., text_tower=..., loss=...``).
         """
-        unknown = sorted(set(parts) - set(PARTS))
-        if unknown:
-            raise TypeError(
-                f"DualEncoder.from_checkpoint: unknown part(s) {unknown}; the parts: {list(PARTS)}"
-            )
-        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
-        hparams = checkpoint.get("hyper_parameters") or {}
-        built = {}
-        for name in PARTS:
-            spec = hparams.get(name)
-            if name in parts:
-                built[name] = parts[name]
-            elif isinstance(spec, dict) and "class_path" in spec:
-                built[name] = instantiate_class((), spec)
-            elif name != "loss":
-                raise ValueError(
-                    f"{path}: the checkpoint records no {name} (its module was built in Python); pass it: "
-                    f"DualEncoder.from_checkpoint(path, {name}=...)"
-                )
-        objective = hparams.get("objective") or {}
-        model = cls(
-            **built,
-            image=hparams.get("image") or DEFAULT_TRAINING,
-            text=hparams.get("text") or DEFAULT_TRAINING,
-            embed_dim=hparams.get("embed_dim", 256),
-            fusion=hparams.get("fusion") or DEFAULT_FUSION,
-            itm=float(objective.get("itm_weight", 1.0)) > 0,
-        )
-        state = {
-            k[len(CHECKPOINT_PREFIX) :]: v
-            for k, v in checkpoint["state_dict"].items()
-            if k.startswith(CHECKPOINT_PREFIX)
-        }
-        model.load_state_dict(state)
-        return model
+        from mm_lightning.models.checkpoints import network_from_checkpoint
+
+        return network_from_checkpoint(cls, path, map_location, parts)
 
     @property
     def data_config(self) -> dict[str, dict[str, Any]]:
@@ -305,3 +269,12 @@ def batch_embedding(chunks: int) -> WholeBatch | GradientCaching:
     from mm_lightning.models.chunked_embedding import GradientCaching
 
     return GradientCaching(chunks)
+
+
+def _checked_tower(kind: str, tower: Any) -> nn.Module:
+    """A built-in tower as it is (it fulfils the contract by construction); a tower of your own checked once."""
+    if isinstance(tower, Tower):
+        return tower
+    from mm_lightning.models.towers.user_towers import adopt_tower
+
+    return adopt_tower(kind, tower)

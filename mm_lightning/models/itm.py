@@ -32,12 +32,9 @@ class _CrossAttentionBlock(nn.Module):
 
 
 class CrossAttentionFusion(nn.Module):
-    """Fuses image tokens with text tokens.
+    """Fuses ``dim``-wide image and text tokens: image attends to text (both ways if ``bidirectional``).
 
-    Image tokens attend to text tokens (and, if ``bidirectional``, text to image); the fused vector is the
-    mean of the image tokens (plus the masked mean of the text tokens), so padding never changes it. Inputs
-    are already ``dim`` wide.
-    """
+    The fused vector is the image tokens' mean (+ text tokens' masked mean), so padding never changes it."""
 
     def __init__(
         self,
@@ -83,9 +80,7 @@ class CrossAttentionFusion(nn.Module):
 class ImageTextMatching(nn.Module):
     """Projects both token sequences to the fusion width, fuses them and classifies match / no match.
 
-    Each local pair gets one hard-negative caption and one hard-negative image, drawn by softmax(similarity)
-    among other images' pairs; from the global batch (tokens gathered with gradient) when logits are global.
-    """
+    Per pair, hard-negative caption + image ~ softmax(similarity) over other images; global if logits are."""
 
     def __init__(
         self,
@@ -151,10 +146,7 @@ class ImageTextMatching(nn.Module):
 def sample_hard_negatives(
     scores: Tensor, positive: Tensor, generator: torch.Generator | None = None
 ) -> Tensor:
-    """Draws one negative column per row, with probability softmax(score) over non-``positive`` columns.
-
-    Returns (B,) column indices, -1 for rows with no admissible negative.
-    """
+    """Per row, one non-``positive`` column drawn ~ softmax(score): (B,) indices, -1 where none is allowed."""
     with torch.no_grad():
         logits = scores.float().masked_fill(positive, float("-inf"))
         has_negative = (~positive).any(dim=1)

@@ -1,7 +1,4 @@
-"""``MultimodalModule``: the LightningModule that trains a :class:`~mm_lightning.models.DualEncoder`
-(``module.model``): the steps, optimizer and schedule, loss weighting, logging and evaluation; and when
-Lightning sends a training step's logged values to the loggers (:func:`loggers_write_this_step`), so values
-nobody would see are not computed."""
+"""``MultimodalModule``: LightningModule training a :class:`~mm_lightning.models.DualEncoder` (``.model``)."""
 
 from __future__ import annotations
 
@@ -22,6 +19,7 @@ from mm_lightning.models.config import (
     DEFAULT_OBJECTIVE,
     DEFAULT_OPTIM,
     DEFAULT_TRAINING,
+    PARTS,
     FusionConfig,
     GradCacheConfig,
     ObjectiveConfig,
@@ -29,31 +27,30 @@ from mm_lightning.models.config import (
     TowerTraining,
     as_config,
 )
-from mm_lightning.models.dual_encoder import PARTS, DualEncoder, batch_embedding
-from mm_lightning.models.losses import DynamicWeightAveraging, complexity_weights, weighted_sum
+from mm_lightning.models.dual_encoder import DualEncoder, batch_embedding
+from mm_lightning.models.losses import weighted_sum
 from mm_lightning.models.optim import clip_gradients, optimizer_and_schedule
 
 
 class MultimodalModule(LightningModule):
-    """Trains a :class:`~mm_lightning.models.DualEncoder`: ITC (+ ITM) losses, retrieval metrics, AdamW + schedule.
+    """Trains a :class:`~mm_lightning.models.DualEncoder`: ITC (+ ITM) losses, retrieval metrics, AdamW.
 
-    Option groups take their dataclass or a dict (missing keys keep defaults). A module built in Python
-    records no parts: pass them to ``load_from_checkpoint``.
+    Option groups take a dataclass or a dict (missing keys keep defaults). Built in Python, it records no
+    parts: pass them to ``load_from_checkpoint``.
 
     Args:
-        image_tower: the image tower (:mod:`mm_lightning.models.towers`, or yours under the tower contract).
-        text_tower: the text tower (same); the data's tokenizer follows it.
-        loss: the pair loss (:mod:`mm_lightning.models.losses`; ``ContrastiveLoss()`` when None).
+        image_tower: image tower (:mod:`mm_lightning.models.towers`, or yours under the tower contract).
+        text_tower: text tower (same); the data's tokenizer follows it.
+        loss: pair loss (:mod:`mm_lightning.models.losses`; ``ContrastiveLoss()`` when None).
         image: how the image tower trains (:class:`~mm_lightning.models.config.TowerTraining`).
         text: how the text tower trains.
         embed_dim: shared embedding (and fusion) width.
-        fusion: the cross-attention fusion of the ITM head (:class:`~mm_lightning.models.config.FusionConfig`).
-        objective: how the loss terms are weighted (:class:`~mm_lightning.models.config.ObjectiveConfig`).
+        fusion: cross-attention fusion of the ITM head (:class:`~mm_lightning.models.config.FusionConfig`).
+        objective: how loss terms are weighted (:class:`~mm_lightning.models.config.ObjectiveConfig`).
         optim: optimizer and schedule (:class:`~mm_lightning.models.config.OptimConfig`).
         grad_cache: exact gradient caching (:class:`~mm_lightning.models.config.GradCacheConfig`).
         gradient_checkpointing: recompute tower activations in backward to save memory.
-        compile: ``torch.compile`` the towers (true), or the options to compile them with (``{"mode": ...}``).
-    """
+        compile: ``torch.compile`` the towers (true), or options to compile them with (``{"mode": ...}``)."""
 
     def __init__(
         self,
@@ -71,12 +68,11 @@ class MultimodalModule(LightningModule):
         compile: bool | dict[str, Any] = False,
     ) -> None:
         super().__init__()
-        # Built by the CLI, Lightning records the parts as the class_path + init_args it built them from.
+        # CLI-built parts are recorded as class_path + init_args; Python-built ones are objects: left out
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r".*is an instance of `nn.Module`")
             self.save_hyperparameters()
         if any(isinstance(self.hparams.get(name), nn.Module) for name in PARTS):
-            # Built in Python, they are objects: left out (load_from_checkpoint takes them as arguments)
             self.save_hyperparameters(ignore=list(PARTS))
         self.image_config = as_config(TowerTraining, image)
         self.text_config = as_config(TowerTraining, text)
@@ -96,16 +92,17 @@ class MultimodalModule(LightningModule):
         if gradient_checkpointing:
             self.model.set_gradient_checkpointing(True)
         self.term_weights = {**oc.term_weights, "itc": oc.itc_weight, "itm": oc.itm_weight}
-        self.dwa = (
-            DynamicWeightAveraging([oc.itc_weight, oc.itm_weight], oc.dwa_window, oc.dwa_temperature)
-            if oc.weighting == "dwa"
-            else None
-        )
+        self.dwa = None
+        if oc.weighting == "dwa":
+            from mm_lightning.models.losses.weighting import DynamicWeightAveraging
+
+            self.dwa = DynamicWeightAveraging(
+                [oc.itc_weight, oc.itm_weight], oc.dwa_window, oc.dwa_temperature
+            )
         self.batch_embedding = batch_embedding(self.grad_cache_config.chunks)
         self._towers_compiled = False
-        self.evaluation = None  # built at the first validation or test epoch
-        # set by the FlopCounter callback, for ThroughputMonitor
-        self.flops_per_batch: int | None = None
+        self.evaluation = None
+        self.flops_per_batch: int | None = None  # set by the FlopCounter callback, for ThroughputMonitor
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -117,7 +114,7 @@ class MultimodalModule(LightningModule):
 
     @property
     def data_config(self) -> dict[str, dict[str, Any]]:
-        """The preprocessing the towers expect (:attr:`DualEncoder.data_config`), for the data side to follow."""
+        """Preprocessing the towers expect (:attr:`DualEncoder.data_config`), for the data side to follow."""
         return self.model.data_config
 
     @override
@@ -129,6 +126,8 @@ class MultimodalModule(LightningModule):
         """Per-pair loss weights (``objective.sample_weighting: complexity``), or None: equal weights."""
         if self.objective.sample_weighting != "complexity":
             return None
+        from mm_lightning.models.losses.weighting import complexity_weights
+
         return complexity_weights(batch["image"], batch["attention_mask"])
 
     @override
@@ -160,10 +159,7 @@ class MultimodalModule(LightningModule):
         return loss
 
     def _logs_details_now(self) -> bool:
-        """Whether this step logs terms, temperature and weights: only when loggers write or an epoch ends.
-
-        Skips Lightning's per-call cost of ``self.log`` on steps no logger would record.
-        """
+        """Whether to log terms, temperature and weights: only when loggers write or an epoch/run ends."""
         trainer = self.running_trainer()
         return trainer is None or loggers_write_this_step(trainer) or ends_epoch_or_run(trainer)
 
@@ -176,7 +172,7 @@ class MultimodalModule(LightningModule):
 
     @override
     def backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
-        # gradient caching runs its own (here, the loss carries GradScaler's scale and accumulation divisor)
+        # gradient caching runs its own backward (loss carries GradScaler's scale and accumulation divisor)
         if not self.batch_embedding.backward(loss):
             super().backward(loss, *args, **kwargs)
 
@@ -189,7 +185,7 @@ class MultimodalModule(LightningModule):
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             from mm_lightning import process_exit
 
-            process_exit.install()  # gloo ranks would otherwise abort at interpreter exit (see process_exit.py)
+            process_exit.install()  # else gloo ranks abort at interpreter exit (see process_exit.py)
         if stage == "fit":
             self.batch_embedding.setup(self.trainer.strategy, self.model)
 
@@ -270,7 +266,6 @@ class MultimodalModule(LightningModule):
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        # per-tower and head norms, then the trainer's global clipping (Trainer(gradient_clip_val=...))
         towers = {
             "image_encoder": (self.model.image_encoder, self.image_config.clip_norm),
             "text_encoder": (self.model.text_encoder, self.text_config.clip_norm),
@@ -281,11 +276,9 @@ class MultimodalModule(LightningModule):
 
 
 def loggers_write_this_step(trainer: Trainer | None, steps_before: int | None = None) -> bool:
-    """Whether the loggers receive this training batch's logged values (``True`` without a trainer).
+    """Whether loggers receive this training batch's logged values (``True`` without a trainer).
 
-    ``steps_before`` defaults to ``trainer.global_step``; from ``on_train_batch_end`` pass the value read at
-    ``on_train_batch_start`` (the optimizer step has counted by then).
-    """
+    From ``on_train_batch_end`` pass ``steps_before``: ``global_step`` read at ``on_train_batch_start``."""
     if trainer is None or trainer.fast_dev_run:
         return True
     every = trainer.log_every_n_steps

@@ -18,10 +18,7 @@ def _no_decay(name: str, param: nn.Parameter) -> bool:
 
 
 def param_groups(towers: dict[str, tuple[nn.Module, float]], weight_decay: float) -> list[dict]:
-    """AdamW groups: one decay and one no-decay group per tower, frozen parameters left out.
-
-    ``towers``: ``{group_name: (module, lr)}``; a parameter goes to the first tower that owns it.
-    """
+    """AdamW decay/no-decay groups per ``{name: (module, lr)}`` tower (first owner wins); frozen ones out."""
     seen: set[int] = set()
     groups = []
     for group_name, (module, lr) in towers.items():
@@ -48,9 +45,8 @@ def warmup_cosine(
 ) -> LambdaLR:
     """Linear warmup from 0 to each group's LR over ``warmup_steps``, then cosine decay to ``min_lr_ratio``.
 
-    ``total_steps()`` (``inf``: the LR stays at its peak) is asked only after warmup: asked earlier, the
-    trainer would set up the train loader before a checkpoint's position in it is restored.
-    """
+    ``total_steps()`` (``inf``: LR stays at peak) is asked only after warmup; asked earlier, the trainer would
+    set up the train loader before a checkpoint's position in it is restored."""
     known: list[float] = []
 
     def factor(step: int) -> float:
@@ -94,8 +90,7 @@ def optimizer_and_schedule(
 ) -> dict[str, Any]:
     """Lightning's ``configure_optimizers`` dict: AdamW over towers and heads, warmup + cosine per step.
 
-    ``towers``: name -> (tower, its LR; None: ``optim.lr``); parameters outside them are the ``heads`` group.
-    """
+    ``towers``: name -> (tower, LR; None: ``optim.lr``); parameters outside them are the ``heads`` group."""
     rates = {name: (tower, optim.lr if lr is None else lr) for name, (tower, lr) in towers.items()}
     groups = param_groups({**rates, "heads": (module, optim.lr)}, optim.weight_decay)
     fused = optim.fused
@@ -129,10 +124,7 @@ def clip_gradients(
     clip_val: float | None,
     algorithm: str | None,
 ) -> None:
-    """A LightningModule's gradient clipping: per tower and heads, then the trainer's global clipping.
-
-    Under FSDP only the root's global clipping over all shards applies.
-    """
+    """Clips per tower and heads, then the trainer's global clipping (under FSDP, only the root's global)."""
     from lightning.pytorch.strategies import FSDPStrategy
 
     if not isinstance(module.trainer.strategy, FSDPStrategy):

@@ -9,7 +9,8 @@ import pytest
 from transformers import AutoConfig, AutoTokenizer
 
 from mm_lightning.assets import DEMO_BERT, resolve_pretrained
-from mm_lightning.data.demo import build_demo_bert, captions_for, generate_demo_dataset, is_complete
+from mm_lightning.assets.demo_bert import build_demo_bert
+from mm_lightning.data.demo import captions_for, generate_demo_dataset, is_complete
 
 SMALL = {"image_size": 32, "train_renders": 1, "num_val": 20, "num_test": 20}
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mm_lightning.models.towers.base import read_state_dict
 from mm_lightning.models.towers.timm import TimmTower
+from mm_lightning.models.towers.weights import read_state_dict
 from tests.towers.photos import PHOTO_CLASSES, efficientnet_lite0_file, load_photo, skimage_data_dir
 
 pytest.importorskip("timm")

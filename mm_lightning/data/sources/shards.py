@@ -36,7 +36,7 @@ from wids.wids import IndexedTarSamples
 from wids.wids_dl import ULockFile
 from wids.wids_lru import LRUCache
 
-from mm_lightning.errors import ExplainedError
+from mm_lightning import ExplainedError
 
 
 class ShardError(ExplainedError, RuntimeError):

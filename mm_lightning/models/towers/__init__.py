@@ -1,10 +1,6 @@
-"""Image and text towers: one class per family, each calling its library; a tower, built in or your own, is
-chosen by ``class_path`` + ``init_args`` (``model.image_tower``, ``model.text_tower``).
-
-Every tower returns an :class:`EncoderOutput` (a pooled vector for the contrastive loss, tokens for the fusion)
-and carries ``pooled_dim``, ``token_dim`` and the ``data_config`` its weights expect. A user's own ``nn.Module``
-serves as a tower under the contract of :mod:`mm_lightning.models.towers.contract`.
-"""
+"""Image and text towers, one class per family (each calls its library), named by ``class_path`` + ``init_args``.
+Every tower returns an :class:`EncoderOutput` and carries ``pooled_dim``, ``token_dim`` and its ``data_config``;
+your own ``nn.Module`` serves as a tower under :mod:`mm_lightning.models.towers.contract`."""
 
 from mm_lightning import lazy_exports
 

@@ -2,7 +2,8 @@
 
 ``forward(images)`` or ``forward(input_ids, attention_mask)`` returns (B, D) pooled features or an
 ``EncoderOutput``; widths and data config are read or inferred, and a tower that breaks the contract is
-refused when the model is built, with an error naming its class (docs/make_it_yours.md has the details).
+refused when the model is built, with an error naming its class (docs/make_it_yours.md has the details;
+a tower of your own is checked by :mod:`mm_lightning.models.towers.user_towers`).
 """
 
 from __future__ import annotations
@@ -15,12 +16,10 @@ import torch
 from jsonargparse import Namespace
 from torch import Tensor, nn
 
-from mm_lightning.errors import ExplainedError
-from mm_lightning.models.towers.base import EncoderOutput, Tower, image_data_config
+from mm_lightning import ExplainedError
+from mm_lightning.models.towers.base import EncoderOutput, Tower
 
 Kind = Literal["image", "text"]
-DRY_BATCH = 2  # BatchNorm in a tower's forward needs more than one sample
-DRY_CAPTION_LENGTH = 8
 
 
 class TowerContractError(ExplainedError, ValueError):
@@ -33,7 +32,7 @@ def class_path_of(obj: Any) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _problem(kind: Kind, tower: nn.Module, what: str) -> TowerContractError:
+def contract_problem(kind: Kind, tower: nn.Module, what: str) -> TowerContractError:
     signature = "forward(images)" if kind == "image" else "forward(input_ids, attention_mask)"
     return TowerContractError(
         f"{kind} tower {class_path_of(tower)}: {what}. A tower's {signature} returns a (B, D) tensor of pooled "
@@ -47,22 +46,24 @@ def encoder_output(kind: Kind, tower: nn.Module, out: Any, batch_size: int) -> E
     if isinstance(out, EncoderOutput):
         pooled, tokens, mask = out.pooled, out.tokens, out.mask
         if not all(isinstance(t, Tensor) for t in (pooled, tokens, mask)):
-            raise _problem(kind, tower, "its EncoderOutput holds something other than tensors")
+            raise contract_problem(kind, tower, "its EncoderOutput holds something other than tensors")
         if pooled.dim() != 2 or tokens.dim() != 3 or mask.shape != tokens.shape[:2]:
-            raise _problem(
+            raise contract_problem(
                 kind,
                 tower,
                 f"its EncoderOutput has pooled {tuple(pooled.shape)}, tokens {tuple(tokens.shape)} and mask "
                 f"{tuple(mask.shape)}; expected (B, D), (B, N, D_tokens) and (B, N)",
             )
         if pooled.shape[0] != batch_size or tokens.shape[0] != batch_size:
-            raise _problem(kind, tower, f"it returned {pooled.shape[0]} rows for a batch of {batch_size}")
+            raise contract_problem(
+                kind, tower, f"it returned {pooled.shape[0]} rows for a batch of {batch_size}"
+            )
         return out
     if not isinstance(out, Tensor):
-        raise _problem(kind, tower, f"it returned a {type(out).__name__}")
+        raise contract_problem(kind, tower, f"it returned a {type(out).__name__}")
     if out.dim() != 2 or out.shape[0] != batch_size:
         hint = " (pool the spatial or sequence dimensions first)" if out.dim() > 2 else ""
-        raise _problem(
+        raise contract_problem(
             kind, tower, f"it returned a tensor of shape {tuple(out.shape)} for a batch of {batch_size}{hint}"
         )
     return EncoderOutput(
@@ -90,91 +91,8 @@ def call_text_tower(
     return tower(input_ids, attention_mask)
 
 
-def _dry_forward(kind: Kind, tower: nn.Module, image_size: int) -> EncoderOutput:
-    """One forward of a dry batch, without gradient and in eval mode (running statistics untouched)."""
-    device = next((p.device for p in tower.parameters()), torch.device("cpu"))
-    was_training = tower.training
-    tower.eval()
-    try:
-        with torch.no_grad():
-            if kind == "image":
-                side = int(_declared_data_config(tower).get("input_size", (3, image_size, image_size))[-1])
-                described = f"a dry batch of {DRY_BATCH} images of 3x{side}x{side}"
-                out = tower(torch.zeros(DRY_BATCH, 3, side, side, device=device))
-            else:
-                ids = torch.ones(DRY_BATCH, DRY_CAPTION_LENGTH, dtype=torch.long, device=device)
-                described = f"a dry batch of {DRY_BATCH} captions of {DRY_CAPTION_LENGTH} tokens"
-                out = call_text_tower(tower, ids, torch.ones_like(ids), torch.zeros_like(ids), False)
-    except TowerContractError:
-        raise
-    except Exception as error:  # noqa: BLE001  (any failure of the user's forward is reported with its class)
-        raise _problem(
-            kind, tower, f"its forward failed on {described}: {type(error).__name__}: {error}"
-        ) from error
-    finally:
-        tower.train(was_training)
-    return encoder_output(kind, tower, out, DRY_BATCH)
-
-
-def _declared_data_config(tower: nn.Module) -> dict[str, Any]:
-    try:
-        config = getattr(tower, "data_config", None)
-    except NotImplementedError:
-        return {}
-    if config is None:
-        return {}
-    if not isinstance(config, dict):
-        raise TowerContractError(
-            f"tower {class_path_of(tower)}: data_config is a {type(config).__name__}, expected a dict"
-        )
-    return config
-
-
-def adopt_tower(kind: Kind, tower: Any) -> nn.Module:
-    """Checks a user's tower against the contract; records its widths and data config on it."""
-    if not isinstance(tower, nn.Module):
-        raise TowerContractError(
-            f"{kind} tower {class_path_of(tower)} is not a torch.nn.Module (the tower contract: "
-            "mm_lightning/models/towers/contract.py)"
-        )
-    if isinstance(tower, Tower):
-        return tower
-    declared = _declared_data_config(tower)
-    size = declared.get("input_size", (3, getattr(tower, "image_size", 224)))[-1]
-    image_size = int(size) if isinstance(size, int) else 224
-    pooled_dim = getattr(tower, "pooled_dim", None)
-    if pooled_dim is None:
-        out = _dry_forward(kind, tower, image_size)
-        pooled_dim, token_dim = out.pooled.shape[1], out.tokens.shape[2]
-    else:
-        token_dim = getattr(tower, "token_dim", pooled_dim)
-    for name, value in (("pooled_dim", pooled_dim), ("token_dim", token_dim)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise TowerContractError(
-                f"{kind} tower {class_path_of(tower)}: {name} is {value!r}, expected an int >= 1"
-            )
-    if kind == "image":
-        defaults = {**image_data_config(image_size), "pretrained": False}
-        unknown = sorted(set(declared) - set(defaults))
-        if unknown:
-            raise TowerContractError(
-                f"image tower {class_path_of(tower)}: data_config has unknown key(s) {unknown}; "
-                f"known: {sorted(defaults)}"
-            )
-        data_config = {**defaults, **declared}
-    else:
-        data_config = {"tokenizer": getattr(tower, "tokenizer", None), **declared}
-    # plain attributes, not parameters or buffers: checkpoints are unchanged
-    if getattr(tower, "pooled_dim", None) is None:
-        tower.pooled_dim = int(pooled_dim)
-    if getattr(tower, "token_dim", None) is None:
-        tower.token_dim = int(token_dim)
-    tower._mm_data_config = data_config
-    return tower
-
-
 def data_config_of(tower: nn.Module) -> dict[str, Any]:
-    """The tower's data config (a built-in tower's own, or the one :func:`adopt_tower` completed)."""
+    """The tower's data config (a built-in tower's own, or the one ``adopt_tower`` completed)."""
     adopted = getattr(tower, "_mm_data_config", None)
     return adopted if adopted is not None else tower.data_config
 

@@ -53,12 +53,11 @@ class HFTextTower(Tower):
     """Text tower over a Hugging Face ``AutoModel``.
 
     Args:
-        name: HF hub name or local directory (built-in names such as ``mm-lightning/demo-bert`` work offline).
+        name: HF hub name or local directory (built-in names like ``mm-lightning/demo-bert`` work offline).
         pretrained: load weights (``from_pretrained``); False builds it from its config, randomly initialised.
         config_overrides: config fields to override (e.g. ``hidden_size``, ``num_hidden_layers``).
         pooling: ``cls`` (first token) or ``mean`` (mean over real tokens).
-        trust_remote_code: allow code shipped with the model; off by default for safety.
-    """
+        trust_remote_code: allow code shipped with the model (off by default for safety)."""
 
     def __init__(
         self,
@@ -92,7 +91,6 @@ class HFTextTower(Tower):
 
     @property
     def data_config(self) -> dict[str, Any]:
-        """The tokenizer that matches this model (its name or directory)."""
         return {"tokenizer": self.name}
 
     @staticmethod
@@ -101,7 +99,6 @@ class HFTextTower(Tower):
         return str(init_args.get("name", "bert-base-uncased"))
 
     def set_gradient_checkpointing(self, enabled: bool) -> None:
-        """Switches Hugging Face's per-layer activation checkpointing."""
         set_hf_gradient_checkpointing(self.model, enabled)
 
     def layer_groups(self) -> list[list[str]]:

@@ -35,10 +35,9 @@ from mm_lightning.models.towers.base import (
     EncoderOutput,
     check_model_name,
     is_weights_file,
-    load_checked_state_dict,
-    read_state_dict,
 )
 from mm_lightning.models.towers.optional import require
+from mm_lightning.models.towers.weights import load_checked_state_dict, read_state_dict
 
 FEATURE = "TimmTower"
 

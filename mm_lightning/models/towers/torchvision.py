@@ -20,22 +20,18 @@ from mm_lightning.models.towers.base import (
     check_model_name,
     image_data_config,
     is_weights_file,
-    load_weights_file,
 )
 
 CUSTOM_IMAGE_ENCODERS = ("resnet_custom", "vit_custom")
 
 
 class SmallResNet(nn.Sequential):
-    """A narrow ResNet from torchvision's ``BasicBlock`` for small images on CPU.
-
-    Built here because torchvision's ``ResNet`` hard-codes the 64..512 stage widths.
+    """A narrow ResNet of torchvision ``BasicBlock``s for small images on CPU (``ResNet`` hard-codes 64..512).
 
     Args:
         widths: channels per stage; each stage after the first halves the resolution.
         layers: number of ``BasicBlock`` per stage (default: one per stage).
-        stem_stride: stride of the stem convolution; above 2 a patchify convolution (kernel = stride).
-    """
+        stem_stride: stride of the stem convolution; above 2 a patchify convolution (kernel = stride)."""
 
     def __init__(
         self,
@@ -76,12 +72,11 @@ class TorchvisionTower(Tower):
     """Image tower over a torchvision backbone.
 
     Args:
-        name: torchvision model name (``torchvision.models.list_models()``), ``resnet_custom`` or ``vit_custom``.
+        name: torchvision model (``torchvision.models.list_models()``), ``resnet_custom`` or ``vit_custom``.
         weights: torchvision weights name (``IMAGENET1K_V2``), a local ``.pth``/``.safetensors`` file or None.
         image_size: input resolution (ViTs are built for it).
         kwargs: extra backbone constructor arguments (e.g. ``widths`` of ``resnet_custom``).
-        strict: with a weights file, fail on missing or unexpected keys (False loads what matches, warns).
-    """
+        strict: with a weights file, fail on missing or unexpected keys (False loads what matches, warns)."""
 
     def __init__(
         self,
@@ -122,6 +117,8 @@ class TorchvisionTower(Tower):
         full_keys = set(self.backbone.state_dict())
         self._forward_impl, self.pooled_dim, self.token_dim = self._adapt(name)
         if from_file:
+            from mm_lightning.models.towers.weights import load_weights_file
+
             head_keys = full_keys - set(self.backbone.state_dict())
             load_weights_file(self.backbone, weights, strict=strict, ignored=head_keys)
         self.name, self.image_size = name, image_size
@@ -147,7 +144,7 @@ class TorchvisionTower(Tower):
             bb.fc = nn.Identity()
             return self._forward_resnet, dim, dim
         if hasattr(bb, "features") and hasattr(bb, "avgpool") and isinstance(bb.classifier, nn.Sequential):
-            # pre-classifier layers (ConvNeXt's LayerNorm2d, MobileNetV3's first Linear) shape the pooled vector
+            # earlier classifier layers (ConvNeXt LayerNorm2d, MobileNetV3 1st Linear) shape the pooled vector
             pooled_dim = bb.classifier[-1].in_features
             bb.classifier[-1] = nn.Identity()
             token_dim = next(
@@ -161,7 +158,6 @@ class TorchvisionTower(Tower):
         )
 
     def set_gradient_checkpointing(self, enabled: bool) -> None:
-        """Recompute each stage's activations in backward instead of storing them (saves memory)."""
         self.gradient_checkpointing = enabled
 
     def _run_stages(self, x: Tensor, stages: Sequence[nn.Module]) -> Tensor:
@@ -213,7 +209,6 @@ class TorchvisionTower(Tower):
 
 
 def _torchvision_data_config(name: str, weights: str | None, image_size: int) -> dict[str, Any]:
-    """Mean, std and interpolation from torchvision's weights entry when the weights are named."""
     if weights is None or name in CUSTOM_IMAGE_ENCODERS:
         return image_data_config(image_size)
     entry = torchvision.models.get_model_weights(name).verify(weights)
