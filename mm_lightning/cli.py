@@ -50,13 +50,14 @@ TRAINER_DEFAULTS: dict[str, Any] = {
     "log_every_n_steps": 10,
 }
 
-# Callback groups a config can tune, replace or drop (nan_guard: null); own callbacks go in trainer.callbacks.
+# Default callbacks, one group each: on unless a config drops one (nan_guard: null), tunable or replaceable;
+# the opt-in monitors and your own callbacks go in trainer.callbacks.
 CALLBACK_GROUPS: dict[str, type] = {
     # best by the monitored metric; listed first so last.ckpt records its state when both save at once
     "best_checkpoint": ModelCheckpoint,
     "checkpoint": ModelCheckpoint,  # last.ckpt whatever the metrics: each epoch, every N steps or every T
     "lr_monitor": LearningRateMonitor,
-    "throughput": ThroughputMonitor,  # samples/s, batches/s (and FLOPs/s) over a window of steps
+    "throughput": ThroughputMonitor,  # samples/s, batches/s over a window (FLOPs/s with FlopCounter)
     "bad_records": BadRecordLogger,  # data/skipped and the first reasons under on_bad_record=skip
     "prediction": EmbeddingWriter,  # acts only in `predict`: one embeddings file per rank
     "model_summary": ModelSummary,  # Lightning's layer table, without a column of zero FLOPs

@@ -1,5 +1,6 @@
 """Writes the shipped demo text encoder (``mm-lightning/demo-bert``): a tiny BERT config and a WordPiece
-vocabulary of the demo captions' words. Run it when the demo captions change; runs read the shipped files."""
+vocabulary of the demo captions' words. When the demo captions change, call
+``build_demo_bert(ASSETS_DIR / "demo-bert")``; runs read the shipped files."""
 
 from __future__ import annotations
 

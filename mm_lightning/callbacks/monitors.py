@@ -1,15 +1,16 @@
 """TensorBoard monitors that show why a run is slow or unstable.
 
 * :class:`StepTimeMonitor` - ``train/data_wait_fraction`` (steps per second come from Lightning's
-  ``ThroughputMonitor``, which the CLI also adds);
+  ``ThroughputMonitor``, a default callback group);
 * :class:`PeakMemoryMonitor` - ``train/peak_memory_mb`` (CUDA allocator peak, or process peak RSS on CPU);
 * :class:`GradNormMonitor` - ``grad_norm/<submodule>`` and ``grad_norm/total`` after the DDP reduction (the
   one place gradient norms are logged);
 * :class:`RetrievalGridLogger` - ``val/retrieval_grid``: validation images with their true and top retrieved
   caption, from the embeddings ``validation_step`` returns.
 
-All of them do their work on logging steps only (``trainer.log_every_n_steps``) or once per validation; the
-CLI adds them all; docs/training.md lists every tag, what it costs and what to do when it looks wrong.
+All of them do their work on logging steps only (``trainer.log_every_n_steps``) or once per validation. They are
+opt-in: name them in ``trainer.callbacks`` (configs/base.yaml names all of them, with ``FlopCounter``);
+docs/training.md lists every tag, what it costs and what to do when it looks wrong.
 """
 
 from __future__ import annotations
@@ -181,7 +182,7 @@ class RetrievalGridLogger(Callback):
             if not self._warned:
                 rank_zero_warn(
                     "RetrievalGridLogger: validation_step returns no dict with 'image_embeddings' and"
-                    " 'text_embeddings'; no retrieval grid is logged (disable it with --retrieval_grid.num_images 0)."
+                    " 'text_embeddings'; no retrieval grid is logged (leave RetrievalGridLogger out of trainer.callbacks)."
                 )
                 self._warned = True
             return

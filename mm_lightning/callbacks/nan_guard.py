@@ -87,7 +87,8 @@ class NaNGuard(Callback):
 
     Args:
         max_consecutive: Consecutive non-finite steps after which training stops (NonFiniteTrainingError).
-        defer: decide on device for fused optimizers: None not on CPU, True always, False never."""
+        defer: decide on device for fused optimizers: None (default) on accelerators only, True also on CPU, False
+            never (the host decides every step)."""
 
     def __init__(self, max_consecutive: int = 3, defer: bool | None = None) -> None:
         if max_consecutive < 1:

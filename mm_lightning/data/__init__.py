@@ -1,6 +1,4 @@
-"""Data: records from a source (JSONL + image files, or WebDataset shards) -> decoded, transformed images + batched
-tokenization. ``MultimodalDataModule`` reads JSONL files, ``ShardDataModule`` shards (and weighted mixes).
-"""
+"""Data: ``MultimodalDataModule`` (JSONL + image files), ``ShardDataModule`` (WebDataset shards, weighted mixes)."""
 
 from mm_lightning import lazy_exports
 

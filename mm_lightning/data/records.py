@@ -28,7 +28,8 @@ ERROR_KINDS: tuple[str, ...] = ErrorKind.__args__  # type: ignore[attr-defined]
 
 
 class RecordError(ExplainedError, ValueError):
-    """A bad record; the message names the file, the line (or shard sample), the field, the image and why."""
+    """A bad record; the message names the file, the line (or shard sample), the field, the image and why.
+    ``kind`` is one of :data:`ERROR_KINDS` (reports group by it)."""
 
     def __init__(
         self,

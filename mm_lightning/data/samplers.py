@@ -14,6 +14,15 @@ class LengthGroupedSampler(DistributedSampler):
     """Shuffle, sort by length inside windows of ``window_batches`` global batches, deal batches to ranks.
 
     A ``DistributedSampler`` so Lightning keeps it; the order depends only on ``(seed, epoch)`` (resumable).
+
+    Args:
+        lengths: one length per dataset item.
+        batch_size: per-device batch size (the group size).
+        num_replicas: world size.
+        rank: this process's global rank.
+        seed: shuffle seed (the same on all ranks).
+        window_batches: global batches per sorting window; larger saves more padding, randomizes less.
+        drop_last: drop the tail that does not fill a batch on every rank (else wrap around to fill it).
     """
 
     def __init__(

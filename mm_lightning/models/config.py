@@ -16,7 +16,8 @@ class TowerTraining:
     Args:
         freeze: keep the tower's weights fixed (and the tower in eval mode, LiT-style).
         train_last: train only the last N ``layer_groups()``; earlier ones locked, in eval mode (null: all).
-        freeze_batchnorm: BatchNorm layers in eval mode (statistics fixed, affine weights still train).
+        freeze_batchnorm: BatchNorm layers in eval mode (statistics fixed, affine weights still train); makes
+            gradient caching exact for a BatchNorm tower.
         project: learn a projection to shared space; false: the pooled output (``embed_dim`` = its width).
         lr: learning rate of the tower (null: ``optim.lr``; 0 is a valid choice).
         clip_norm: max gradient norm of the tower (null: no per-tower clipping)."""
@@ -75,7 +76,8 @@ class GradCacheConfig:
     """Exact gradient caching (:mod:`mm_lightning.models.gradcache`).
 
     Args:
-        chunks: embed batches in N chunks (same gradient, 1 chunk's activation memory, +1 forward); 1: off."""
+        chunks: embed batches in N chunks (the same gradient, BatchNorm towers with ``freeze_batchnorm``; one chunk's
+            activation memory, one more forward); 1: off."""
 
     chunks: int = 1
 

@@ -1,7 +1,7 @@
 """``DualEncoder``: the image-text network (towers, projections, loss, ITM head) as a plain ``nn.Module``::
 
 model = DualEncoder.from_checkpoint("logs/demo/checkpoints/last.ckpt").eval()
-scores = model.embed_images(images) @ model.embed_text(**tokenizer(captions, return_tensors="pt")).T
+scores = model.embed_images(images) @ model.embed_text(**tokenizer(captions, padding=True, return_tensors="pt")).T
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class DualEncoder(nn.Module):
             self.text_encoder, self.text_encoder.pooled_dim, embed_dim, tc.project, "text"
         )
         loss = ContrastiveLoss() if loss is None else loss
-        # a user's loss (a subclass of a built-in one too) is checked against the contract (losses/base.py)
+        # a user's loss (a subclass of a built-in one too) is checked against the contract (losses/checks.py)
         if f"{type(loss).__module__}.{type(loss).__qualname__}" not in BUILT_IN_LOSSES:
             from mm_lightning.models.losses.checks import check_loss
 

@@ -1,8 +1,5 @@
-"""Image-text pair losses and loss weighting.
-
-A loss is chosen by ``class_path`` (``model.loss``): :class:`ContrastiveLoss` (CLIP's, the default),
-:class:`SigLipLoss`, or your own class under the contract of :mod:`mm_lightning.models.losses.base`.
-"""
+"""Image-text pair losses (``model.loss`` by ``class_path``): :class:`ContrastiveLoss` (CLIP's, the default),
+:class:`SigLipLoss`, or your own under the contract of :mod:`mm_lightning.models.losses.base`."""
 
 from mm_lightning import lazy_exports
 

@@ -16,9 +16,10 @@ from mm_lightning import ExplainedError
 
 
 class PairLogits(NamedTuple):
-    """Scores of local rows vs. candidate columns; ``targets``: (B,) column of each row's own pair.
-
-    ``global_candidates``: columns gathered over ranks (N = world x B); gather per-column data alike."""
+    """Scores of local rows vs. candidate columns: ``i2t`` (B, N) local images vs. candidate captions, ``t2i``
+    (B, N) local captions vs. candidate images, ``targets`` (B,) column of each row's own pair, ``candidate_ids``
+    (N,) image id per column (None without ids), ``global_candidates``: columns gathered over ranks (N = world x
+    B), so per-column data (token sequences) must be gathered alike."""
 
     i2t: Tensor
     t2i: Tensor

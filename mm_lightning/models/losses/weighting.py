@@ -26,7 +26,12 @@ class DynamicWeightAveraging(nn.Module):
     """Dynamic Weight Averaging (Liu et al., 2019) over windows of training steps; state lives in buffers.
 
     Per window: w_k = base_k * K * softmax_k(r_k / temperature), r_k = its mean loss / the previous window's;
-    base weights until two windows are done."""
+    base weights until two windows are done.
+
+    Args:
+        base_weights: fixed weight of each loss (their order is the losses' order).
+        window: steps per window.
+        temperature: softmax temperature (large: uniform weights)."""
 
     def __init__(self, base_weights: list[float], window: int = 50, temperature: float = 2.0) -> None:
         super().__init__()

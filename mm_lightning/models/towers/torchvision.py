@@ -73,9 +73,10 @@ class TorchvisionTower(Tower):
 
     Args:
         name: torchvision model (``torchvision.models.list_models()``), ``resnet_custom`` or ``vit_custom``.
-        weights: torchvision weights name (``IMAGENET1K_V2``), a local ``.pth``/``.safetensors`` file or None.
+        weights: torchvision weights name (``IMAGENET1K_V2``), a local ``.pth``/``.pt``/``.bin``/``.safetensors`` file, or None.
         image_size: input resolution (ViTs are built for it).
-        kwargs: extra backbone constructor arguments (e.g. ``widths`` of ``resnet_custom``).
+        kwargs: extra backbone constructor arguments (``widths``, ``layers``, ``stem_stride`` of ``resnet_custom``;
+            ``patch_size``, ``num_layers``, ``num_heads``, ``hidden_dim``, ``mlp_dim`` of ``vit_custom``).
         strict: with a weights file, fail on missing or unexpected keys (False loads what matches, warns)."""
 
     def __init__(
