@@ -93,7 +93,7 @@ def call_text_tower(
 
 def data_config_of(tower: nn.Module) -> dict[str, Any]:
     """The tower's data config (a built-in tower's own, or the one ``adopt_tower`` completed)."""
-    adopted = getattr(tower, "_mm_data_config", None)
+    adopted = getattr(tower, "mm_lightning_data_config", None)
     return adopted if adopted is not None else tower.data_config
 
 

@@ -99,5 +99,5 @@ def adopt_tower(kind: Kind, tower: Any) -> nn.Module:
         tower.pooled_dim = int(pooled_dim)
     if getattr(tower, "token_dim", None) is None:
         tower.token_dim = int(token_dim)
-    tower._mm_data_config = data_config
+    tower.mm_lightning_data_config = data_config
     return tower
