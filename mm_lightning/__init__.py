@@ -18,8 +18,9 @@ PUBLIC_PATHS: dict[str, str] = {}
 
 def lazy_exports(
     package: str, exports: dict[str, str]
-) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """``__getattr__`` and ``__dir__`` for ``package``: ``exports`` maps each public name to its module."""
+) -> tuple[list[str], Callable[[str], Any], Callable[[], list[str]]]:
+    """``__all__``, ``__getattr__`` and ``__dir__`` for ``package``: ``exports`` maps each public name to its
+    module."""
     PUBLIC_PATHS.update({name: f"{package}.{name}" for name in exports})
 
     def getattr_(name: str) -> Any:
@@ -30,7 +31,7 @@ def lazy_exports(
     def dir_() -> list[str]:
         return sorted(exports)
 
-    return getattr_, dir_
+    return sorted(exports), getattr_, dir_
 
 
 class ExplainedError(Exception):

@@ -19,5 +19,4 @@ _EXPORTS = {
     "RunSummary": "mm_lightning.callbacks.run_report",
     "StepTimeMonitor": "mm_lightning.callbacks.monitors",
 }
-__all__ = sorted(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

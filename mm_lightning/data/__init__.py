@@ -20,5 +20,4 @@ _EXPORTS = {
     "Source": "mm_lightning.data.shard_datamodule",
     "TooManyBadRecords": "mm_lightning.data.samples",
 }
-__all__ = sorted(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

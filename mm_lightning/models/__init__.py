@@ -19,5 +19,4 @@ _EXPORTS = {
     "TorchvisionTower": "mm_lightning.models.towers",
     "TowerTraining": "mm_lightning.models.config",
 }
-__all__ = sorted(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

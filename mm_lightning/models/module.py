@@ -92,6 +92,11 @@ class MultimodalModule(LightningModule):
         if gradient_checkpointing:
             self.model.set_gradient_checkpointing(True)
         self.term_weights = {**oc.term_weights, "itc": oc.itc_weight, "itm": oc.itm_weight}
+        self.complexity_weights = None  # per-pair loss weights, with objective.sample_weighting: complexity
+        if oc.sample_weighting == "complexity":
+            from mm_lightning.models.losses.weighting import complexity_weights
+
+            self.complexity_weights = complexity_weights
         self.dwa = None
         if oc.weighting == "dwa":
             from mm_lightning.models.losses.weighting import DynamicWeightAveraging
@@ -124,11 +129,9 @@ class MultimodalModule(LightningModule):
 
     def sample_weights(self, batch: dict[str, Tensor]) -> Tensor | None:
         """Per-pair loss weights (``objective.sample_weighting: complexity``), or None: equal weights."""
-        if self.objective.sample_weighting != "complexity":
+        if self.complexity_weights is None:
             return None
-        from mm_lightning.models.losses.weighting import complexity_weights
-
-        return complexity_weights(batch["image"], batch["attention_mask"])
+        return self.complexity_weights(batch["image"], batch["attention_mask"])
 
     @override
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:

@@ -7,5 +7,4 @@ _EXPORTS = {
     "CheckpointFileError": "mm_lightning.plugins.checkpoint_file",
     "check_checkpoint_file": "mm_lightning.plugins.checkpoint_file",
 }
-__all__ = sorted(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

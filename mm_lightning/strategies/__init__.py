@@ -18,8 +18,7 @@ _EXPORTS = {
     "OverlappingBucketedReducer": "mm_lightning.strategies.reducers",
     "PerParameterReducer": "mm_lightning.strategies.reducers",
 }
-__all__ = sorted(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 EXPLICIT_ALL_REDUCE = "mm_lightning.strategies.ExplicitAllReduceDDPStrategy"
 

@@ -16,5 +16,4 @@ _EXPORTS = {
     "loss_terms": "mm_lightning.models.losses.base",
     "weighted_sum": "mm_lightning.models.losses.base",
 }
-__all__ = sorted(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -18,5 +18,4 @@ _EXPORTS = {
     "Tower": "mm_lightning.models.towers.base",
     "TowerContractError": "mm_lightning.models.towers.contract",
 }
-__all__ = sorted(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
