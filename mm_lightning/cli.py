@@ -37,6 +37,7 @@ from mm_lightning.trainer import MultimodalTrainer, ResumeOverrides, instantiate
 
 # Commands with their own small parsers (mm_lightning.<name>.main), listed in ``--help`` with these lines.
 STANDALONE_COMMANDS = {
+    "evaluate": "Score a checkpoint under CLIP_benchmark's protocol: JSON + table (options: evaluate --help).",
     "export": "Export a checkpoint as a Hugging Face model directory (options: export --help).",
     "zeroshot": "Zero-shot classification of labeled images with a checkpoint (options: zeroshot --help).",
 }
@@ -316,10 +317,12 @@ class MultimodalCLI(LightningCLI):
         self.exit_code = self.trainer.shard(model, datamodule, **options)
 
 
-def cli_main(args: list[str] | None = None, run: bool = True) -> MultimodalCLI:
+def cli_main(
+    args: list[str] | None = None, run: bool = True, cli_class: type = MultimodalCLI
+) -> MultimodalCLI:
     """Build (and by default run) the CLI; ``args`` replaces ``sys.argv[1:]`` (tests, notebooks)."""
     quiet_lightning_notices()
-    return MultimodalCLI(
+    return cli_class(
         MultimodalModule,
         MultimodalDataModule,
         subclass_mode_data=True,

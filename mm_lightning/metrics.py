@@ -7,6 +7,7 @@ embeddings score chance, never 1.0; scoring is chunked to bound memory at chunk 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -48,7 +49,8 @@ def retrieval_metrics(
     """
     img, txt = l2_normalize(image_emb), l2_normalize(text_emb)
     _, images, column = dedup_images(img, image_ids)
-    return _retrieval(lambda s, e: txt[s:e] @ images.T, txt.shape[0], images.shape[0], column, ks, chunk_size)
+    n_text, n_img = txt.shape[0], images.shape[0]
+    return retrieval_ranks(lambda s, e: txt[s:e] @ images.T, n_text, n_img, column, chunk_size).metrics(ks)
 
 
 @torch.no_grad()
@@ -57,17 +59,30 @@ def similarity_retrieval_metrics(
 ) -> dict[str, Tensor]:
     """The same metrics from a (T, I) captions x distinct images similarity and each caption's ``column``."""
     sim = similarity.float()
-    return _retrieval(lambda s, e: sim[s:e], sim.shape[0], sim.shape[1], column, ks, chunk_size)
+    return retrieval_ranks(lambda s, e: sim[s:e], sim.shape[0], sim.shape[1], column, chunk_size).metrics(ks)
 
 
-def _retrieval(
-    scores: Callable[[int, int], Tensor],
-    n_text: int,
-    n_img: int,
-    column: Tensor,
-    ks: tuple[int, ...],
-    chunk_size: int,
-) -> dict[str, Tensor]:
+@dataclass
+class Ranks:
+    """Where each query's answer lands: 0 is first. Ties count against the query."""
+
+    t2i: Tensor  # (captions,): candidates of other images scoring >= the caption's own image
+    i2t: Tensor  # (images,): captions of other images scoring >= the image's best caption
+    alignment_gap: Tensor
+
+    def metrics(self, ks: tuple[int, ...] = DEFAULT_KS) -> dict[str, Tensor]:
+        """``r{k}_t2i``, ``r{k}_i2t`` (recall@k: the share of queries whose answer ranks below k), ``alignment_gap``."""
+        out = {}
+        for k in ks:
+            out[f"r{k}_t2i"] = (self.t2i < k).float().mean()
+            out[f"r{k}_i2t"] = (self.i2t < k).float().mean()
+        return out | {"alignment_gap": self.alignment_gap}
+
+
+def retrieval_ranks(
+    scores: Callable[[int, int], Tensor], n_text: int, n_img: int, column: Tensor, chunk_size: int
+) -> Ranks:
+    """The ranks of both directions from ``scores(start, end)``: captions ``start:end`` x distinct images."""
     device = column.device
     t2i_rank = torch.empty(n_text, dtype=torch.long, device=device)
     best_positive = torch.full((n_img,), float("-inf"), device=device)
@@ -89,14 +104,9 @@ def _retrieval(
         col = column[start : start + chunk_size]
         wrong = torch.ones_like(sim, dtype=torch.bool).scatter_(1, col[:, None], False)
         i2t_rank += ((sim >= best_positive[None, :]) & wrong).sum(0)
-    out: dict[str, Tensor] = {}
-    for k in ks:
-        out[f"r{k}_t2i"] = (t2i_rank < k).float().mean()
-        out[f"r{k}_i2t"] = (i2t_rank < k).float().mean()
     n_neg = n_text * n_img - n_text
     neg_mean = (total_sum - pos_sum) / n_neg if n_neg > 0 else torch.zeros((), device=device)
-    out["alignment_gap"] = pos_sum / n_text - neg_mean
-    return out
+    return Ranks(t2i_rank, i2t_rank, pos_sum / n_text - neg_mean)
 
 
 class RetrievalMetrics(Metric):
@@ -133,6 +143,15 @@ class RetrievalMetrics(Metric):
 
     def compute(self) -> dict[str, Tensor]:
         """The metrics over the unique caption rows against the unique images they refer to."""
+        return self._ranks().metrics(self.ks)
+
+    def compute_ranks(self) -> Ranks:
+        """Each unique caption's rank of its image and each image's rank of its best caption (of all processes,
+        like :meth:`compute`)."""
+        with self.sync_context():
+            return self._ranks()
+
+    def _ranks(self) -> Ranks:
         _, keep, _ = first_occurrence(dim_zero_cat(self.index))
         text, text_ids = dim_zero_cat(self.text)[keep], dim_zero_cat(self.text_image_id)[keep]
         stored_ids, images, _ = dedup_images(dim_zero_cat(self.image), dim_zero_cat(self.image_id))
@@ -141,11 +160,6 @@ class RetrievalMetrics(Metric):
         if len(stored_ids) == 0 or not torch.equal(stored_ids[slot], wanted):
             raise ValueError("RetrievalMetrics: some captions refer to images that were never added")
         images = images[slot]
-        return _retrieval(
-            lambda s, e: text[s:e] @ images.T,
-            text.shape[0],
-            images.shape[0],
-            column,
-            self.ks,
-            self.chunk_size,
+        return retrieval_ranks(
+            lambda s, e: text[s:e] @ images.T, text.shape[0], images.shape[0], column, self.chunk_size
         )

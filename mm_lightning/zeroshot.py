@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor, nn
-from torchmetrics.classification import MulticlassAccuracy
+from torchmetrics import Metric
+from torchmetrics.classification import MulticlassAccuracy, MulticlassRecall
 from typing_extensions import override
 
 from mm_lightning.data.images import decode_image_file
@@ -37,6 +38,16 @@ from mm_lightning.data.transforms import Normalize, eval_transform
 
 DEFAULT_TEMPLATES = ("a photo of a {}.",)
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+
+
+def classification_metrics(num_classes: int) -> dict[str, Metric]:
+    """CLIP_benchmark's: ``acc1``, ``acc5`` (from 5 classes on) and ``mean_per_class_recall`` (balanced accuracy)."""
+    ks = [k for k in (1, 5) if k <= num_classes]
+    metrics: dict[str, Metric] = {
+        f"acc{k}": MulticlassAccuracy(num_classes, top_k=k, average="micro") for k in ks
+    }
+    metrics["mean_per_class_recall"] = MulticlassRecall(num_classes, average="macro")
+    return metrics
 
 
 @dataclass
@@ -126,7 +137,7 @@ def class_embeddings(
 
 
 class ZeroShotEvaluation(Callback):
-    """Zero-shot top-1/top-5 on a labeled image set after each validation and test epoch.
+    """Zero-shot top-1/top-5 and mean per-class recall on a labeled image set after each validation and test epoch.
 
     Args:
         name: short name used in the metric keys (``zeroshot/<name>/top1``).
@@ -160,9 +171,8 @@ class ZeroShotEvaluation(Callback):
             raise ValueError(f"every prompt template needs a '{{}}' for the class name: {self.templates}")
         self.batch_size = batch_size
         self.image_size = image_size
-        num_classes = len(self.images.classnames)
-        self.top_k = [k for k in (1, 5) if k <= num_classes]
-        self.metrics = {k: MulticlassAccuracy(num_classes, top_k=k, average="micro") for k in self.top_k}
+        self.metrics = classification_metrics(len(self.images.classnames))
+        self.scores: dict[str, float] = {}  # the last evaluation's, by CLIP_benchmark's names
 
     @override
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -190,8 +200,10 @@ class ZeroShotEvaluation(Callback):
             trainer.world_size,
             interpolation=getattr(data, "interpolation", "bilinear"),
         )
-        for k, value in scores.items():
-            pl_module.log(f"zeroshot/{self.name}/top{k}", value, batch_size=len(self.images.paths))
+        self.scores = {key: float(value) for key, value in scores.items()}
+        for key, value in scores.items():
+            logged = key.replace("acc", "top") if key.startswith("acc") else key
+            pl_module.log(f"zeroshot/{self.name}/{logged}", value, batch_size=len(self.images.paths))
 
 
 @torch.no_grad()
@@ -204,12 +216,12 @@ def evaluate(
     image_size: int,
     max_length: int,
     batch_size: int,
-    metrics: dict[int, MulticlassAccuracy],
+    metrics: dict[str, Metric],
     rank: int = 0,
     world_size: int = 1,
     interpolation: str = "bilinear",
-) -> dict[int, Tensor]:
-    """Top-k accuracy of zero-shot classification of a :class:`~mm_lightning.models.DualEncoder`; rank ``r``
+) -> dict[str, Tensor]:
+    """The ``metrics`` (e.g. :func:`classification_metrics`) of zero-shot classification of a :class:`~mm_lightning.models.DualEncoder`; rank ``r``
     scores images ``r, r + world_size, ...``."""
     device = next(module.parameters()).device
     was_training = module.training
@@ -254,10 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = load_tokenizer(module.data_config["text"]["tokenizer"])
     config = module.data_config["image"]
     images = load_labeled_images(args.data, args.classnames)
-    num_classes = len(images.classnames)
-    metrics = {
-        k: MulticlassAccuracy(num_classes, top_k=k, average="micro") for k in (1, 5) if k <= num_classes
-    }
+    metrics = classification_metrics(len(images.classnames))
     scores = evaluate(
         module,
         images,
@@ -270,5 +279,5 @@ def main(argv: list[str] | None = None) -> int:
         metrics,
         interpolation=config.get("interpolation", "bilinear"),
     )
-    print(" ".join(f"top{k}={float(v):.4f}" for k, v in scores.items()), f"images={len(images.paths)}")
+    print(" ".join(f"{k}={float(v):.4f}" for k, v in scores.items()), f"images={len(images.paths)}")
     return 0

@@ -32,6 +32,29 @@ def exit_problems(returncode: int, output: str) -> list[str]:
     return problems
 
 
+def run_or_report_hang(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """Runs ``cmd`` to its end; if it outlives ``timeout``, fails with every process's Python stacks.
+
+    The command and the processes it starts (ranks, loader workers) share a new process group; on timeout each
+    gets SIGABRT, which ``faulthandler`` turns into a dump of all its threads' stacks before it dies.
+    """
+    process = subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+    )  # fmt: skip
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGABRT)
+        try:
+            output, _ = process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            output, _ = process.communicate()
+        pytest.fail(f"still running after {timeout:.0f} s; the stacks of its processes:\n{output[-20000:]}")
+    return subprocess.CompletedProcess(cmd, process.returncode, output, "")
+
+
 def python(code: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
@@ -62,6 +85,19 @@ dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 {install}
 """
 INSTALL = "from mm_lightning import process_exit; process_exit.install()"
+
+
+def test_a_hang_is_reported_with_the_stacks_of_every_process() -> None:
+    """A hung command and the child it started both show where they wait; a finished one is returned as is."""
+    child = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'import time; time.sleep(120)'])"
+    with pytest.raises(pytest.fail.Exception) as failure:
+        run_or_report_hang([sys.executable, "-c", child], timeout=3)
+    report = str(failure.value)
+    assert "still running after 3 s" in report
+    assert "in wait" in report and "line 1 in <module>" in report  # the parent waits on the sleeping child
+    assert report.count("Fatal Python error: Aborted") == 2, report
+    done = run_or_report_hang([sys.executable, "-c", "print('done')"], timeout=60)
+    assert (done.returncode, done.stdout) == (0, "done\n")
 
 
 @pytest.mark.parametrize("install", [True, False], ids=["installed", "control-not-installed"])

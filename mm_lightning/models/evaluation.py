@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from mm_lightning.data.records import STAND_IN_KEY
 from mm_lightning.distributed import gather_rows, pad_to_global_length, single_process, world
-from mm_lightning.metrics import RetrievalMetrics, first_occurrence
+from mm_lightning.metrics import Ranks, RetrievalMetrics, first_occurrence
 from mm_lightning.models.losses.base import l2_normalize, weighted_sum
 from mm_lightning.models.towers.base import EncoderOutput
 
@@ -148,6 +148,7 @@ class Evaluation(nn.Module):
         super().__init__()
         self.retrieval = RetrievalMetrics()
         self.rows = EvalRows()
+        self.last_ranks: Ranks | None = None  # the last epoch's, for a report (``evaluate``)
 
     def start_epoch(self) -> None:
         self.rows.reset()
@@ -179,7 +180,12 @@ class Evaluation(nn.Module):
         """Logs ``<stage>/r{1,5,10}_{t2i,i2t}`` and ``alignment_gap`` over the epoch's unique rows."""
         if self.retrieval.update_count == 0:
             return
-        metrics = self.retrieval.compute()  # gathered over ranks by torchmetrics: identical on every rank
+        # gathered over ranks by torchmetrics: identical on every rank
+        self.last_ranks = self.retrieval.compute_ranks()
         self.retrieval.reset()
-        # plain numbers: already global, nothing to reduce (a tensor would make Lightning ask for sync_dist)
-        module.log_dict({f"{stage}/{k}": float(v) for k, v in metrics.items()})
+        metrics = self.last_ranks.metrics(self.retrieval.ks)
+        # already equal on every rank: the max keeps each value exact (a mean over 3 ranks may not) and tells
+        # Lightning the value is global (else it warns about sync_dist once per metric)
+        module.log_dict(
+            {f"{stage}/{k}": float(v) for k, v in metrics.items()}, sync_dist=True, reduce_fx="max"
+        )

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,8 +19,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from mm_lightning.cli import cli_main, main
 from mm_lightning.data.demo import demo_generator_args, generate_demo_dataset
 from mm_lightning.data.loader import ResumableDataLoader
-from tests.conftest import DEMO_CONFIG, REPO
-from tests.test_process_exit import exit_problems
+from tests.conftest import DEMO_CONFIG
+from tests.test_process_exit import exit_problems, run_or_report_hang
 
 BATCHES = 6  # per epoch: 24 samples, batch 4
 
@@ -202,8 +201,8 @@ def test_epoch_end_resume_on_two_processes_ends_bit_equal(tmp_path: Path, user_d
 
     def fit(run: Path, *extra: str) -> None:
         cmd = [sys.executable, "-m", "mm_lightning", "fit", *run_args(data, run, 2), *two, *extra]
-        result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
-        output = result.stdout + result.stderr
+        result = run_or_report_hang(cmd, timeout=300)
+        output = result.stdout
         # What a user runs on 2 processes also ends cleanly each time (a gloo race at exit once aborted 1 run in 3;
         # test_process_exit.py repeats its trigger more often and more cheaply).
         assert exit_problems(result.returncode, output) == [], output[-5000:]

@@ -1,0 +1,202 @@
+"""``evaluate``: a checkpoint scored on the data's test split (and labeled images) under CLIP_benchmark's protocol.
+
+Retrieval: a caption finds its image if that image is among the top k; an image finds its captions if any of them
+is. CLIP_benchmark names them by what is retrieved: ``image_retrieval_recall@k`` is text -> image,
+``text_retrieval_recall@k`` image -> text. Ranks start at 1; a tie counts against the query (CLIP_benchmark's
+``topk`` breaks it by position: the same figures whenever scores do not tie). Zero-shot classification: ``acc1``,
+``acc5`` and ``mean_per_class_recall`` of a classifier built from class names and prompt templates.
+
+Each task is written as CLIP_benchmark writes it (``<output>/<dataset>_<task>.json``, which ``clip_benchmark build``
+reads), and all of them as ``<output>/results.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer
+
+from mm_lightning import ExplainedError
+from mm_lightning.metrics import DEFAULT_KS, Ranks
+
+RETRIEVAL = "zeroshot_retrieval"
+CLASSIFICATION = "zeroshot_classification"
+# prompt template sets by name (CLIP's: one per line of the paper's ImageNet prompt-ensembling list)
+TEMPLATE_SETS = {"openai": "openai_imagenet_templates.json"}
+
+
+class NoTestSplit(ExplainedError, ValueError):
+    """``evaluate`` was given data without a test split."""
+
+
+def clip_benchmark_retrieval(ranks: Ranks, ks: tuple[int, ...] = DEFAULT_KS) -> dict[str, float]:
+    """Recall@k of both directions under CLIP_benchmark's names, and each direction's mean and median rank."""
+    out = {}
+    for k in ks:
+        out[f"image_retrieval_recall@{k}"] = float((ranks.t2i < k).float().mean())
+        out[f"text_retrieval_recall@{k}"] = float((ranks.i2t < k).float().mean())
+    for name, rank in (("image_retrieval", ranks.t2i), ("text_retrieval", ranks.i2t)):
+        position = rank.double() + 1
+        out[f"{name}_mean_rank"] = float(position.mean())
+        # numpy's median (the middle two averaged), not torch's (the lower one)
+        out[f"{name}_median_rank"] = float(position.quantile(0.5))
+    return out
+
+
+def prompt_templates(templates: list[str] | None) -> list[str]:
+    """``None`` or ``["openai"]``: CLIP's 80 ImageNet templates; a ``.json``/``.txt`` file; else the templates."""
+    templates = templates or ["openai"]
+    if len(templates) > 1:
+        return list(templates)
+    path = Path(templates[0])
+    if templates[0] in TEMPLATE_SETS:
+        path = Path(__file__).parent / "assets" / TEMPLATE_SETS[templates[0]]
+    elif path.suffix not in (".json", ".txt") or not path.is_file():
+        return list(templates)
+    text = path.read_text(encoding="utf-8")
+    return json.loads(text) if path.suffix == ".json" else [t for t in text.splitlines() if t.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command's own options; every other option is ``test``'s (``--config``, ``--ckpt_path``, ``--data.*``,
+    ``--trainer.devices``, ...)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m mm_lightning evaluate",
+        description="Score a checkpoint on the data's test split (and labeled images) under CLIP_benchmark's"
+        " protocol. Every option of `python -m mm_lightning test` applies too, e.g. --config, --ckpt_path,"
+        " --data.init_args.test_file, --trainer.devices.",
+        allow_abbrev=False,
+    )
+    parser.add_argument("--output", default="evaluation", help="folder of the JSON files and results.md")
+    parser.add_argument("--dataset_name", help="name in the results (default: the test file's name)")
+    parser.add_argument("--zeroshot", help="labeled images (a folder per class, or a JSONL) to classify too")
+    parser.add_argument("--classnames", nargs="*", help="their class names (default: folder names or labels)")
+    parser.add_argument(
+        "--templates",
+        nargs="*",
+        help="prompt templates with {}, a .json/.txt file of them, or openai (default)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m mm_lightning evaluate --config ... --ckpt_path CKPT [--output DIR] [--zeroshot DIR] ...``."""
+    from mm_lightning.cli import MultimodalCLI, cli_main
+
+    parser = build_parser()
+    options, test_args = parser.parse_known_args(argv)
+    if "-h" in test_args or "--help" in test_args:
+        parser.print_help()
+        return 0
+
+    class EvaluateCLI(MultimodalCLI):
+        """``test``'s options and checkpoint handling; the run scores and writes the results."""
+
+        def test(
+            self, model: LightningModule, datamodule: LightningDataModule, ckpt_path: str | None, **_: Any
+        ) -> None:
+            run_evaluation(self.trainer, model, datamodule, ckpt_path, options)
+
+    cli_main(["test", *test_args], cli_class=EvaluateCLI)
+    return 0
+
+
+def run_evaluation(
+    trainer: Trainer,
+    model: LightningModule,
+    datamodule: LightningDataModule,
+    ckpt_path: str | None,
+    options: argparse.Namespace,
+) -> dict[str, dict[str, Any]]:
+    """Tests ``model`` on the data's test split (with zero-shot classification when ``options.zeroshot`` is
+    given) and, on rank 0, writes the results; returns them by file name."""
+    if not (hasattr(datamodule, "has_split") and datamodule.has_split("test")):
+        raise NoTestSplit(
+            "evaluate scores the data's test split: give it an image-caption JSONL with --data.init_args.test_file"
+            " (or test_shards for shards)"
+        )
+    classifier = None
+    if options.zeroshot is not None:
+        from mm_lightning.zeroshot import ZeroShotEvaluation
+
+        data = Path(options.zeroshot)
+        name = data.stem if data.is_file() else data.name
+        templates = prompt_templates(options.templates)
+        classifier = ZeroShotEvaluation(name, options.zeroshot, options.classnames, templates)
+        trainer.callbacks.append(classifier)
+    trainer.test(model, datamodule=datamodule, ckpt_path=ckpt_path, verbose=False)
+    ranks = model.evaluation.last_ranks
+    test_source = getattr(datamodule, "files", {}).get("test") or "test"
+    dump = {
+        "dataset": options.dataset_name or Path(str(test_source)).stem,
+        "model": type(model.model.image_encoder).__name__ + " + " + type(model.model.text_encoder).__name__,
+        "pretrained": ckpt_path,
+        "task": RETRIEVAL,
+        "metrics": clip_benchmark_retrieval(ranks),
+        "language": "en",
+        "images": int(ranks.i2t.numel()),
+        "captions": int(ranks.t2i.numel()),
+    }
+    results = {f"{dump['dataset']}_{RETRIEVAL}.json": dump}
+    if classifier is not None:
+        zs_dump = {**dump, "dataset": classifier.name, "task": CLASSIFICATION, "metrics": classifier.scores}
+        zs_dump.update(images=len(classifier.images.paths), classes=len(classifier.images.classnames))
+        del zs_dump["captions"]
+        results[f"{classifier.name}_{CLASSIFICATION}.json"] = zs_dump
+    if trainer.is_global_zero:
+        write_results(Path(options.output), results)
+    return results
+
+
+def write_results(folder: Path, results: dict[str, dict[str, Any]]) -> None:
+    """One JSON per task and ``results.md``, a table per task (also printed)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for file_name, dump in results.items():
+        (folder / file_name).write_text(json.dumps(dump, indent=2) + "\n", encoding="utf-8")
+    table = markdown_tables(list(results.values()))
+    (folder / "results.md").write_text(table, encoding="utf-8")
+    print(table + f"\nwritten to {folder}/", flush=True)
+
+
+def _percent(value: float) -> str:
+    return "n/a" if math.isnan(value) else f"{100 * value:.2f}"
+
+
+def markdown_tables(dumps: list[dict[str, Any]]) -> str:
+    """Retrieval: recall@k (%) and ranks both ways; zero-shot: top-1/top-5 accuracy and mean per-class recall (%)."""
+    tables = []
+    retrieval = [d for d in dumps if d["task"] == RETRIEVAL]
+    if retrieval:
+        names = retrieval[0]["metrics"]
+        ks = sorted(int(k.split("@")[1]) for k in names if k.startswith("image_retrieval_recall"))
+        recalls = " | ".join(f"{way} R@{k}" for way in ("text→image", "image→text") for k in ks)
+        lines = [
+            f"| dataset | images | captions | {recalls} | text→image rank (mean / median) |"
+            " image→text rank (mean / median) |",
+            "|---|---:|---:|" + "---:|" * (2 * len(ks) + 2),
+        ]
+        for d in retrieval:
+            m = d["metrics"]
+            cells = [_percent(m[f"{what}_retrieval_recall@{k}"]) for what in ("image", "text") for k in ks]
+            for what in ("image", "text"):
+                cells.append(
+                    f"{m[f'{what}_retrieval_mean_rank']:.1f} / {m[f'{what}_retrieval_median_rank']:g}"
+                )
+            lines.append(f"| {d['dataset']} | {d['images']} | {d['captions']} | " + " | ".join(cells) + " |")
+        tables.append("\n".join(lines))
+    classification = [d for d in dumps if d["task"] == CLASSIFICATION]
+    if classification:
+        lines = [
+            "| dataset | images | classes | top-1 | top-5 | mean per-class recall |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for d in classification:
+            m = d["metrics"]
+            cells = [_percent(m.get(k, math.nan)) for k in ("acc1", "acc5", "mean_per_class_recall")]
+            lines.append(f"| {d['dataset']} | {d['images']} | {d['classes']} | " + " | ".join(cells) + " |")
+        tables.append("\n".join(lines))
+    return "\n\n".join(tables) + "\n"
