@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor, nn
 from torchmetrics import Metric
-from torchmetrics.classification import MulticlassAccuracy, MulticlassRecall
+from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 from typing_extensions import override
 
 from mm_lightning.data.images import decode_image_file
@@ -40,13 +40,25 @@ DEFAULT_TEMPLATES = ("a photo of a {}.",)
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 
+class MeanPerClassRecall(MulticlassConfusionMatrix):
+    """Recall averaged over the classes that have images (sklearn's balanced accuracy, as CLIP_benchmark reports;
+    torchmetrics' macro recall would count a class without images as 0)."""
+
+    @override
+    def compute(self) -> Tensor:
+        matrix = super().compute()  # rows: true classes
+        support = matrix.sum(1)
+        present = support > 0
+        return (matrix.diagonal()[present] / support[present]).float().mean()
+
+
 def classification_metrics(num_classes: int) -> dict[str, Metric]:
     """CLIP_benchmark's: ``acc1``, ``acc5`` (from 5 classes on) and ``mean_per_class_recall`` (balanced accuracy)."""
     ks = [k for k in (1, 5) if k <= num_classes]
     metrics: dict[str, Metric] = {
         f"acc{k}": MulticlassAccuracy(num_classes, top_k=k, average="micro") for k in ks
     }
-    metrics["mean_per_class_recall"] = MulticlassRecall(num_classes, average="macro")
+    metrics["mean_per_class_recall"] = MeanPerClassRecall(num_classes)
     return metrics
 
 

@@ -4,17 +4,21 @@ on the same split, and are the same on 1 and 2 processes; results in CLIP_benchm
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from clip_benchmark.metrics import zeroshot_retrieval
+from clip_benchmark.metrics import zeroshot_classification, zeroshot_retrieval
 
 from mm_lightning.cli import cli_main, main
+from mm_lightning.data.collate import load_tokenizer
+from mm_lightning.data.images import decode_image_file
+from mm_lightning.data.transforms import Normalize, eval_transform
 from mm_lightning.evaluate import markdown_tables, prompt_templates
-from tests.conftest import DEMO_CONFIG, REPO, TinyRun, tiny_demo_args
+from mm_lightning.models import DualEncoder
+from tests.conftest import DEMO_CONFIG, TinyRun, tiny_demo_args
+from tests.test_process_exit import run_or_report_hang
 
 KS = (1, 5, 10)
 RETRIEVAL_KEYS = {f"{d}_retrieval_recall@{k}" for d in ("image", "text") for k in KS} | {
@@ -51,19 +55,65 @@ def clip_benchmark_on(predicted: dict, captions_per_image: int | None = None) ->
     return zeroshot_retrieval.evaluate(model, loader, tokenizer, "cpu", amp=False, recall_k_list=list(KS))
 
 
-def read_results(folder: Path) -> dict:
-    files = list(folder.glob("*_zeroshot_retrieval.json"))
+def read_results(folder: Path, task: str = "zeroshot_retrieval") -> dict:
+    files = list(folder.glob(f"*_{task}.json"))
     assert len(files) == 1, files
     return json.loads(files[0].read_text())
 
 
+class ClipInterface(torch.nn.Module):
+    """CLIP_benchmark's model interface (``encode_image``, ``encode_text``) over the project's network."""
+
+    def __init__(self, network: DualEncoder) -> None:
+        super().__init__()
+        self.network = network
+
+    def encode_image(self, images: torch.Tensor) -> torch.Tensor:
+        return self.network.embed_images(images)
+
+    def encode_text(self, tokens: dict) -> torch.Tensor:
+        return self.network.embed_text(**tokens)
+
+
+class LabeledImages(torch.utils.data.Dataset):
+    def __init__(self, images: torch.Tensor, labels: list[int], classes: list[str]) -> None:
+        self.images, self.labels, self.classes = images, labels, classes
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return self.images[i], self.labels[i]
+
+
+def colors_of(demo: Path) -> list[tuple[str, str]]:
+    """(image path, its shape's color) of each test image: the demo's captions start "a <size> <color> ..."."""
+    records = [json.loads(line) for line in (demo / "test.jsonl").read_text().splitlines()]
+    return [(str(demo / r["image"]), r["text"][0].split()[2]) for r in records]
+
+
 @pytest.fixture(scope="module")
 def evaluated(tiny_run: TinyRun, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, Path]:
-    """The tiny run's last checkpoint, evaluated on the test split, and its embeddings from ``predict``."""
+    """The tiny run's last checkpoint, evaluated on the test split and on its images labeled by color, and its
+    embeddings from ``predict``."""
     out = tmp_path_factory.mktemp("evaluate")
     ckpt = str(tiny_run.checkpoint_dir / "last.ckpt")
     args = tiny_demo_args(tiny_run.root)
-    assert main(["evaluate", *args, "--ckpt_path", ckpt, "--output", str(out / "results")]) == 0
+    labeled = out / "colors.jsonl"
+    labeled.write_text(
+        "".join(json.dumps({"image": i, "label": c}) + "\n" for i, c in colors_of(tiny_run.root / "demo"))
+    )
+    evaluate = [
+        "evaluate",
+        *args,
+        "--ckpt_path",
+        ckpt,
+        "--output",
+        str(out / "results"),
+        "--zeroshot",
+        str(labeled),
+    ]
+    assert main(evaluate) == 0
     cli_main(["predict", *args, "--ckpt_path", ckpt, "--prediction.output_dir", str(out / "embeddings")])
     predicted = torch.load(out / "embeddings" / "embeddings_rank0.pt", weights_only=True)
     return read_results(out / "results"), predicted, out
@@ -80,7 +130,7 @@ def test_results_are_in_clip_benchmarks_layout(evaluated: tuple[dict, dict, Path
     )
     assert set(results["metrics"]) == RETRIEVAL_KEYS
     table = (out / "results" / "results.md").read_text()
-    assert table == markdown_tables([results])
+    assert table == markdown_tables([results, read_results(out / "results", "zeroshot_classification")])
     r1 = results["metrics"]["image_retrieval_recall@1"]
     assert f"| test | 24 | 48 | {100 * r1:.2f} |" in table
 
@@ -120,6 +170,52 @@ def test_validation_on_the_same_split_reports_the_same_recall(
         )
 
 
+def numpy2_accuracy(output: torch.Tensor, target: torch.Tensor, topk: tuple[int, ...] = (1,)) -> list[float]:
+    """clip_benchmark 1.6.2's ``accuracy`` with one change: NumPy 2 refuses its ``float()`` of a 1-element array."""
+    pred = output.topk(max(topk), 1, True, True)[1].t()
+    correct = pred.eq(target.view(1, -1).expand_as(pred))
+    return [correct[:k].reshape(-1).float().sum().item() / len(target) for k in topk]
+
+
+def test_zero_shot_equals_clip_benchmark(
+    tiny_run: TinyRun, evaluated: tuple[dict, dict, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, _, out = evaluated
+    ours = read_results(out / "results", "zeroshot_classification")
+    classes = sorted({color for _, color in colors_of(tiny_run.root / "demo")})
+    assert (ours["dataset"], ours["images"], ours["classes"]) == ("colors", 24, len(classes)) and len(
+        classes
+    ) >= 5
+    assert set(ours["metrics"]) == {"acc1", "acc5", "mean_per_class_recall"}
+
+    network = DualEncoder.from_checkpoint(tiny_run.checkpoint_dir / "last.ckpt").eval()
+    config = network.data_config["image"]
+    resize = eval_transform(config["input_size"][-1], interpolation=config.get("interpolation", "bilinear"))
+    labeled = colors_of(tiny_run.root / "demo")
+    images = Normalize(tuple(config["mean"]), tuple(config["std"]))(
+        torch.stack([resize(decode_image_file(path)) for path, _ in labeled])
+    )
+    data = LabeledImages(images, [classes.index(color) for _, color in labeled], classes)
+    hf_tokenizer = load_tokenizer(network.data_config["text"]["tokenizer"])
+    tokenizer = lambda texts: hf_tokenizer(texts, padding=True, return_tensors="pt")  # noqa: E731
+    templates = [t.replace("{}", "{c}") for t in prompt_templates(None)]
+
+    def theirs(templates: list[str]) -> dict[str, float]:
+        loader = torch.utils.data.DataLoader(data, batch_size=5)
+        return zeroshot_classification.evaluate(
+            ClipInterface(network), loader, tokenizer, classes, templates, "cpu", amp=False
+        )
+
+    monkeypatch.setattr(zeroshot_classification, "accuracy", numpy2_accuracy)
+    reference = theirs(templates)
+    for key, value in ours["metrics"].items():
+        assert value == pytest.approx(reference[key], abs=1e-6), key
+    assert ours["metrics"]["acc1"] != ours["metrics"]["mean_per_class_recall"]  # unequal classes: both count
+    # Control: with one prompt instead of CLIP's 80 the classifier, and its scores, differ.
+    one_prompt = theirs(templates[:1])
+    assert any(abs(one_prompt[key] - value) > 1e-3 for key, value in ours["metrics"].items())
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_two_processes_give_the_same_results(tiny_run: TinyRun, evaluated: tuple[dict, dict, Path]) -> None:
@@ -128,11 +224,14 @@ def test_two_processes_give_the_same_results(tiny_run: TinyRun, evaluated: tuple
     cmd = [
         sys.executable, "-m", "mm_lightning", "evaluate", *tiny_demo_args(tiny_run.root), "--ckpt_path", ckpt,
         "--output", str(out / "two"), "--trainer.devices", "2", "--trainer.strategy", "ddp",
+        "--zeroshot", str(out / "colors.jsonl"),
     ]  # fmt: skip
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    assert "| test | 24 | 48 |" in done.stdout  # the table is printed
+    done = run_or_report_hang(cmd, timeout=300)
+    assert done.returncode == 0, done.stdout[-5000:]
+    assert "| test | 24 | 48 |" in done.stdout and "| colors | 24 |" in done.stdout  # the tables are printed
     assert read_results(out / "two")["metrics"] == results["metrics"]
+    one, two = (read_results(out / d, "zeroshot_classification") for d in ("results", "two"))
+    assert two["metrics"] == pytest.approx(one["metrics"], abs=1e-6)
 
 
 def test_templates_by_name_file_or_list(tmp_path: Path) -> None:
