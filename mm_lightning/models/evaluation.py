@@ -1,16 +1,17 @@
 """Evaluation epochs (validation, test): retrieval metrics over the whole split and the loss on its unique rows.
 
-The loss counts each valid record once per epoch, whatever the world size: stand-ins for bad records and a
-distributed sampler's padding are dropped, as rows and as negatives. Loaded only when a run evaluates.
+Each valid record counts once per epoch, whatever the world size: stand-ins for bad records and a distributed
+sampler's padding are dropped, as rows and as negatives; the loss is scored on fixed chunks of records in file
+order (:class:`ChunkedLoss`). Loaded only when a run evaluates.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 
@@ -19,22 +20,6 @@ from mm_lightning.distributed import gather_rows, pad_to_global_length, single_p
 from mm_lightning.metrics import Ranks, RetrievalMetrics, first_occurrence
 from mm_lightning.models.losses.base import l2_normalize, weighted_sum
 from mm_lightning.models.towers.base import EncoderOutput
-
-
-@dataclass
-class EvalBatch:
-    """The unique valid rows of a (global) evaluation batch."""
-
-    ids: Tensor
-    weights: Tensor | None
-    image_out: EncoderOutput
-    image_emb: Tensor
-    text_out: EncoderOutput
-    text_emb: Tensor
-
-    @property
-    def count(self) -> int:
-        return int(self.ids.shape[0])
 
 
 def _gather(tensor: Tensor) -> Tensor:
@@ -72,18 +57,13 @@ class EvalRows:
         text_emb: Tensor,
         weights: Tensor | None,
         tokens: bool,
-    ) -> EvalBatch | None:
-        """The global batch (same on each rank) restricted to its unique valid rows, or None if none is left.
-
-        ``tokens``: also gather the token sequences (for the ITM head).
-        """
+    ) -> dict[str, Tensor] | None:
+        """The global batch (same on each rank) restricted to its unique valid rows, in file order, or None if
+        none is left. ``tokens``: with the token sequences (for the ITM head)."""
         index = batch["index"]
         stand_in = batch.get(STAND_IN_KEY)
         if stand_in is None:
             stand_in = torch.zeros_like(index, dtype=torch.bool)
-        text_tokens, text_mask = text_out.tokens, text_out.mask
-        if tokens:
-            text_tokens, text_mask = pad_to_global_length(text_tokens, text_mask)
         fields: dict[str, Tensor | None] = {
             "index": index,
             "stand_in": stand_in.to(index.device),
@@ -91,10 +71,9 @@ class EvalRows:
             "weights": weights,
             "image_emb": image_emb,
             "text_emb": text_emb,
-            "image_pooled": image_out.pooled,
-            "text_pooled": text_out.pooled,
         }
         if tokens:
+            text_tokens, text_mask = pad_to_global_length(text_out.tokens, text_out.mask)
             fields |= {
                 "image_tokens": image_out.tokens,
                 "image_mask": image_out.mask,
@@ -103,42 +82,75 @@ class EvalRows:
             }
         if world()[1] > 1:  # evaluation: no gradient; ranks may hold different row counts
             fields = {k: None if v is None else _gather(v) for k, v in fields.items()}
-        keep = self.keep(fields.pop("index"), fields.pop("stand_in"))  # type: ignore[arg-type]
+        keep = self.keep(fields["index"], fields.pop("stand_in"))  # type: ignore[arg-type]
         if not bool(keep.any()):
             return None
-        rows = {k: None if v is None else v[keep] for k, v in fields.items()}
-        if tokens:
-            image_out = EncoderOutput(rows["image_pooled"], rows["image_tokens"], rows["image_mask"])
-            text_out = EncoderOutput(rows["text_pooled"], rows["text_tokens"], rows["text_mask"])
-        else:  # the loss reads only the pooled outputs; the token fields are left as they are
-            image_out = EncoderOutput(rows["image_pooled"], image_out.tokens, image_out.mask)
-            text_out = EncoderOutput(rows["text_pooled"], text_out.tokens, text_out.mask)
-        return EvalBatch(
-            rows["ids"], rows["weights"], image_out, rows["image_emb"], text_out, rows["text_emb"]
-        )  # type: ignore[arg-type]
+        order = fields["index"][keep].argsort()  # type: ignore[index]
+        return {k: v[keep][order] for k, v in fields.items() if v is not None}
 
 
-def unique_rows_loss(
-    eval_rows: EvalRows,
-    model: Any,
-    batch: dict[str, Tensor],
-    outputs: tuple[EncoderOutput, Tensor, EncoderOutput, Tensor],
-    weights: Tensor | None,
-    term_weights: Mapping[str, Any],
-) -> tuple[Tensor, int]:
-    """The training objective (fixed weights) over the batch's unique valid rows, and their number.
+def _concat(parts: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+    if len(parts) == 1:
+        return parts[0]
+    if "text_tokens" in parts[0]:  # captions of different batches are padded to different lengths
+        length = max(p["text_tokens"].shape[1] for p in parts)
+        for p in parts:
+            extra = length - p["text_tokens"].shape[1]
+            p["text_tokens"] = F.pad(p["text_tokens"], (0, 0, 0, extra))
+            p["text_mask"] = F.pad(p["text_mask"], (0, extra), value=False)
+    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
-    Distributed, every rank computes the same value on the gathered global batch (a single process's value).
+
+class ChunkedLoss:
+    """The training objective (fixed weights) over consecutive chunks of valid records in file order.
+
+    A chunk holds as many records as the epoch's first batch on a rank (the last one fewer), so the value does
+    not depend on where skipped records or batch boundaries fell, nor on the number of processes. Each rank
+    scores the same gathered rows as a single process would.
     """
-    # the ITM head needs the token sequences of the global batch too (each rank then scores all its rows)
-    rows = eval_rows.gather_unique(batch, *outputs, weights, tokens=model.itm is not None)
-    if rows is None:  # nothing new in this global batch
-        return torch.zeros((), device=outputs[1].device), 0
-    with single_process():
-        terms, _ = model.losses(
-            rows.ids, rows.weights, rows.image_out, rows.image_emb, rows.text_out, rows.text_emb
-        )
-    return weighted_sum(terms, term_weights), rows.count
+
+    def __init__(self) -> None:
+        self.size = 0
+        self.pending: list[dict[str, Tensor]] = []
+        self.total: Tensor | float = 0.0
+        self.count = 0
+
+    def reset(self) -> None:
+        self.__init__()  # type: ignore[misc]
+
+    def add(
+        self, model: Any, rows: dict[str, Tensor], term_weights: Mapping[str, Any], batch_rows: int
+    ) -> None:
+        """Queues a batch's unique valid rows; scores every chunk that is complete."""
+        self.size = self.size or batch_rows
+        self.pending.append(rows)
+        while sum(len(p["index"]) for p in self.pending) >= self.size:
+            held = _concat(self.pending)
+            self._score(model, {k: v[: self.size] for k, v in held.items()}, term_weights)
+            rest = {k: v[self.size :] for k, v in held.items()}
+            self.pending = [rest] if len(rest["index"]) else []
+
+    def finish(self, model: Any, term_weights: Mapping[str, Any]) -> float | None:
+        """Scores the last, shorter chunk; the mean over all records (None if there were none)."""
+        if self.pending:
+            self._score(model, _concat(self.pending), term_weights)
+        mean = float(self.total) / self.count if self.count else None
+        self.reset()
+        return mean
+
+    def _score(self, model: Any, rows: dict[str, Tensor], term_weights: Mapping[str, Any]) -> None:
+        # the losses read the token sequences (ITM) and the embeddings, never the pooled outputs
+        unread = rows["image_emb"][:, :0]
+        none = unread[:, None]
+        no_mask = torch.zeros(none.shape[:2], dtype=torch.bool, device=none.device)
+        image_out = EncoderOutput(unread, rows.get("image_tokens", none), rows.get("image_mask", no_mask))
+        text_out = EncoderOutput(unread, rows.get("text_tokens", none), rows.get("text_mask", no_mask))
+        with single_process():
+            terms, _ = model.losses(
+                rows["ids"], rows.get("weights"), image_out, rows["image_emb"], text_out, rows["text_emb"]
+            )
+        self.total = self.total + weighted_sum(terms, term_weights).detach() * len(rows["index"])
+        self.count += len(rows["index"])
 
 
 class Evaluation(nn.Module):
@@ -148,10 +160,12 @@ class Evaluation(nn.Module):
         super().__init__()
         self.retrieval = RetrievalMetrics()
         self.rows = EvalRows()
+        self.loss = ChunkedLoss()
         self.last_ranks: Ranks | None = None  # the last epoch's, for a report (``evaluate``)
 
     def start_epoch(self) -> None:
         self.rows.reset()
+        self.loss.reset()
 
     def step(self, module: LightningModule, batch: dict[str, Tensor], stage: str) -> dict[str, Tensor]:
         """Logs ``<stage>/loss``, adds the batch to the metrics, returns its normalized embeddings (per pair).
@@ -167,9 +181,10 @@ class Evaluation(nn.Module):
         )
         outputs = (image_out, unique_emb[column], text_out, text_emb)
         weights = module.sample_weights(batch)
-        loss, rows = unique_rows_loss(self.rows, module.model, batch, outputs, weights, module.term_weights)
-        # weighted by the rows that count, so the epoch value is the mean over unique valid records
-        module.log(f"{stage}/loss", loss, batch_size=rows, sync_dist=True)
+        # the ITM head needs the token sequences of the global batch too
+        rows = self.rows.gather_unique(batch, *outputs, weights, tokens=module.model.itm is not None)
+        if rows is not None:
+            self.loss.add(module.model, rows, module.term_weights, len(batch["index"]))
         self.retrieval.update(unique_emb, image_ids, text_emb, batch["image_id"], batch["index"])
         return {
             "image_embeddings": l2_normalize(unique_emb[column].float()),
@@ -177,15 +192,19 @@ class Evaluation(nn.Module):
         }
 
     def end_epoch(self, module: LightningModule, stage: str) -> None:
-        """Logs ``<stage>/r{1,5,10}_{t2i,i2t}`` and ``alignment_gap`` over the epoch's unique rows."""
+        """Logs ``<stage>/loss``, ``<stage>/r{1,5,10}_{t2i,i2t}`` and ``alignment_gap`` over the epoch's unique
+        rows."""
+        loss = self.loss.finish(module.model, module.term_weights)
         if self.retrieval.update_count == 0:
             return
         # gathered over ranks by torchmetrics: identical on every rank
         self.last_ranks = self.retrieval.compute_ranks()
         self.retrieval.reset()
-        metrics = self.last_ranks.metrics(self.retrieval.ks)
+        metrics = {"loss": loss} | {
+            k: float(v) for k, v in self.last_ranks.metrics(self.retrieval.ks).items()
+        }
         # already equal on every rank: the max keeps each value exact (a mean over 3 ranks may not) and tells
         # Lightning the value is global (else it warns about sync_dist once per metric)
         module.log_dict(
-            {f"{stage}/{k}": float(v) for k, v in metrics.items()}, sync_dist=True, reduce_fx="max"
+            {f"{stage}/{k}": v for k, v in metrics.items() if v is not None}, sync_dist=True, reduce_fx="max"
         )

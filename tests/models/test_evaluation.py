@@ -74,9 +74,11 @@ def test_val_loss_is_the_objective_on_every_row() -> None:
         emb = model(batch)
         want = model.model.contrastive(emb["image_embeddings"], emb["text_embeddings"], batch["image_id"])
         logged = {}
-        model.log = lambda name, value, **kwargs: logged.setdefault(name, value)
+        model.log_dict = lambda values, **kwargs: logged.update(values)
+        model.on_validation_epoch_start()
         model.validation_step(batch, 0)
-    torch.testing.assert_close(logged["val/loss"], want, atol=1e-6, rtol=0)
+        model.on_validation_epoch_end()
+    assert logged["val/loss"] == pytest.approx(want.item(), abs=1e-6)
 
 
 def test_skipped_records_change_no_metric_on_one_device(tmp_path: Path) -> None:
@@ -120,3 +122,65 @@ def _counting(update, rows: list[int]):
         return update(image_emb, image_ids, text_emb, text_image_ids, index)
 
     return wrapped
+
+
+def _records_with_broken_images(root: Path) -> tuple[Path, Path]:
+    """8 good images (2 captions each) alone, and the same with 4 undecodable ones among them."""
+    from tests.data.helpers import coco_style, write_jsonl
+
+    clean = coco_style(root, num_images=8, captions_per_image=2)
+    (root / "images" / "broken.jpg").write_text("<html>404 not found</html>")  # an error page saved as .jpg
+    lines = clean.read_text().splitlines()
+    bad = {"image": "images/broken.jpg", "text": ["a broken image", "still broken"]}
+    mixed = [lines[0], bad, lines[1], lines[2], bad, bad, *lines[3:6], bad, *lines[6:]]
+    return clean, write_jsonl(root / "with_broken.jsonl", mixed)
+
+
+def _val_loss(val_file: Path, batch_size: int, devices: int, root: Path) -> float:
+    from lightning.pytorch import seed_everything
+
+    from mm_lightning.data import MultimodalDataModule
+
+    data = MultimodalDataModule(
+        val_file=str(val_file), tokenizer="mm-lightning/demo-bert", image_size=32, max_length=16,
+        batch_size=batch_size, on_bad_record="skip",
+    )  # fmt: skip
+    seed_everything(0)
+    model = tiny_module()  # with the ITM head: its loss term samples negatives
+    trainer = Trainer(
+        accelerator="cpu", devices=devices, strategy="ddp_spawn" if devices > 1 else "auto", logger=False,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=root, deterministic=True,
+    )  # fmt: skip
+    trainer.validate(model, data, verbose=False)
+    return float(trainer.callback_metrics["val/loss"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_val_loss_does_not_depend_on_where_skipped_records_fell(tmp_path: Path) -> None:
+    """Broken records skipped leave ``val/loss`` as the good records alone give it, at any batch size and on 1 or
+    2 processes: it is scored on chunks of records in file order, not on the batches they arrived in."""
+    clean, with_broken = _records_with_broken_images(tmp_path)
+    for batch_size in (3, 4):
+        alone = {d: _val_loss(clean, batch_size, d, tmp_path) for d in (1, 2)}
+        skipped = {d: _val_loss(with_broken, batch_size, d, tmp_path) for d in (1, 2)}
+        for devices in (1, 2):
+            assert skipped[devices] == pytest.approx(alone[devices], abs=1e-6), (batch_size, devices)
+        assert alone[2] == pytest.approx(alone[1], abs=1e-5)  # and the number of processes does not matter
+
+
+def test_val_loss_control_batch_by_batch_depends_on_skips(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Control: scored batch by batch (each batch's valid rows a chunk of their own), the skips change the value."""
+    from mm_lightning.models.evaluation import ChunkedLoss
+
+    clean, with_broken = _records_with_broken_images(tmp_path)
+    add = ChunkedLoss.add
+
+    def batch_by_batch(self, model, rows, term_weights, batch_rows):
+        self.size = len(rows["index"])
+        add(self, model, rows, term_weights, batch_rows)
+
+    monkeypatch.setattr(ChunkedLoss, "add", batch_by_batch)
+    assert abs(_val_loss(with_broken, 3, 1, tmp_path) - _val_loss(clean, 3, 1, tmp_path)) > 1e-3

@@ -103,13 +103,10 @@ def test_ddp_explicit_gradients_and_global_val_metrics_match_single_process(tmp_
         accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False
     )
     reference = single.validate(model, val, verbose=False)[0]
-    assert distributed_metrics, "no retrieval metrics came back from the distributed run"
-    loss = distributed_metrics.pop("val/loss")
+    assert "val/loss" in distributed_metrics and "val/r1_t2i" in distributed_metrics
     for key, value in distributed_metrics.items():
-        assert value == pytest.approx(reference[key], abs=1e-6), key
-    # val/loss is per global batch (2 ranks x 4 rows): one process with batches of 8 sees the same rows, the
-    # padding duplicate of the last global batch left out
-    global_batches = single.validate(model, DataLoader(val.dataset, batch_size=2 * 4), verbose=False)[0]
-    print(f"val/loss: 2 ranks {loss:.6f}, 1 process {global_batches['val/loss']:.6f}")
-    assert loss == pytest.approx(global_batches["val/loss"], abs=1e-5)
-    assert abs(reference["val/loss"] - loss) > 1e-4  # control: other batches (of 4) give another value
+        assert value == pytest.approx(reference[key], abs=1e-5 if key == "val/loss" else 1e-6), key
+    # val/loss is scored on chunks of 4 records (a rank's batch) in file order, the padding duplicate left out:
+    # chunks of another size give another value
+    chunks_of_8 = single.validate(model, DataLoader(val.dataset, batch_size=2 * 4), verbose=False)[0]
+    assert abs(chunks_of_8["val/loss"] - distributed_metrics["val/loss"]) > 1e-4
