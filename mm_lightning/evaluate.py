@@ -76,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--zeroshot", help="labeled images (a folder per class, or a JSONL) to classify too")
     parser.add_argument("--classnames", nargs="*", help="their class names (default: folder names or labels)")
     parser.add_argument(
+        "--rerank_k",
+        type=int,
+        default=0,
+        help="also re-rank each query's top k with the matching head (0: off)",
+    )
+    parser.add_argument(
         "--templates",
         nargs="*",
         help="prompt templates with {}, a .json/.txt file of them, or openai (default)",
@@ -128,6 +134,10 @@ def run_evaluation(
         templates = prompt_templates(options.templates)
         classifier = ZeroShotEvaluation(name, options.zeroshot, options.classnames, templates)
         trainer.callbacks.append(classifier)
+    if options.rerank_k:
+        from mm_lightning.models.evaluation import Evaluation
+
+        model.evaluation = Evaluation(options.rerank_k)
     trainer.test(model, datamodule=datamodule, ckpt_path=ckpt_path, verbose=False)
     ranks = model.evaluation.last_ranks
     test_source = getattr(datamodule, "files", {}).get("test") or "test"
@@ -142,6 +152,15 @@ def run_evaluation(
         "captions": int(ranks.t2i.numel()),
     }
     results = {f"{dump['dataset']}_{RETRIEVAL}.json": dump}
+    reranked = model.evaluation.last_reranked
+    if reranked is not None:
+        name = f"{dump['dataset']}+itm_rerank{options.rerank_k}"
+        results[f"{name}_{RETRIEVAL}.json"] = {
+            **dump,
+            "dataset": name,
+            "metrics": clip_benchmark_retrieval(reranked),
+            "rerank": {"k": options.rerank_k, "score": "matching head's match logit + cosine similarity"},
+        }
     if classifier is not None:
         zs_dump = {**dump, "dataset": classifier.name, "task": CLASSIFICATION, "metrics": classifier.scores}
         zs_dump.update(images=len(classifier.images.paths), classes=len(classifier.images.classnames))

@@ -234,6 +234,22 @@ def test_two_processes_give_the_same_results(tiny_run: TinyRun, evaluated: tuple
     assert two["metrics"] == pytest.approx(one["metrics"], abs=1e-6)
 
 
+def test_rerank_writes_the_reranked_figures_beside_the_plain_ones(
+    tiny_run: TinyRun, evaluated: tuple[dict, dict, Path]
+) -> None:
+    results, _, out = evaluated
+    ckpt = str(tiny_run.checkpoint_dir / "last.ckpt")
+    folder = out / "reranked"
+    assert main(["evaluate", *tiny_demo_args(tiny_run.root), "--ckpt_path", ckpt, "--output", str(folder),
+                 "--rerank_k", "48"]) == 0  # fmt: skip
+    plain = json.loads((folder / "test_zeroshot_retrieval.json").read_text())
+    reranked = json.loads((folder / "test+itm_rerank48_zeroshot_retrieval.json").read_text())
+    assert plain["metrics"] == results["metrics"]  # re-ranking leaves the contrastive figures as they were
+    assert set(reranked["metrics"]) == RETRIEVAL_KEYS and reranked["rerank"]["k"] == 48
+    assert reranked["metrics"] != plain["metrics"]  # the head re-scored every candidate (48 >= 24 images)
+    assert "| test+itm_rerank48 | 24 | 48 |" in (folder / "results.md").read_text()
+
+
 def test_templates_by_name_file_or_list(tmp_path: Path) -> None:
     openai = prompt_templates(None)
     assert len(openai) == 80 and openai == prompt_templates(["openai"])

@@ -35,11 +35,7 @@ POSITIONS: dict[str, tuple[float, float]] = {
     "bottom right": (0.73, 0.73),
     "center": (0.5, 0.5),
 }
-BACKGROUNDS: dict[str, tuple[int, int, int]] = {
-    "dark": (25, 25, 30),
-    "gray": (125, 125, 125),
-    "beige": (225, 205, 170),
-}
+BACKGROUNDS = {"dark": (25, 25, 30), "gray": (125, 125, 125), "beige": (225, 205, 170)}
 TEMPLATES = (
     "a {size} {colour} {shape} in the {position} on a {background} background",
     "{background} background with a {size} {colour} {shape} at the {position}",

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from mm_lightning.data.records import STAND_IN_KEY
 from mm_lightning.distributed import gather_rows, pad_to_global_length, single_process, world
 from mm_lightning.metrics import Ranks, RetrievalMetrics, first_occurrence
+from mm_lightning.models.config import DEFAULT_FUSION, FusionConfig, as_config
 from mm_lightning.models.losses.base import l2_normalize, weighted_sum
 from mm_lightning.models.towers.base import EncoderOutput
 
@@ -154,18 +155,36 @@ class ChunkedLoss:
 
 
 class Evaluation(nn.Module):
-    """One evaluation epoch's state (the retrieval metrics, the rows scored) and its step."""
+    """One evaluation epoch's state (the retrieval metrics, the rows scored) and its step.
 
-    def __init__(self) -> None:
+    Args:
+        rerank_k: also rank with each query's top k re-scored by the matching head (0: off)."""
+
+    def __init__(self, rerank_k: int = 0) -> None:
         super().__init__()
         self.retrieval = RetrievalMetrics()
         self.rows = EvalRows()
         self.loss = ChunkedLoss()
-        self.last_ranks: Ranks | None = None  # the last epoch's, for a report (``evaluate``)
+        self.reranker: Any = None
+        if rerank_k:
+            from mm_lightning.models.rerank import Reranker
+
+            self.reranker = Reranker(rerank_k)
+        # the last epoch's, for a report (``evaluate``)
+        self.last_ranks: Ranks | None = None
+        self.last_reranked: Ranks | None = None
+
+    @classmethod
+    def of(cls, module: LightningModule) -> Evaluation:
+        """The evaluation ``module``'s options ask for (``fusion.rerank_k``), on its device."""
+        fusion = as_config(FusionConfig, module.hparams.get("fusion", DEFAULT_FUSION))
+        return cls(fusion.rerank_k).to(module.device)
 
     def start_epoch(self) -> None:
         self.rows.reset()
         self.loss.reset()
+        if self.reranker is not None:
+            self.reranker.reset()
 
     def step(self, module: LightningModule, batch: dict[str, Tensor], stage: str) -> dict[str, Tensor]:
         """Logs ``<stage>/loss``, adds the batch to the metrics, returns its normalized embeddings (per pair).
@@ -185,6 +204,8 @@ class Evaluation(nn.Module):
         rows = self.rows.gather_unique(batch, *outputs, weights, tokens=module.model.itm is not None)
         if rows is not None:
             self.loss.add(module.model, rows, module.term_weights, len(batch["index"]))
+            if self.reranker is not None:
+                self.reranker.add(module.model.itm, rows)
         self.retrieval.update(unique_emb, image_ids, text_emb, batch["image_id"], batch["index"])
         return {
             "image_embeddings": l2_normalize(unique_emb[column].float()),
@@ -203,6 +224,10 @@ class Evaluation(nn.Module):
         metrics = {"loss": loss} | {
             k: float(v) for k, v in self.last_ranks.metrics(self.retrieval.ks).items()
         }
+        if self.reranker is not None and self.reranker.rows:
+            self.last_reranked = self.reranker.ranks(module.model.itm, self.last_ranks.alignment_gap)
+            reranked = self.last_reranked.metrics(self.retrieval.ks)
+            metrics |= {f"reranked_{k}": float(v) for k, v in reranked.items() if k != "alignment_gap"}
         # already equal on every rank: the max keeps each value exact (a mean over 3 ranks may not) and tells
         # Lightning the value is global (else it warns about sync_dist once per metric)
         module.log_dict(

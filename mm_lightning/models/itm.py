@@ -142,6 +142,11 @@ class ImageTextMatching(nn.Module):
         weights = torch.cat([w, w[has_t], w[has_i]])
         return (per_pair * weights).sum() / weights.sum(), accuracy
 
+    def match_logits(self, image_tokens: Tensor, text_tokens: Tensor, text_mask: Tensor) -> Tensor:
+        """Each pair's "match" logit (the head's class 1, as LAVIS re-ranks) from tokens already projected by
+        ``image_proj`` and ``text_proj``."""
+        return self.head(self.fusion(image_tokens, text_tokens, text_mask))[:, 1]
+
 
 def sample_hard_negatives(
     scores: Tensor, positive: Tensor, generator: torch.Generator | None = None

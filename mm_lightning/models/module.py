@@ -214,7 +214,7 @@ class MultimodalModule(LightningModule):
         if self.evaluation is None:  # the evaluation code loads only when a run evaluates
             from mm_lightning.models.evaluation import Evaluation
 
-            self.evaluation = Evaluation().to(self.device)
+            self.evaluation = Evaluation.of(self)
         return self.evaluation
 
     @override
