@@ -6,8 +6,8 @@ is. CLIP_benchmark names them by what is retrieved: ``image_retrieval_recall@k``
 ``topk`` breaks it by position: the same figures whenever scores do not tie). Zero-shot classification: ``acc1``,
 ``acc5`` and ``mean_per_class_recall`` of a classifier built from class names and prompt templates.
 
-Each task is written as CLIP_benchmark writes it (``<output>/<dataset>_<task>.json``, which ``clip_benchmark build``
-reads), and all of them as ``<output>/results.md``.
+Each task is written in CLIP_benchmark's result layout (``<output>/<dataset>_<task>.json``; ``clip_benchmark build``
+reads it), and all of them as ``<output>/results.md``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ TEMPLATE_SETS = {"openai": "openai_imagenet_templates.json"}
 
 
 class NoTestSplit(ExplainedError, ValueError):
-    """``evaluate`` was given data without a test split."""
+    """``evaluate`` has no test split to score: none was given, or it gave no batch."""
 
 
 def clip_benchmark_retrieval(ranks: Ranks, ks: tuple[int, ...] = DEFAULT_KS) -> dict[str, float]:
@@ -50,15 +50,20 @@ def clip_benchmark_retrieval(ranks: Ranks, ks: tuple[int, ...] = DEFAULT_KS) -> 
 def prompt_templates(templates: list[str] | None) -> list[str]:
     """``None`` or ``["openai"]``: CLIP's 80 ImageNet templates; a ``.json``/``.txt`` file; else the templates."""
     templates = templates or ["openai"]
-    if len(templates) > 1:
-        return list(templates)
-    path = Path(templates[0])
-    if templates[0] in TEMPLATE_SETS:
-        path = Path(__file__).parent / "assets" / TEMPLATE_SETS[templates[0]]
-    elif path.suffix not in (".json", ".txt") or not path.is_file():
-        return list(templates)
+    if len(templates) == 1 and templates[0] in TEMPLATE_SETS:
+        return read_list([str(Path(__file__).parent / "assets" / TEMPLATE_SETS[templates[0]])])
+    return read_list(templates)
+
+
+def read_list(values: list[str]) -> list[str]:
+    """The values, or the entries of the one ``.json`` (a list) or ``.txt`` (a line each) file they name."""
+    path = Path(values[0]) if len(values) == 1 else None
+    if path is None or path.suffix not in (".json", ".txt") or not path.is_file():
+        return list(values)
     text = path.read_text(encoding="utf-8")
-    return json.loads(text) if path.suffix == ".json" else [t for t in text.splitlines() if t.strip()]
+    return (
+        json.loads(text) if path.suffix == ".json" else [line for line in text.splitlines() if line.strip()]
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,12 +79,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output", default="evaluation", help="folder of the JSON files and results.md")
     parser.add_argument("--dataset_name", help="name in the results (default: the test file's name)")
     parser.add_argument("--zeroshot", help="labeled images (a folder per class, or a JSONL) to classify too")
-    parser.add_argument("--classnames", nargs="*", help="their class names (default: folder names or labels)")
+    parser.add_argument(
+        "--classnames",
+        nargs="*",
+        help="their class names, or a .json/.txt file of them (default: folder names or JSONL labels)",
+    )
     parser.add_argument(
         "--rerank_k",
         type=int,
-        default=0,
-        help="also re-rank each query's top k with the matching head (0: off)",
+        help="also re-rank each query's top k with the matching head (0: off; default: the checkpoint's"
+        " fusion.rerank_k)",
     )
     parser.add_argument(
         "--templates",
@@ -95,9 +104,6 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     options, test_args = parser.parse_known_args(argv)
-    if "-h" in test_args or "--help" in test_args:
-        parser.print_help()
-        return 0
 
     class EvaluateCLI(MultimodalCLI):
         """``test``'s options and checkpoint handling; the run scores and writes the results."""
@@ -132,19 +138,22 @@ def run_evaluation(
         data = Path(options.zeroshot)
         name = data.stem if data.is_file() else data.name
         templates = prompt_templates(options.templates)
-        classifier = ZeroShotEvaluation(name, options.zeroshot, options.classnames, templates)
+        classnames = read_list(options.classnames) if options.classnames else None
+        classifier = ZeroShotEvaluation(name, options.zeroshot, classnames, templates)
         trainer.callbacks.append(classifier)
-    if options.rerank_k:
+    if options.rerank_k is not None:  # else the checkpoint's fusion.rerank_k
         from mm_lightning.models.evaluation import Evaluation
 
         model.evaluation = Evaluation(options.rerank_k)
     trainer.test(model, datamodule=datamodule, ckpt_path=ckpt_path, verbose=False)
-    ranks = model.evaluation.last_ranks
+    ranks = model.evaluation.last_ranks if model.evaluation is not None else None
+    if ranks is None:
+        raise NoTestSplit("evaluate: the test split gave no batch (is --trainer.limit_test_batches 0?)")
     test_source = getattr(datamodule, "files", {}).get("test") or "test"
     dump = {
         "dataset": options.dataset_name or Path(str(test_source)).stem,
         "model": type(model.model.image_encoder).__name__ + " + " + type(model.model.text_encoder).__name__,
-        "pretrained": ckpt_path,
+        "pretrained": str(trainer.ckpt_path or ckpt_path or ""),  # the checkpoint file it resolved to
         "task": RETRIEVAL,
         "metrics": clip_benchmark_retrieval(ranks),
         "language": "en",
@@ -154,12 +163,13 @@ def run_evaluation(
     results = {f"{dump['dataset']}_{RETRIEVAL}.json": dump}
     reranked = model.evaluation.last_reranked
     if reranked is not None:
-        name = f"{dump['dataset']}+itm_rerank{options.rerank_k}"
+        k = model.evaluation.reranker.k
+        name = f"{dump['dataset']}+itm_rerank{k}"
         results[f"{name}_{RETRIEVAL}.json"] = {
             **dump,
             "dataset": name,
             "metrics": clip_benchmark_retrieval(reranked),
-            "rerank": {"k": options.rerank_k, "score": "matching head's match logit + cosine similarity"},
+            "rerank": {"k": k, "score": "matching head's match logit + cosine similarity"},
         }
     if classifier is not None:
         zs_dump = {**dump, "dataset": classifier.name, "task": CLASSIFICATION, "metrics": classifier.scores}

@@ -1,6 +1,7 @@
 """Zero-shot classification: class names + prompt templates -> text classifier -> top-1 / top-5 on labeled images.
 
-As a validation/test metric (logged as ``zeroshot/<name>/top1`` and ``/top5`` next to retrieval), add the callback
+As a validation/test metric (logged as ``zeroshot/<name>/top1``, ``/top5`` and ``/mean_per_class_recall`` next to
+retrieval), add the callback
 in a config::
 
     trainer:

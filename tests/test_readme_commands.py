@@ -2,7 +2,7 @@
 it has.
 
 Training commands are parsed with ``--print_config`` (the whole config is built and checked, nothing runs);
-``export`` and ``zeroshot`` with their own parsers.
+``export`` and ``zeroshot`` with their own parsers, ``evaluate`` with its own and ``test``'s.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mm_lightning import export, zeroshot
+from mm_lightning import evaluate, export, zeroshot
 from mm_lightning.cli import STANDALONE_COMMANDS, cli_main, main
 from tests.conftest import REPO
 
@@ -59,7 +59,7 @@ def test_the_readme_has_commands_of_every_kind() -> None:
     kinds = {argv[0] for _, argv in COMMANDS} | {
         argv[1] for _, argv in COMMANDS if argv[0].startswith("PYTHONPATH=")
     }
-    assert {"fit", "audit", "shard", "predict", "export", "zeroshot"} <= kinds, kinds
+    assert {"fit", "audit", "shard", "predict", "evaluate", "export", "zeroshot"} <= kinds, kinds
     assert len(COMMANDS) >= 20
 
 
@@ -68,6 +68,9 @@ def parses(argv: list[str], capsys: pytest.CaptureFixture) -> None:
     if argv[0] in STANDALONE_PARSERS:
         STANDALONE_PARSERS[argv[0]]().parse_args(argv[1:])
         return
+    if argv[0] == "evaluate":  # its own options, then every option of `test`
+        _, argv = evaluate.build_parser().parse_known_args(argv[1:])
+        argv = ["test", *argv]
     asks_help = any(a == "--help" or a.endswith(".help") for a in argv)  # prints and exits by itself
     with pytest.raises(SystemExit) as done:
         cli_main(

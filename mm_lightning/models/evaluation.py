@@ -93,6 +93,7 @@ class EvalRows:
 def _concat(parts: list[dict[str, Tensor]]) -> dict[str, Tensor]:
     if len(parts) == 1:
         return parts[0]
+    parts = [dict(p) for p in parts]
     if "text_tokens" in parts[0]:  # captions of different batches are padded to different lengths
         length = max(p["text_tokens"].shape[1] for p in parts)
         for p in parts:
@@ -140,18 +141,29 @@ class ChunkedLoss:
         return mean
 
     def _score(self, model: Any, rows: dict[str, Tensor], term_weights: Mapping[str, Any]) -> None:
+        # in fp32 wherever it runs (a step under autocast, or the epoch's end outside it)
+        rows = {k: v.float() if v.is_floating_point() else v for k, v in rows.items()}
         # the losses read the token sequences (ITM) and the embeddings, never the pooled outputs
         unread = rows["image_emb"][:, :0]
         none = unread[:, None]
         no_mask = torch.zeros(none.shape[:2], dtype=torch.bool, device=none.device)
         image_out = EncoderOutput(unread, rows.get("image_tokens", none), rows.get("image_mask", no_mask))
         text_out = EncoderOutput(unread, rows.get("text_tokens", none), rows.get("text_mask", no_mask))
-        with single_process():
+        with single_process(), torch.autocast(rows["index"].device.type, enabled=False):
             terms, _ = model.losses(
                 rows["ids"], rows.get("weights"), image_out, rows["image_emb"], text_out, rows["text_emb"]
             )
         self.total = self.total + weighted_sum(terms, term_weights).detach() * len(rows["index"])
         self.count += len(rows["index"])
+
+
+def loader_batch_size(module: LightningModule, stage: str, batch: dict[str, Tensor]) -> int:
+    """The evaluation loader's batch size (one process's), or this batch's size outside a trainer."""
+    trainer = module.running_trainer()  # type: ignore[operator]
+    loaders = (
+        None if trainer is None else trainer.val_dataloaders if stage == "val" else trainer.test_dataloaders
+    )
+    return getattr(loaders, "batch_size", None) or len(batch["index"])
 
 
 class Evaluation(nn.Module):
@@ -187,7 +199,7 @@ class Evaluation(nn.Module):
             self.reranker.reset()
 
     def step(self, module: LightningModule, batch: dict[str, Tensor], stage: str) -> dict[str, Tensor]:
-        """Logs ``<stage>/loss``, adds the batch to the metrics, returns its normalized embeddings (per pair).
+        """Adds the batch to the metrics and the loss, returns its normalized embeddings (per pair).
 
         Each distinct image is encoded once; the embeddings serve callbacks without a second forward.
         """
@@ -203,7 +215,7 @@ class Evaluation(nn.Module):
         # the ITM head needs the token sequences of the global batch too
         rows = self.rows.gather_unique(batch, *outputs, weights, tokens=module.model.itm is not None)
         if rows is not None:
-            self.loss.add(module.model, rows, module.term_weights, len(batch["index"]))
+            self.loss.add(module.model, rows, module.term_weights, loader_batch_size(module, stage, batch))
             if self.reranker is not None:
                 self.reranker.add(module.model.itm, rows)
         self.retrieval.update(unique_emb, image_ids, text_emb, batch["image_id"], batch["index"])
@@ -226,6 +238,7 @@ class Evaluation(nn.Module):
         }
         if self.reranker is not None and self.reranker.rows:
             self.last_reranked = self.reranker.ranks(module.model.itm, self.last_ranks.alignment_gap)
+            self.reranker.reset()  # its tokens would stay in memory through the next training epoch
             reranked = self.last_reranked.metrics(self.retrieval.ks)
             metrics |= {f"reranked_{k}": float(v) for k, v in reranked.items() if k != "alignment_gap"}
         # already equal on every rank: the max keeps each value exact (a mean over 3 ranks may not) and tells

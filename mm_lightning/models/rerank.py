@@ -50,7 +50,8 @@ class Reranker:
                 "re-ranking needs the image-text matching head, which this model does not have (it was trained"
                 " with objective.itm_weight: 0)"
             )
-        with torch.no_grad():
+        rows = {k: v.float() if v.is_floating_point() else v for k, v in rows.items()}
+        with torch.no_grad(), torch.autocast(rows["index"].device.type, enabled=False):  # fp32 (see ranks)
             self.rows.append(
                 {
                     "index": rows["index"],
@@ -67,7 +68,14 @@ class Reranker:
 
     @torch.no_grad()
     def ranks(self, itm: ImageTextMatching, alignment_gap: Tensor, chunk_size: int = 256) -> Ranks:
-        """The epoch's re-ranked ranks, both directions (``alignment_gap`` is passed through)."""
+        """The epoch's re-ranked ranks, both directions (``alignment_gap`` is passed through).
+
+        In fp32: it runs at the epoch's end, outside the steps' autocast."""
+        device = self.rows[0]["index"].device
+        with torch.autocast(device.type, enabled=False):
+            return self._ranks(itm, alignment_gap, chunk_size)
+
+    def _ranks(self, itm: ImageTextMatching, alignment_gap: Tensor, chunk_size: int) -> Ranks:
         length = max(r["tokens"].shape[1] for r in self.rows)
         order = torch.cat([r["index"] for r in self.rows]).argsort()
         text = torch.cat([r["text"] for r in self.rows])[order]

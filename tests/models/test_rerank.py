@@ -106,7 +106,9 @@ def test_a_head_without_opinion_keeps_the_cosine_order() -> None:
         assert (ranks.i2t < n).float().mean().item() == plain[f"r{n}_i2t"].item()
 
 
-def test_validation_reports_reranked_recall_and_needs_the_head(tmp_path) -> None:
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_validation_reports_reranked_recall_and_needs_the_head(tmp_path, precision: str) -> None:
+    """Under bf16 autocast too: the re-ranking runs at the epoch's end, outside the steps' autocast."""
     from lightning.pytorch import Trainer
 
     from mm_lightning.models.rerank import NoMatchingHead
@@ -117,12 +119,12 @@ def test_validation_reports_reranked_recall_and_needs_the_head(tmp_path) -> None
         [{k: v[i] for k, v in batch.items()} for i in range(12)], batch_size=5
     )
     trainer = Trainer(
-        accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
-        default_root_dir=tmp_path,
+        accelerator="cpu", precision=precision, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, default_root_dir=tmp_path,
     )  # fmt: skip
     torch.manual_seed(0)
     metrics = trainer.validate(tiny_module(fusion={"rerank_k": 3}), loader, verbose=False)[0]
-    assert {"val/reranked_r1_t2i", "val/reranked_r10_i2t", "val/r1_t2i"} <= set(metrics)
+    assert {"val/reranked_r1_t2i", "val/reranked_r10_i2t", "val/r1_t2i", "val/loss"} <= set(metrics)
     assert "val/reranked_alignment_gap" not in metrics
     with pytest.raises(NoMatchingHead, match="itm_weight"):
         trainer.validate(tiny_module(fusion={"rerank_k": 3}, objective={"itm_weight": 0.0}), loader)
