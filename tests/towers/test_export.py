@@ -65,7 +65,7 @@ def test_finetune_then_export_reloads_with_the_same_embeddings(
         main(["zeroshot", "--ckpt_path", str(tmp_path / "checkpoints" / "last.ckpt"), "--data", str(folder)])
         == 0
     )
-    assert capsys.readouterr().out.startswith("top1=")
+    assert capsys.readouterr().out.startswith("acc1=")
 
 
 @pytest.mark.parametrize("command", [["export", "--out", "x"], ["zeroshot", "--data", "x"]])
