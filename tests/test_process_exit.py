@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,24 +36,68 @@ def exit_problems(returncode: int, output: str) -> list[str]:
 def run_or_report_hang(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
     """Runs ``cmd`` to its end; if it outlives ``timeout``, fails with every process's Python stacks.
 
-    The command and the processes it starts (ranks, loader workers) share a new process group; on timeout each
-    gets SIGABRT, which ``faulthandler`` turns into a dump of all its threads' stacks before it dies.
+    The command and the processes it starts (ranks, loader workers) share a new process group. On timeout the whole
+    group is stopped, so the stacks are one moment's; then each process in turn gets SIGABRT, which
+    ``faulthandler`` turns into a dump of all its threads' stacks, under a header naming the process.
     """
-    process = subprocess.Popen(
-        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        env={**os.environ, "PYTHONFAULTHANDLER": "1"},
-    )  # fmt: skip
-    try:
-        output, _ = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGABRT)
+    with tempfile.TemporaryFile("w+") as log:
+        process = subprocess.Popen(
+            cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+            env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+        )  # fmt: skip
         try:
-            output, _ = process.communicate(timeout=30)
+            process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            output, _ = process.communicate()
-        pytest.fail(f"still running after {timeout:.0f} s; the stacks of its processes:\n{output[-20000:]}")
-    return subprocess.CompletedProcess(cmd, process.returncode, output, "")
+            dump_stacks_one_by_one(process, log)
+            log.seek(0)
+            pytest.fail(
+                f"still running after {timeout:.0f} s; the stacks of its processes:\n{log.read()[-20000:]}"
+            )
+        log.seek(0)
+        return subprocess.CompletedProcess(cmd, process.returncode, log.read(), "")
+
+
+def dump_stacks_one_by_one(process: subprocess.Popen, log) -> None:
+    group = process.pid
+    os.killpg(group, signal.SIGSTOP)  # nobody reacts to another's death: each stack is where it waited
+    pids = sorted(group_members(group), key=lambda pid: pid != group)  # the command first
+    for pid in pids:
+        log.write(f"\n--- process {pid}: {command_line(pid)} ---\n")
+        log.flush()
+        os.kill(pid, signal.SIGABRT)
+        os.kill(pid, signal.SIGCONT)
+        deadline = time.monotonic() + 10
+        while process_state(pid) not in ("Z", None) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    os.killpg(group, signal.SIGKILL)
+    os.killpg(group, signal.SIGCONT)
+    process.wait()
+
+
+def group_members(group: int) -> list[int]:
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == group:  # after the command's name: state, parent, process group
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def process_state(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:300]
+    except OSError:
+        return "?"
 
 
 def python(code: str, **env: str) -> subprocess.CompletedProcess:
@@ -96,6 +141,7 @@ def test_a_hang_is_reported_with_the_stacks_of_every_process() -> None:
     assert "still running after 3 s" in report
     assert "in wait" in report and "line 1 in <module>" in report  # the parent waits on the sleeping child
     assert report.count("Fatal Python error: Aborted") == 2, report
+    assert report.count("--- process ") == 2, report
     done = run_or_report_hang([sys.executable, "-c", "print('done')"], timeout=60)
     assert (done.returncode, done.stdout) == (0, "done\n")
 
