@@ -13,7 +13,7 @@ from mm_lightning.cli import CheckedParser, cli_main, expand_short_names, public
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 # configs without a model of their own (the towers have no defaults), parsed on top of a recipe: base.yaml unless
 # OVERLAY_ON names another (the recipe their header shows them with)
-OVERLAYS = {"ddp.yaml", "ddp_explicit.yaml", "fsdp.yaml", "demo_data.yaml", "shards.yaml"}
+OVERLAYS = {"ddp.yaml", "ddp_explicit.yaml", "fsdp.yaml", "demo_data.yaml", "shards.yaml", "loggers.yaml"}
 OVERLAY_ON = {"shards.yaml": "demo.yaml"}
 
 

@@ -14,7 +14,7 @@ from mm_lightning.models.module import loggers_write_this_step
 
 class BadRecordLogger(pl.Callback):
     """Logs ``data/skipped`` (cumulative over ranks, indexing drops included), warns on the first skip, and
-    at the end of each stage warns a summary and writes it to TensorBoard as ``data/skipped_summary``.
+    at each stage's end warns a summary, also written as ``data/skipped_summary`` (to loggers that take text).
 
     Args:
         keep: how many skip reasons the summary keeps."""
@@ -143,9 +143,8 @@ class BadRecordLogger(pl.Callback):
     @override
     def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         log = self._summarize(trainer)
-        # LightningModule.log is not available in predict; write the scalar to the logger directly.
-        if trainer.is_global_zero and trainer.logger is not None:
-            trainer.logger.log_metrics({"data/skipped": float(log.count)}, step=trainer.global_step)
+        for logger in trainer.loggers:  # no LightningModule.log in predict; loggers write on rank 0
+            logger.log_metrics({"data/skipped": float(log.count)}, step=trainer.global_step)
 
     def _summarize(self, trainer: pl.Trainer) -> SkipLog:
         log = self.gathered(trainer)
@@ -153,7 +152,8 @@ class BadRecordLogger(pl.Callback):
             return log
         summary = log.summary()
         rank_zero_warn(summary)
-        experiment = getattr(trainer.logger, "experiment", None)
-        if trainer.is_global_zero and hasattr(experiment, "add_text"):
-            experiment.add_text("data/skipped_summary", summary.replace("\n", "  \n"), trainer.global_step)
+        if trainer.is_global_zero:
+            from mm_lightning.callbacks.media import log_text  # loaded only when a run skipped records
+
+            log_text(trainer, "data/skipped_summary", summary)
         return log

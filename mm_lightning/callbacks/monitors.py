@@ -1,4 +1,4 @@
-"""TensorBoard monitors that show why a run is slow or unstable.
+"""Monitors that show why a run is slow or unstable (scalars to every logger; the grid to those that take images).
 
 * :class:`StepTimeMonitor` - ``train/data_wait_fraction`` (steps per second come from Lightning's
   ``ThroughputMonitor``, a default callback group);
@@ -30,6 +30,7 @@ from torchvision.transforms.v2.functional import InterpolationMode, resize
 from torchvision.utils import make_grid
 from typing_extensions import override
 
+from mm_lightning.callbacks.media import log_image, takes_images
 from mm_lightning.callbacks.nan_guard import step_grad_norms
 from mm_lightning.data.collate import load_tokenizer
 
@@ -144,7 +145,8 @@ class RetrievalGridLogger(Callback):
     Uses what ``validation_step`` returns: a dict with L2-normalized ``image_embeddings`` and ``text_embeddings``,
     one row per row of the batch (no second forward pass). The first ``num_batches`` validation batches' captions
     form the retrieval pool and the first ``num_images`` distinct images are shown, the retrieved caption in green
-    when it belongs to the image, red otherwise. Written on rank 0 to TensorBoard as ``val/retrieval_grid``.
+    when it belongs to the image, red otherwise. Written on rank 0 as ``val/retrieval_grid``
+    to the loggers that take images (TensorBoard, MLflow, W&B).
     Costs a CPU copy of ``num_batches`` batches and one tokenizer decode per validation.
 
     Args:
@@ -203,11 +205,8 @@ class RetrievalGridLogger(Callback):
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not self._rows or self.num_images < 1:
             return
-        experiments = [lg.experiment for lg in trainer.loggers if hasattr(lg.experiment, "add_image")]
-        if experiments:
-            grid = self.render(trainer)
-            for experiment in experiments:
-                experiment.add_image("val/retrieval_grid", grid, trainer.global_step)
+        if takes_images(trainer):
+            log_image(trainer, "val/retrieval_grid", self.render(trainer))
         self._rows, self._captions = [], []
 
     def render(self, trainer: Trainer | None) -> torch.Tensor:
