@@ -1,9 +1,10 @@
-"""Every callback of the project: checkpointing and resume, bad-record counts, NaN guard, monitors, FLOP counter, prediction writer."""
+"""Every callback of the project: checkpointing and resume, bad-record counts, NaN guard, monitors, FLOP counter, prediction writer, EMA."""
 
 from mm_lightning import lazy_exports
 
 _EXPORTS = {
     "BadRecordLogger": "mm_lightning.callbacks.bad_records",
+    "EMA": "mm_lightning.callbacks.ema",
     "EmbeddingWriter": "mm_lightning.callbacks.prediction",
     "ExactResume": "mm_lightning.callbacks.checkpoint",
     "FlopCounter": "mm_lightning.callbacks.flops",

@@ -234,12 +234,12 @@ class PreemptionCheckpoint(Callback):
 
     @staticmethod
     def _save_last(trainer: Trainer) -> str:
-        """Writes ``last.ckpt`` in the first ``ModelCheckpoint``'s folder (every rank calls this)."""
-        checkpoints = [
-            c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint) and c.dirpath
-        ]
-        if checkpoints:
-            path = checkpoints[0].format_checkpoint_name({}, ModelCheckpoint.CHECKPOINT_NAME_LAST)
+        """Writes ``last.ckpt`` in the folder of the ``ModelCheckpoint`` that keeps one (else the first's; every
+        rank calls this)."""
+        folders = [c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint) and c.dirpath]
+        folders.sort(key=lambda c: c.filename != ModelCheckpoint.CHECKPOINT_NAME_LAST and not c.save_last)
+        if folders:
+            path = folders[0].format_checkpoint_name({}, ModelCheckpoint.CHECKPOINT_NAME_LAST)
         else:
             path = os.path.join(trainer.default_root_dir, "checkpoints", "last.ckpt")
         trainer.save_checkpoint(path)
