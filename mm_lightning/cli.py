@@ -111,10 +111,6 @@ def batch_size_of(batch: dict[str, Any]) -> int:
     return int(batch["image"].shape[0])
 
 
-def checkpoint_dir_of(run_dir: str) -> str:
-    return os.path.join(run_dir, "checkpoints")
-
-
 def expand_short_names(args: list[str]) -> list[str]:
     """Replace built-in short class names (``--model.image_tower TimmTower``) by their import paths.
 
@@ -274,7 +270,7 @@ class MultimodalCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
         run_dir = config.get("trainer", {}).get("default_root_dir")
-        folder = checkpoint_dir_of(run_dir) if run_dir else None
+        folder = os.path.join(run_dir, "checkpoints") if run_dir else None
         last = config.get("checkpoint")
         if last is not None and (last.get("init_args") or {}).get("monitor") is not None:
             self.parser.error(

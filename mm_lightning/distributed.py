@@ -54,9 +54,7 @@ class _GatherWithGrad(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: torch.autograd.function.FunctionCtx, tensor: Tensor) -> Tensor:
-        out = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
-        dist.all_gather(out, tensor.contiguous())
-        return torch.cat(out, dim=0)
+        return gather_no_grad(tensor)
 
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor) -> Tensor:

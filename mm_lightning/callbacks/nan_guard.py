@@ -56,11 +56,6 @@ class GradNorms:
                     self._children[name] = torch.nn.utils.get_total_norm(grads)
         return self._children
 
-    def of(self, names: list[str]) -> Tensor | None:
-        """Norm over the union of the named top-level submodules (e.g. a clipping group)."""
-        norms = [self.children[n] for n in names if n in self.children]
-        return torch.linalg.vector_norm(torch.stack(norms)) if norms else None
-
 
 _CACHE: weakref.WeakKeyDictionary[nn.Module, GradNorms] = weakref.WeakKeyDictionary()
 

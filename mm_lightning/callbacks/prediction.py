@@ -52,12 +52,6 @@ class EmbeddingWriter(BasePredictionWriter):
         """File written by ``rank``."""
         return self.output_dir / f"embeddings_rank{rank}.{self.file_format}"
 
-    def earlier_files(self) -> list[Path]:
-        """Embeddings files of earlier runs in ``output_dir`` (either format, any rank)."""
-        if not self.output_dir.is_dir():
-            return []
-        return sorted(p for ext in ("pt", "npz") for p in self.output_dir.glob(f"embeddings_rank*.{ext}"))
-
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "predict":
@@ -76,8 +70,8 @@ class EmbeddingWriter(BasePredictionWriter):
                 " embeddings_rank* files."
             )
         if existing and trainer.is_global_zero:
-            for path in self.earlier_files():
-                path.unlink()
+            for path in (p for ext in ("pt", "npz") for p in self.output_dir.glob(f"embeddings_rank*.{ext}")):
+                path.unlink()  # earlier runs' files, either format, any rank
         trainer.strategy.barrier("prediction folder cleared")  # no rank writes before rank 0 has cleared
 
     @override

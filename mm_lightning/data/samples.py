@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
-import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
@@ -176,30 +175,3 @@ class BadRecordPolicy:
             f"{err}\nNo valid record found to replace it ({len(tried)} bad candidates{last}). Most of the data "
             "may be unreadable: check it with `python -m mm_lightning audit`, or raise --data.max_replacements."
         ) from err
-
-    def iter_valid(
-        self, records: Iterable[Any], build: Callable[[Any], dict[str, Any]]
-    ) -> Iterator[dict[str, Any]]:
-        """For streams: yield ``build(r)`` per record; bad ones raise or ride along with the next sample."""
-        pending: list[RecordError] = []
-        for record in records:
-            try:
-                sample = build(record)
-            except RecordError as err:
-                if self.on_bad_record == "raise":
-                    raise
-                pending.append(err)
-                if len(pending) > self.max_replacements:
-                    raise TooManyBadRecords(
-                        f"{len(pending)} bad records in a row; first: {pending[0]}; last: {err}"
-                    ) from err
-                continue
-            sample[SKIPPED_KEY] = [*sample.get(SKIPPED_KEY, ()), *pending]
-            pending = []
-            yield sample
-        if pending:
-            warnings.warn(
-                f"{len(pending)} bad records at the end of the stream had no valid sample to carry them and are "
-                f"not in data/skipped; first: {pending[0]}",
-                stacklevel=2,
-            )

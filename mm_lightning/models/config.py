@@ -20,6 +20,7 @@ class TowerTraining:
             gradient caching exact for a BatchNorm tower.
         project: learn a projection to shared space; false: the pooled output (``embed_dim`` = its width).
         lr: learning rate of the tower (null: ``optim.lr``; 0 is a valid choice).
+        layer_decay: layer-wise decay: ``layer_groups()`` i of n trains at ``lr * layer_decay ** (n - 1 - i)``.
         clip_norm: max gradient norm of the tower (null: no per-tower clipping)."""
 
     freeze: bool = False
@@ -27,6 +28,7 @@ class TowerTraining:
     freeze_batchnorm: bool = False
     project: bool = True
     lr: float | None = None
+    layer_decay: float | None = None
     clip_norm: float | None = None
 
 

@@ -253,10 +253,17 @@ class MultimodalModule(LightningModule):
 
     @override
     def configure_optimizers(self) -> dict[str, Any]:
-        towers = {
-            "image_encoder": (self.model.image_encoder, self.image_config.lr),
-            "text_encoder": (self.model.text_encoder, self.text_config.lr),
-        }
+        towers: dict[str, tuple[Any, float | None]] = {}
+        for kind, config in (("image", self.image_config), ("text", self.text_config)):
+            if config.layer_decay is not None:  # before the whole towers: a parameter joins its first group
+                from mm_lightning.models.layer_decay import decayed_layer_rates
+
+                lr = self.optim_config.lr if config.lr is None else config.lr
+                towers |= decayed_layer_rates(
+                    kind, getattr(self.model, f"{kind}_encoder"), lr, config.layer_decay
+                )
+        towers["image_encoder"] = (self.model.image_encoder, self.image_config.lr)
+        towers["text_encoder"] = (self.model.text_encoder, self.text_config.lr)
         trainer = self.trainer
         return optimizer_and_schedule(
             self, towers, self.optim_config, lambda: trainer.estimated_stepping_batches

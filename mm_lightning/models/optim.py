@@ -17,13 +17,14 @@ def _no_decay(name: str, param: nn.Parameter) -> bool:
     return param.ndim <= 1 or "norm" in name.lower() or name.endswith(".bias")
 
 
-def param_groups(towers: dict[str, tuple[nn.Module, float]], weight_decay: float) -> list[dict]:
-    """AdamW decay/no-decay groups per ``{name: (module, lr)}`` tower (first owner wins); frozen ones out."""
+def param_groups(towers: dict[str, tuple[Any, float]], weight_decay: float) -> list[dict]:
+    """AdamW decay/no-decay groups per ``{name: (module or named parameters, lr)}`` (first owner wins); frozen
+    ones out."""
     seen: set[int] = set()
     groups = []
     for group_name, (module, lr) in towers.items():
         decay, no_decay = [], []
-        for name, p in module.named_parameters():
+        for name, p in module.named_parameters() if isinstance(module, nn.Module) else module:
             if not p.requires_grad or id(p) in seen:
                 continue
             seen.add(id(p))
@@ -84,13 +85,14 @@ def clip_grouped(groups: dict[str, tuple[Iterable[nn.Parameter], float | None]])
 
 def optimizer_and_schedule(
     module: nn.Module,
-    towers: dict[str, tuple[nn.Module, float | None]],
+    towers: dict[str, tuple[Any, float | None]],
     optim: Any,
     total_steps: Callable[[], float],
 ) -> dict[str, Any]:
     """Lightning's ``configure_optimizers`` dict: AdamW over towers and heads, warmup + cosine per step.
 
-    ``towers``: name -> (tower, LR; None: ``optim.lr``); parameters outside them are the ``heads`` group."""
+    ``towers``: name -> (tower or its named parameters, LR; None: ``optim.lr``); parameters outside them are the
+    ``heads`` group."""
     rates = {name: (tower, optim.lr if lr is None else lr) for name, (tower, lr) in towers.items()}
     groups = param_groups({**rates, "heads": (module, optim.lr)}, optim.weight_decay)
     fused = optim.fused

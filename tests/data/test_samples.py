@@ -1,5 +1,5 @@
-"""The source-independent pieces a second source (shards) reuses: SampleBuilder on bytes, BadRecordPolicy on a
-stream, RecordError through pickling (errors travel from workers inside batches)."""
+"""The source-independent pieces a second source (shards) reuses: SampleBuilder on bytes, RecordError through
+pickling (errors travel from workers inside batches)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,11 @@ import torch
 from PIL import Image
 
 from mm_lightning.data import (
-    BadRecordPolicy,
     MultimodalDataModule,
     Record,
     RecordError,
     SampleBuilder,
     ShardDataModule,
-    TooManyBadRecords,
 )
 from mm_lightning.data.records import record_errors
 from tests.data.helpers import natural_array
@@ -67,24 +65,6 @@ def test_both_data_modules_apply_the_image_options_to_shard_bytes(datamodule: ty
     # control: with the default guard the same bytes build a sample
     sample = datamodule(tokenizer="mm-lightning/demo-bert").sample_builder("train")(record, "a photo", 0, 0)
     assert sample["image"].shape == (3, 224, 224)
-
-
-def _stream_build(record: int) -> dict:
-    if record % 3 == 1:
-        raise RecordError("s.tar", None, f"bad {record}", kind="undecodable_image", sample=str(record))
-    return {"index": record}
-
-
-def test_stream_policy_carries_skips_to_the_next_sample() -> None:
-    samples = list(BadRecordPolicy("skip").iter_valid(range(6), _stream_build))
-    assert [s["index"] for s in samples] == [0, 2, 3, 5]
-    assert [[e.sample for e in s["skipped"]] for s in samples] == [[], ["1"], [], ["4"]]
-    with pytest.raises(RecordError, match="bad 1"):
-        list(BadRecordPolicy("raise").iter_valid(range(6), _stream_build))
-    with pytest.raises(TooManyBadRecords):
-        list(BadRecordPolicy("skip", max_replacements=2).iter_valid([1, 4, 7, 0], _stream_build))
-    with pytest.warns(UserWarning, match="1 bad records at the end of the stream"):
-        assert len(list(BadRecordPolicy("skip").iter_valid([0, 1], _stream_build))) == 1
 
 
 def test_record_error_keeps_every_field_through_pickle() -> None:

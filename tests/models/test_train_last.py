@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from mm_lightning.models import MultimodalModule
-from mm_lightning.models.towers.contract import TowerContractError
 from tests.models.helpers import TINY_MODEL, make_batch, module_kwargs, tiny_config, tiny_kwargs
 
 pytest.importorskip("timm")
@@ -63,11 +62,6 @@ def test_a_count_outside_the_groups_is_refused(count: int) -> None:
 def test_train_last_with_freeze_is_refused() -> None:
     with pytest.raises(ValueError, match="set one"):
         module(train_last=1, freeze=True)
-
-
-def test_a_tower_without_layer_groups_is_named() -> None:
-    with pytest.raises(TowerContractError, match=r"has no layer_groups\(\).*train_last"):
-        MultimodalModule(**tiny_kwargs(image={"train_last": 1}))
 
 
 def test_the_text_tower_trains_its_last_layers_only() -> None:

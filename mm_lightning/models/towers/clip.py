@@ -80,6 +80,17 @@ class _DualEncoderHalf(ConfiguredTower):
         """Hugging Face's per-layer activation checkpointing of this half."""
         set_hf_gradient_checkpointing(self.model, enabled)
 
+    def layer_groups(self) -> list[list[str]]:
+        """Parameter names from input to output: embeddings, each encoder layer, then the final norm (and
+        SigLIP's pooling head)."""
+        from mm_lightning.models.towers.layers import numbered_layer_groups
+
+        return numbered_layer_groups(
+            self,
+            r"\.encoder\.layers\.(\d+)\.",
+            r"post_layernorm|final_layer_norm|^model\.head\.|^projection\.",
+        )
+
 
 class CLIPImageTower(_DualEncoderHalf):
     """The vision half of a CLIP/SigLIP directory (``pooled`` = the vision model's ``pooler_output``).

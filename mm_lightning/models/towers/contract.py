@@ -108,26 +108,34 @@ def set_gradient_checkpointing(kind: Kind, tower: nn.Module, enabled: bool) -> N
     method(enabled)
 
 
-def train_last_groups(kind: Kind, tower: nn.Module, count: int) -> None:
-    """Locks all but the tower's last ``count`` layer groups (``tower.layer_groups()``, input to output)."""
+def checked_layer_groups(kind: Kind, tower: nn.Module, option: str) -> list[list[str]]:
+    """``tower.layer_groups()``: its parameter names in groups, input to output (``option`` needs them)."""
     method = getattr(tower, "layer_groups", None)
     if method is None:
         raise TowerContractError(
-            f"{kind} tower {class_path_of(tower)} has no layer_groups(), which model.{kind}.train_last needs (the "
-            "parameter names in groups from input to output; timm towers have it); add it or train the whole tower"
+            f"{kind} tower {class_path_of(tower)} has no layer_groups(), which model.{kind}.{option} needs (the "
+            "parameter names in groups from input to output; the built-in towers have it); add it or drop the option"
         )
     groups = method()
+    unknown = sorted(
+        {name for group in groups for name in group} - {name for name, _ in tower.named_parameters()}
+    )
+    if unknown:
+        raise TowerContractError(
+            f"{kind} tower {class_path_of(tower)}: layer_groups() names no parameter {unknown[:3]}"
+        )
+    return groups
+
+
+def train_last_groups(kind: Kind, tower: nn.Module, count: int) -> None:
+    """Locks all but the tower's last ``count`` layer groups."""
+    groups = checked_layer_groups(kind, tower, "train_last")
     if not 1 <= count <= len(groups):
         raise ValueError(
             f"model.{kind}.train_last must be between 1 and {len(groups)} (the layer groups of "
             f"{class_path_of(tower)}), got {count}"
         )
     parameters = dict(tower.named_parameters())
-    unknown = sorted({name for group in groups for name in group} - set(parameters))
-    if unknown:
-        raise TowerContractError(
-            f"{kind} tower {class_path_of(tower)}: layer_groups() names no parameter {unknown[:3]}"
-        )
     tower.requires_grad_(False)
     for group in groups[-count:]:
         for name in group:

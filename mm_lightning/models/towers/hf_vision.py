@@ -125,6 +125,17 @@ class HFVisionTower(ConfiguredTower):
         """Hugging Face's per-layer activation checkpointing."""
         set_hf_gradient_checkpointing(self.model, enabled)
 
+    def layer_groups(self) -> list[list[str]]:
+        """Parameter names from input to output: embeddings (stem), each encoder layer or stage, then the final
+        norm and pooler."""
+        from mm_lightning.models.towers.layers import numbered_layer_groups
+
+        return numbered_layer_groups(
+            self,
+            r"^model\.(?:\w+\.){0,2}(?:layer|layers|stages)\.(\d+)\.",
+            r"^model\.(?:vision_model\.)?(?:layernorm|pooler|post_layernorm|norm|head)\.",
+        )
+
     def forward(self, images: Tensor) -> EncoderOutput:
         """Encodes (B, 3, H, W) normalized images."""
         out = self.model(pixel_values=images, **self._forward_kwargs)

@@ -113,6 +113,17 @@ class _OpenCLIPHalf(ConfiguredTower):
         self.source_type = "open_clip"
         self.embed_dim = self.pooled_dim
 
+    def layer_groups(self) -> list[list[str]]:
+        """Parameter names from input to output: embeddings (stem), each residual block (ResNet stage), then the
+        final norm, attention pooling and projection."""
+        from mm_lightning.models.towers.layers import numbered_layer_groups
+
+        return numbered_layer_groups(
+            self,
+            r"\.resblocks\.(\d+)\.|^visual\.layer(\d+)\.",
+            r"ln_post|ln_final|attnpool|\.proj$|^text_projection",
+        )
+
 
 class OpenCLIPImageTower(_OpenCLIPHalf):
     """The image half (``model.visual``) of an open_clip model.

@@ -158,6 +158,13 @@ class TorchvisionTower(Tower):
             f"{CUSTOM_IMAGE_ENCODERS}"
         )
 
+    def layer_groups(self) -> list[list[str]]:
+        """Parameter names from input to output: the stem, each stage (ResNet) or encoder layer (ViT), the norm."""
+        from mm_lightning.models.towers.layers import numbered_layer_groups
+
+        blocks = r"^backbone\.(?:layer|features\.)?(\d+)\.|\.encoder_layer_(\d+)\."
+        return numbered_layer_groups(self, blocks, r"^backbone\.encoder\.ln\.")
+
     def set_gradient_checkpointing(self, enabled: bool) -> None:
         self.gradient_checkpointing = enabled
 
