@@ -21,6 +21,7 @@ class TowerTraining:
         project: learn a projection to shared space; false: the pooled output (``embed_dim`` = its width).
         lr: learning rate of the tower (null: ``optim.lr``; 0 is a valid choice).
         layer_decay: layer-wise decay: ``layer_groups()`` i of n trains at ``lr * layer_decay ** (n - 1 - i)``.
+        adapter: a peft adapter, only it trains in the tower: peft config fields, LoRA unless ``peft_type``.
         clip_norm: max gradient norm of the tower (null: no per-tower clipping)."""
 
     freeze: bool = False
@@ -29,6 +30,7 @@ class TowerTraining:
     project: bool = True
     lr: float | None = None
     layer_decay: float | None = None
+    adapter: dict[str, Any] | None = None
     clip_norm: float | None = None
 
 

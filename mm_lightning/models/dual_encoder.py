@@ -122,6 +122,10 @@ class DualEncoder(nn.Module):
                         "set one"
                     )
                 train_last_groups(kind, tower, config.train_last)
+            if config.adapter is not None:
+                from mm_lightning.models.adapters import add_adapter
+
+                add_adapter(kind, tower, config)
         # Lightning keeps each submodule's mode as found, so frozen towers must start in eval mode
         self.train()
 

@@ -1,0 +1,111 @@
+"""LoRA (peft) per tower from YAML (``model.<image|text>.adapter``): only the adapters and the heads train; export and
+``DualEncoder.from_checkpoint`` give merged plain weights whose embeddings equal the adapted model's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+import transformers as hf
+import yaml
+
+from mm_lightning.cli import cli_main, main
+from mm_lightning.models import DualEncoder, MultimodalModule
+from mm_lightning.models.adapters import default_targets
+from mm_lightning.models.towers import TorchvisionTower
+from mm_lightning.models.towers.contract import TowerContractError
+from tests.conftest import REPO, tiny_demo_args
+from tests.models.helpers import TINY_MODEL, make_batch, tiny_kwargs
+from tests.towers.dual_encoders import save_tiny
+
+LORA = {"image": {"adapter": {"r": 4, "lora_alpha": 8}}, "text": {"adapter": {"r": 4, "lora_alpha": 8}}}
+
+
+def test_only_adapters_and_heads_train() -> None:
+    torch.manual_seed(0)
+    module = MultimodalModule(**tiny_kwargs(**LORA))
+    module.trainer = pl.Trainer(max_steps=10, logger=False)  # for the schedule's length
+    optimizer = module.configure_optimizers()["optimizer"]
+    module.trainer = None
+    before = {name: p.detach().clone() for name, p in module.named_parameters()}
+    for step in range(3):
+        optimizer.zero_grad()
+        module.training_step(make_batch(image_size=32, seed=step), step).backward()
+        optimizer.step()
+    changed = {name for name, p in module.named_parameters() if not torch.equal(p, before[name])}
+    in_towers = {name for name in before if ".image_encoder." in name or ".text_encoder." in name}
+    assert changed & in_towers and all(".lora_" in name for name in changed & in_towers)
+    assert changed - in_towers  # the projections, temperature and matching head train as usual
+    # what gets an adapter: the text tower's attention and MLP projections, the image tower's 1x1 convolutions
+    plain = MultimodalModule(**tiny_kwargs()).model
+    targets = default_targets("text", plain.text_encoder)
+    assert {t.rsplit(".", 1)[-1] for t in targets} == {"query", "key", "value", "dense"}
+    assert default_targets("image", plain.image_encoder) == ["backbone.2.0.downsample.0"]
+    adapted = {name.rsplit(".lora_", 1)[0] for name in changed & in_towers}
+    assert adapted == {f"model.text_encoder.{t}" for t in targets} | {
+        "model.image_encoder.backbone.2.0.downsample.0"
+    }
+
+
+def test_a_tower_peft_cannot_adapt_is_named() -> None:
+    class Plain(TorchvisionTower):
+        layer_groups = None
+
+    tower = Plain(**TINY_MODEL["image_tower"]["init_args"])
+    with pytest.raises(
+        TowerContractError, match=r"Plain has no layer_groups\(\), which model.image.adapter needs"
+    ):
+        MultimodalModule(**tiny_kwargs(image_tower=tower, image={"adapter": {"r": 4}}))
+    with pytest.raises(
+        TowerContractError, match=r"peft cannot add the adapter .*backbone.0.1"
+    ):  # a BatchNorm
+        MultimodalModule(**tiny_kwargs(image={"adapter": {"r": 4, "target_modules": ["backbone.0.1"]}}))
+    with pytest.raises(ValueError, match="drop freeze and train_last"):
+        MultimodalModule(**tiny_kwargs(image={"adapter": {"r": 4}, "freeze": True}))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_lora_fit_from_yaml_then_export_gives_the_adapted_embeddings(tmp_path: Path) -> None:
+    source = tmp_path / "clip"
+    reference = save_tiny("clip", source, tokenizer=True)
+    overlay = tmp_path / "lora.yaml"
+    overlay.write_text(yaml.safe_dump({"model": LORA}))
+    args = tiny_demo_args(tmp_path, "--config", str(overlay), max_steps=3)
+    args[args.index("--config") + 1] = str(REPO / "configs" / "finetune_clip.yaml")
+    args += [
+        "--model.image_tower.init_args.name", str(source), "--model.text_tower.init_args.name", str(source),
+        "--model.embed_dim", "16", "--model.optim.lr", "1e-2", "--data.init_args.max_length", "32",
+    ]  # fmt: skip
+    cli_main(["fit", *args])
+    checkpoint_path = tmp_path / "checkpoints" / "last.ckpt"
+    state = torch.load(checkpoint_path, weights_only=True)["state_dict"]
+    query = "model.text_encoder.model.encoder.layers.0.self_attn.q_proj"
+    source_query = reference.text_model.encoder.layers[0].self_attn.q_proj.weight
+    assert torch.equal(
+        state[f"{query}.base_layer.weight"], source_query
+    )  # the pretrained weight did not move
+    assert state[f"{query}.lora_B.default.weight"].abs().max() > 0  # its adapter did
+
+    adapted = MultimodalModule.load_from_checkpoint(checkpoint_path).model.eval()
+    merged = DualEncoder.from_checkpoint(checkpoint_path).eval()
+    assert not any("lora_" in name or "base_layer" in name for name, _ in merged.named_parameters())
+    out = tmp_path / "exported"
+    assert main(["export", "--ckpt_path", str(checkpoint_path), "--out", str(out)]) == 0
+    exported = hf.AutoModel.from_pretrained(out).eval()
+    batch = hf.AutoTokenizer.from_pretrained(out)(["a small red star", "a blue circle"], padding=True,
+                                                  return_tensors="pt")  # fmt: skip
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        want = adapted.embed_text(batch["input_ids"], batch["attention_mask"]), adapted.embed_images(images)
+        got = merged.embed_text(batch["input_ids"], batch["attention_mask"]), merged.embed_images(images)
+        exported_text = exported.get_text_features(**batch).pooler_output
+        before = reference.get_text_features(**batch).pooler_output
+    for w, g in zip(want, got, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=0)
+    normalized = torch.nn.functional.normalize(exported_text, dim=-1)
+    torch.testing.assert_close(normalized, want[0], atol=1e-5, rtol=0)
+    # control: the adapters changed the embeddings, so the source directory's differ
+    assert (torch.nn.functional.normalize(before, dim=-1) - want[0]).abs().max() > 1e-4
