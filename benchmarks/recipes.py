@@ -6,17 +6,23 @@ set as one batch (AdamW), from 5 initializations; the step and the initializatio
 text-to-image R@1. Each recipe (``configs/<name>.yaml``: its model, optimizer, trainer
 and data options) trains on the same files, same towers and image size, its checkpoint picked on validation
 ``val/r1_t2i``. Both are scored on the test split under the multi-caption protocol (``mm_lightning.metrics``).
+Each run has a process of its own, so its peak memory (resident set) is its own; the table also gives the
+trainable parameters and the wall time.
 
     python benchmarks/recipes.py                                # the dev set (../shared/devdata/coco_mini)
     python benchmarks/recipes.py --data DIR                     # DIR/{train,val,test}.jsonl of your own
+    python benchmarks/recipes.py --recipes lit lora --folds 5   # 5-fold cross-validation over all the images
     python benchmarks/recipes.py --recipes lit --epochs 15      # more epochs than the recipe's own
     python benchmarks/recipes.py --recipes lit finetune --logs benchmarks/_cache/tb --curves docs/recipes.png
 
 The dev set (239 COCO-2017 photos x 5 human captions) is re-split by image with a fixed seed into
-150 train / 30 val / 59 test under ``benchmarks/_cache/`` (the photos stay where they are). The last line is
-``RESULT recipes ratio=<best recipe's R@1 / the baseline's, the worse of the two directions>``, the baseline's R@1
-being the best test figure any of its initializations reached (conservative: the table shows the one validation
-picked).
+150 train / 30 val / 59 test under ``benchmarks/_cache/`` (the photos stay where they are). A test split that small
+cannot rank recipes (R@1 moves in steps of 0.017): ``--folds K`` pools every image (the dev set's, or DIR's three
+files), deals them into K test folds and runs everything once per fold, each time on the other images (30 of them
+for validation); the table gives each figure's mean and standard deviation over the folds. The last line is
+``RESULT recipes ratio=<best recipe's R@1 / the baseline's, the worse of the two directions>`` (means over the folds),
+the baseline's R@1 being the best test figure any of its initializations reached (conservative: the table shows the
+one validation picked).
 """
 
 from __future__ import annotations
@@ -26,8 +32,12 @@ import copy
 import importlib
 import json
 import random
+import resource
 import shutil
+import statistics
 import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +62,8 @@ KS = (1, 5, 10)
 PARTS = ("image_tower", "text_tower", "loss")  # the model's parts: objects named by class_path + init_args
 
 
-def split_dev_set(source: Path, out: Path, seed: int = 0) -> Path:
-    """Re-splits the dev set's records by image into train/val/test JSONL under ``out`` (absolute image paths)."""
+def dev_records(source: Path) -> list[dict[str, Any]]:
+    """The dev set's records (absolute image paths, every caption), in file order."""
     records = []
     for file in sorted(source.glob("*.jsonl")):
         if file.stem.endswith("_pairs"):
@@ -62,14 +72,48 @@ def split_dev_set(source: Path, out: Path, seed: int = 0) -> Path:
             record = json.loads(line)
             captions = record.get("captions") or [record["text"]]
             records.append({"image": str((source / record["image"]).resolve()), "text": captions})
-    random.Random(seed).shuffle(records)
+    return records
+
+
+def folder_records(folder: Path) -> list[dict[str, Any]]:
+    """Every record of ``folder``'s train/val/test JSONL, image paths made absolute."""
+    records = []
+    for split in ("train", "val", "test"):
+        for line in (folder / f"{split}.jsonl").read_text().splitlines():
+            record = json.loads(line)
+            records.append({**record, "image": str((folder / record["image"]).resolve())})
+    return records
+
+
+def write_split(out: Path, parts: dict[str, list[dict[str, Any]]]) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    start = 0
-    for split, size in [*SPLIT_SIZES.items(), ("test", len(records))]:
-        part = records[start : start + size]
+    for split, part in parts.items():
         (out / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
-        start += size
     return out
+
+
+def split_dev_set(source: Path, out: Path, seed: int = 0) -> Path:
+    """Re-splits the dev set's records by image into train/val/test JSONL under ``out`` (absolute image paths)."""
+    records = dev_records(source)
+    random.Random(seed).shuffle(records)
+    train, val = SPLIT_SIZES["train"], SPLIT_SIZES["val"]
+    return write_split(
+        out, {"train": records[:train], "val": records[train : train + val], "test": records[train + val :]}
+    )
+
+
+def fold_splits(records: list[dict[str, Any]], folds: int, out: Path, seed: int = 0) -> list[Path]:
+    """``folds`` train/val/test splits by image: fold f tests every folds-th image of a seeded shuffle, validates on
+    the first 30 of the others (an eighth of them if fewer) and trains on the rest."""
+    records = list(records)
+    random.Random(seed).shuffle(records)
+    splits = []
+    for fold in range(folds):
+        rest = [r for i, r in enumerate(records) if i % folds != fold]
+        val = min(SPLIT_SIZES["val"], max(1, len(rest) // 8))
+        parts = {"train": rest[val:], "val": rest[:val], "test": records[fold::folds]}
+        splits.append(write_split(out / f"fold{fold}", parts))
+    return splits
 
 
 def recipe_config(name: str, image_size: int, overrides: list[str] | None = None) -> dict[str, Any]:
@@ -169,7 +213,8 @@ def run_recipe(name: str, data: Path, args: argparse.Namespace, root: Path) -> d
     wall = time.perf_counter() - start
     (metrics,) = trainer.test(model, datamodule=dm, ckpt_path=best.best_model_path or None, verbose=False)
     out = {k.removeprefix("test/"): float(v) for k, v in metrics.items() if k.startswith("test/r")}
-    return {**out, "wall_s": wall, "steps": trainer.global_step}
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return {**out, "wall_s": wall, "steps": trainer.global_step, "trainable": trainable}
 
 
 @torch.no_grad()
@@ -213,6 +258,7 @@ def run_baseline(name: str, data: Path, args: argparse.Namespace) -> dict[str, f
         **best["test"],
         "wall_s": wall,
         "steps": args.baseline_steps,
+        "trainable": best["trainable"],
         "val": best["val"],
         "best_test": best_test,
     }
@@ -253,8 +299,9 @@ def train_heads(
             if val["r1_t2i"] > best:  # the recipes' checkpoints are picked on val/r1_t2i too
                 best, best_state = val["r1_t2i"], copy.deepcopy(heads.state_dict())
     heads.load_state_dict(best_state)
+    trainable = sum(p.numel() for p in heads.parameters() if p.requires_grad)
     with torch.no_grad():
-        return {"test": scores("test"), "val": scores("val"), "seed": seed}
+        return {"test": scores("test"), "val": scores("val"), "seed": seed, "trainable": trainable}
 
 
 def draw_curves(logs: Path, out: Path, baseline: dict[str, Any] | None) -> None:
@@ -288,9 +335,38 @@ def draw_curves(logs: Path, out: Path, baseline: dict[str, Any] | None) -> None:
     print(f"curves: {out}")
 
 
-def row(label: str, metrics: dict[str, float]) -> str:
-    recalls = " ".join(f"{metrics[f'r{k}_{d}']:.3f}" for d in ("t2i", "i2t") for k in KS)
-    return f"| {label} | {recalls.replace(' ', ' | ')} | {metrics['wall_s']:.0f} | {metrics['steps']} |"
+def measured(kind: str, name: str, data: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One run (``kind`` "baseline" on ``name``'s towers, or the recipe ``name``) and its peak resident memory."""
+    torch.set_num_threads(args.threads)
+    result = (
+        run_baseline(name, data, args) if kind == "baseline" else run_recipe(name, data, args, args.runs_dir)
+    )
+    return {**result, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def run_alone(kind: str, name: str, data: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """:func:`measured` in a process of its own (forked before any computation): the peak memory is this run's."""
+    with ProcessPoolExecutor(1, mp_context=get_context("fork")) as pool:
+        return pool.submit(measured, kind, name, data, args).result()
+
+
+RECALLS = [f"r{k}_{d}" for d in ("t2i", "i2t") for k in KS]
+
+
+def cell(values: list[float]) -> str:
+    """One figure, or its mean and standard deviation over the folds."""
+    if len(values) == 1:
+        return f"{values[0]:.3f}"
+    return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
+
+
+def row(label: str, runs: list[dict[str, Any]]) -> str:
+    recalls = " | ".join(cell([run[name] for run in runs]) for name in RECALLS)
+    wall = statistics.mean(run["wall_s"] for run in runs)
+    peak = max(run["peak_rss_mb"] for run in runs)
+    return (
+        f"| {label} | {recalls} | {wall:.0f} | {runs[0]['steps']} | {runs[0]['trainable']:,} | {peak:.0f} |"
+    )
 
 
 def main() -> None:
@@ -299,6 +375,9 @@ def main() -> None:
         "--data", type=Path, default=None, help="folder with train/val/test.jsonl (default: dev set)"
     )
     parser.add_argument("--recipes", nargs="+", default=["lit"], help="configs/<name>.yaml to run")
+    parser.add_argument(
+        "--folds", type=int, default=1, help="K > 1: K-fold cross-validation over all the images (mean ± std)"
+    )
     parser.add_argument("--image_size", type=int, default=224)
     parser.add_argument("--epochs", type=int, default=None, help="default: each recipe's trainer.max_epochs")
     parser.add_argument("--max_steps", type=int, default=-1, help="cap on a recipe's optimizer steps")
@@ -327,34 +406,55 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a recipe option, e.g. model.text.lr=1e-5 (repeatable)")  # fmt: skip
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    data = args.data or split_dev_set(DEV_SET, CACHE / "coco_mini_split")
-    counts = {s: sum(1 for _ in (data / f"{s}.jsonl").open()) for s in ("train", "val", "test")}
-    print(f"data {data}: images train {counts['train']}, val {counts['val']}, test {counts['test']}")
-    results = {} if args.no_baseline else {"baseline": run_baseline(args.recipes[0], data, args)}
-    for name in args.recipes:
-        results[name] = run_recipe(name, data, args, args.runs_dir)
-    print("| run | " + " | ".join(f"R@{k} {d}" for d in ("t2i", "i2t") for k in KS) + " | wall s | steps |")
-    print("|---" * (2 + 2 * len(KS) + 1) + "|")
+    if args.folds > 1:
+        records = folder_records(args.data) if args.data else dev_records(DEV_SET)
+        splits = fold_splits(records, args.folds, args.runs_dir / f"folds{args.folds}")
+    else:
+        splits = [args.data or split_dev_set(DEV_SET, CACHE / "coco_mini_split")]
+    kinds = ([] if args.no_baseline else [("baseline", args.recipes[0])]) + [
+        ("recipe", n) for n in args.recipes
+    ]
+    results: dict[str, list[dict[str, Any]]] = {
+        name if kind == "recipe" else kind: [] for kind, name in kinds
+    }
+    for data in splits:
+        counts = {s: sum(1 for _ in (data / f"{s}.jsonl").open()) for s in ("train", "val", "test")}
+        print(f"data {data}: images train {counts['train']}, val {counts['val']}, test {counts['test']}")
+        for kind, name in kinds:
+            run = run_alone(kind, name, data, args)
+            results[name if kind == "recipe" else kind].append(run)
+            print(
+                f"  {name if kind == 'recipe' else kind}: test R@1 {run['r1_t2i']:.3f} / {run['r1_i2t']:.3f}"
+            )
+    header = " | ".join(f"R@{k} {d}" for d in ("t2i", "i2t") for k in KS)
+    print(f"| run | {header} | wall s | steps | trainable | peak RSS MB |")
+    print("|---" * (2 + 2 * len(KS) + 3) + "|")
     if "baseline" in results:
         print(row(f"frozen towers + linear heads ({args.recipes[0]}'s towers)", results["baseline"]))
     for name in args.recipes:
         print(row(" ".join([f"configs/{name}.yaml", *args.set]), results[name]))
     if args.curves and args.logs:
-        draw_curves(args.logs, args.curves, results.get("baseline"))
+        draw_curves(args.logs, args.curves, results.get("baseline", [None])[-1])
     if "baseline" not in results:
         return
-    base = results["baseline"]["best_test"]
+    base = {
+        f"r1_{d}": statistics.mean(run["best_test"][f"r1_{d}"] for run in results["baseline"])
+        for d in ("t2i", "i2t")
+    }
+    means = {
+        name: {d: statistics.mean(run[f"r1_{d}"] for run in results[name]) for d in ("t2i", "i2t")}
+        for name in args.recipes
+    }
     ratios = {
-        name: min(results[name][f"r1_{d}"] / max(base[f"r1_{d}"], 1e-9) for d in ("t2i", "i2t"))
+        name: min(means[name][d] / max(base[f"r1_{d}"], 1e-9) for d in ("t2i", "i2t"))
         for name in args.recipes
     }
     best = max(ratios, key=ratios.get)
+    where = f"{len(splits)} folds of {data.parent}" if len(splits) > 1 else str(data)
     print(
-        f"RESULT recipes ratio={ratios[best]:.3f} (best recipe {best}: test R@1 t2i {results[best]['r1_t2i']:.3f} "
-        f"i2t {results[best]['r1_i2t']:.3f} vs the baseline's best initialization on test {base['r1_t2i']:.3f} / "
-        f"{base['r1_i2t']:.3f}; "
-        f"{counts['test']} test images, {args.image_size} px, {data})"
+        f"RESULT recipes ratio={ratios[best]:.3f} (best recipe {best}: test R@1 t2i {means[best]['t2i']:.3f} "
+        f"i2t {means[best]['i2t']:.3f} vs the baseline's best initialization on test {base['r1_t2i']:.3f} / "
+        f"{base['r1_i2t']:.3f}; {counts['test']} test images per split, {args.image_size} px, {where})"
     )
 
 

@@ -1,4 +1,5 @@
-"""``benchmarks/recipes.py`` runs end to end on a few generated photos-like images: the table and the RESULT line."""
+"""``benchmarks/recipes.py`` runs end to end on a few generated photos-like images, 2-fold: the table (mean ± std
+over the folds, trainable parameters, peak memory) and the RESULT line."""
 
 from __future__ import annotations
 
@@ -24,13 +25,13 @@ def _split(root: Path, split: str, images: int, offset: int) -> None:
     (root / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def test_recipes_benchmark_prints_the_table_and_the_result(tmp_path: Path) -> None:
+def test_recipes_benchmark_cross_validates_and_prints_the_table_and_the_result(tmp_path: Path) -> None:
     for split, images, offset in (("train", 8, 0), ("val", 4, 100), ("test", 4, 200)):
         _split(tmp_path, split, images, offset)
     done = subprocess.run(
         [sys.executable, "benchmarks/recipes.py", "--data", str(tmp_path), "--image_size", "32", "--epochs", "1",
          "--baseline_steps", "4", "--workers", "0", "--batch_size", "4", "--runs_dir", str(tmp_path / "runs"),
-         "--logs", str(tmp_path / "tb"), "--curves", str(tmp_path / "curves.png")],
+         "--logs", str(tmp_path / "tb"), "--curves", str(tmp_path / "curves.png"), "--folds", "2"],
         cwd=REPO, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
@@ -39,8 +40,17 @@ def test_recipes_benchmark_prints_the_table_and_the_result(tmp_path: Path) -> No
     assert any(line.startswith("| configs/lit.yaml |") for line in lines), done.stdout
     result = re.fullmatch(r"RESULT recipes ratio=(\d+\.\d+) \(.*\)", lines[-1])
     assert result is not None, lines[-1]
-    recalls = [float(v) for line in lines if line.startswith("| frozen") for v in line.split("|")[2:8]]
-    assert len(recalls) == 6 and all(0.0 <= r <= 1.0 for r in recalls)
+    assert sum(line.startswith("data ") and "train 7, val 1, test 8" in line for line in lines) == 2, (
+        done.stdout
+    )
+    (baseline,) = [line.split("|")[2:-1] for line in lines if line.startswith("| frozen")]
+    spreads = [re.fullmatch(r" (\d\.\d{3}) ± (\d\.\d{3}) ", cell) for cell in baseline[:6]]
+    assert all(s is not None and 0.0 <= float(s[1]) <= 1.0 for s in spreads), baseline
+    trainable, peak_mb = int(baseline[8].replace(",", "")), float(baseline[9])
+    assert (
+        trainable == (1280 + 1) * 256 + (384 + 1) * 256 + 1 and peak_mb > 100
+    )  # two heads + the temperature
     # the learning curves come from the run's own TensorBoard events
-    assert list((tmp_path / "tb" / "lit").glob("version_0/events.out.tfevents.*"))
+    events = list((tmp_path / "tb" / "lit").glob("version_*/events.out.tfevents.*"))
+    assert len(events) == 4  # fit and test, in each fold
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
