@@ -104,13 +104,13 @@ def split_dev_set(source: Path, out: Path, seed: int = 0) -> Path:
 
 def fold_splits(records: list[dict[str, Any]], folds: int, out: Path, seed: int = 0) -> list[Path]:
     """``folds`` train/val/test splits by image: fold f tests every folds-th image of a seeded shuffle, validates on
-    the first 30 of the others (an eighth of them if fewer) and trains on the rest."""
+    the first 30 of the others (at most a quarter of them) and trains on the rest."""
     records = list(records)
     random.Random(seed).shuffle(records)
     splits = []
     for fold in range(folds):
         rest = [r for i, r in enumerate(records) if i % folds != fold]
-        val = min(SPLIT_SIZES["val"], max(1, len(rest) // 8))
+        val = min(SPLIT_SIZES["val"], max(1, len(rest) // 4))
         parts = {"train": rest[val:], "val": rest[:val], "test": records[fold::folds]}
         splits.append(write_split(out / f"fold{fold}", parts))
     return splits

@@ -40,7 +40,7 @@ def test_recipes_benchmark_cross_validates_and_prints_the_table_and_the_result(t
     assert any(line.startswith("| configs/lit.yaml |") for line in lines), done.stdout
     result = re.fullmatch(r"RESULT recipes ratio=(\d+\.\d+) \(.*\)", lines[-1])
     assert result is not None, lines[-1]
-    assert sum(line.startswith("data ") and "train 7, val 1, test 8" in line for line in lines) == 2, (
+    assert sum(line.startswith("data ") and "train 6, val 2, test 8" in line for line in lines) == 2, (
         done.stdout
     )
     (baseline,) = [line.split("|")[2:-1] for line in lines if line.startswith("| frozen")]
