@@ -76,13 +76,14 @@ def dev_records(source: Path) -> list[dict[str, Any]]:
 
 
 def folder_records(folder: Path) -> list[dict[str, Any]]:
-    """Every record of ``folder``'s train/val/test JSONL, image paths made absolute."""
-    records = []
+    """``folder``'s train/val/test records, one per image (a caption per line or a list of them), absolute paths."""
+    captions: dict[str, list[str]] = {}
     for split in ("train", "val", "test"):
         for line in (folder / f"{split}.jsonl").read_text().splitlines():
             record = json.loads(line)
-            records.append({**record, "image": str((folder / record["image"]).resolve())})
-    return records
+            text = record["text"] if isinstance(record["text"], list) else [record["text"]]
+            captions.setdefault(str((folder / record["image"]).resolve()), []).extend(text)
+    return [{"image": image, "text": text} for image, text in captions.items()]
 
 
 def write_split(out: Path, parts: dict[str, list[dict[str, Any]]]) -> Path:
@@ -345,7 +346,8 @@ def measured(kind: str, name: str, data: Path, args: argparse.Namespace) -> dict
 
 
 def run_alone(kind: str, name: str, data: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """:func:`measured` in a process of its own (forked before any computation): the peak memory is this run's."""
+    """:func:`measured` in a process of its own, forked from this one (which computes nothing): the peak memory is
+    this run's, counting the ~0.5 GB of imports it starts with, not its loader workers."""
     with ProcessPoolExecutor(1, mp_context=get_context("fork")) as pool:
         return pool.submit(measured, kind, name, data, args).result()
 
@@ -406,8 +408,14 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a recipe option, e.g. model.text.lr=1e-5 (repeatable)")  # fmt: skip
     args = parser.parse_args()
+    if args.folds < 1:
+        parser.error("--folds must be 1 (the fixed split) or more")
     if args.folds > 1:
         records = folder_records(args.data) if args.data else dev_records(DEV_SET)
+        if args.folds > len(records) // 2:
+            parser.error(
+                f"--folds {args.folds}: {len(records)} images give at most {len(records) // 2} folds"
+            )
         splits = fold_splits(records, args.folds, args.runs_dir / f"folds{args.folds}")
     else:
         splits = [args.data or split_dev_set(DEV_SET, CACHE / "coco_mini_split")]

@@ -7,6 +7,7 @@ called without an active exception" (SIGABRT) in about one run of three, after i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -64,8 +65,9 @@ def dump_stacks_one_by_one(process: subprocess.Popen, log) -> None:
     for pid in pids:
         log.write(f"\n--- process {pid}: {command_line(pid)} ---\n")
         log.flush()
-        os.kill(pid, signal.SIGABRT)
-        os.kill(pid, signal.SIGCONT)
+        with contextlib.suppress(ProcessLookupError):  # gone meanwhile
+            os.kill(pid, signal.SIGABRT)
+            os.kill(pid, signal.SIGCONT)
         deadline = time.monotonic() + 10
         while process_state(pid) not in ("Z", None) and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import WeightAveraging
-from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, SingleDeviceStrategy
 from typing_extensions import override
 
 
@@ -41,28 +41,38 @@ class EMA(WeightAveraging):
         self.decay, self.warmup, self.every_n_steps = decay, warmup, every_n_steps
         self._swapped = False  # the module holds the average (during validation)
 
-    def decay_at(self, num_averaged: int) -> float:
-        """The decay of the update that follows ``num_averaged`` earlier ones."""
-        return min(self.decay, 1.0 - (1.0 + num_averaged) ** (-2 / 3)) if self.warmup else self.decay
+    def decay_at(self, num_averaged: int | torch.Tensor) -> float | torch.Tensor:
+        """The decay of the update that follows ``num_averaged`` earlier ones (from a tensor, a tensor on its device:
+        no host sync per step)."""
+        if not self.warmup:
+            return self.decay
+        grown = 1.0 - (1.0 + num_averaged) ** (-2 / 3)
+        return grown.clamp(max=self.decay) if isinstance(grown, torch.Tensor) else min(self.decay, grown)
 
     @torch.no_grad()
-    def update(self, averaged: list[torch.Tensor], current: list[torch.Tensor], num_averaged: Any) -> None:
-        weight = 1.0 - self.decay_at(int(num_averaged))
+    def update(
+        self, averaged: list[torch.Tensor], current: list[torch.Tensor], num_averaged: torch.Tensor
+    ) -> None:
+        weight = 1.0 - self.decay_at(num_averaged)
         for average, value in zip(averaged, current, strict=True):
             if average.is_floating_point():
-                average.lerp_(value, weight)  # exact where the weights did not move (frozen towers)
+                # exact where the weights did not move (frozen towers)
+                average.lerp_(value, weight.to(average.dtype) if isinstance(weight, torch.Tensor) else weight)
             else:
                 average.copy_(value)  # integer buffers (BatchNorm's step count)
 
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if not isinstance(trainer.strategy, (SingleDeviceStrategy, DDPStrategy)):
+        strategy = trainer.strategy
+        if isinstance(strategy, DeepSpeedStrategy) or not isinstance(
+            strategy, (SingleDeviceStrategy, DDPStrategy)
+        ):
             raise ValueError(
                 f"EMA keeps a whole copy of the module in each process: it works with single-device and DDP"
                 f" strategies, not {type(trainer.strategy).__name__}"
             )
         with warnings.catch_warnings():
-            # MultimodalModule.configure_model only compiles towers: no layers are sharded there
+            # its warning is about sharded layers, which the strategies above never have
             warnings.filterwarnings(
                 "ignore", message="You're using the WeightAveraging callback with a model"
             )

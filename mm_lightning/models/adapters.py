@@ -13,35 +13,51 @@ from mm_lightning.models.towers.optional import require
 
 
 def default_targets(kind: Kind, tower: nn.Module) -> list[str]:
-    """The tower's Linear layers and 1x1 convolutions after its first layer group (the embeddings or stem): the
-    attention and MLP projections of a transformer, the pointwise convolutions of a CNN."""
+    """After the tower's first layer group (the embeddings or the stem): its Linear layers and 1x1 convolutions (the
+    MLP and attention projections of a transformer, a CNN's pointwise convolutions) and its ``MultiheadAttention``
+    modules, whose input and output projections peft adapts together (it cannot adapt them apart: attention calls
+    them through their weights, not their ``forward``, as attention pooling does)."""
     groups = checked_layer_groups(kind, tower, "adapter")
     after_stem = {name for group in groups[1:] for name in group}
-    targets = [
-        name
-        for name, module in tower.named_modules()
-        if f"{name}.weight" in after_stem
-        and (isinstance(module, nn.Linear) or isinstance(module, nn.Conv2d) and module.kernel_size == (1, 1))
-    ]
+    modules = dict(tower.named_modules())
+    attention = [name for name, module in modules.items() if _calls_weights_directly(module)]
+    targets = []
+    for name, module in modules.items():
+        if any(name.startswith(f"{outer}.") for outer in attention):
+            continue
+        if isinstance(module, nn.MultiheadAttention) and f"{name}.in_proj_weight" in after_stem:
+            targets.append(name)
+        elif f"{name}.weight" in after_stem and (
+            isinstance(module, nn.Linear) or isinstance(module, nn.Conv2d) and module.kernel_size == (1, 1)
+        ):
+            targets.append(name)
     if not targets:
         raise TowerContractError(
-            f"{kind} tower {class_path_of(tower)} has no Linear layer or 1x1 convolution after its first layer group"
-            f" for an adapter: name the modules in model.{kind}.adapter.target_modules"
+            f"{kind} tower {class_path_of(tower)} has no Linear layer, 1x1 convolution or MultiheadAttention after its"
+            f" first layer group for an adapter: name the modules in model.{kind}.adapter.target_modules"
         )
     return targets
 
 
-def add_adapter(kind: Kind, tower: nn.Module, config: Any) -> None:
-    """Injects the adapter ``config.adapter`` describes (peft config fields) into ``tower`` in place; everything
-    else in the tower stops training."""
-    peft = require("peft", "peft", f"model.{kind}.adapter")
-    from peft.tuners.tuners_utils import BaseTunerLayer
+def _calls_weights_directly(module: nn.Module) -> bool:
+    # torch's MultiheadAttention, and attention pooling (CLIP's and open_clip's ResNets) built on the same function
+    return isinstance(module, nn.MultiheadAttention) or type(module).__name__.endswith("AttentionPool2d")
 
+
+def add_adapter(kind: Kind, tower: nn.Module, config: Any) -> None:
+    """Injects the adapter ``config.adapter`` describes (peft config fields) into ``tower`` in place; peft leaves
+    only the adapter trainable in the tower (and the biases its ``bias`` option names)."""
+    peft = require("peft", "peft", f"model.{kind}.adapter")
     if config.freeze or config.train_last is not None:
         raise ValueError(
             f"model.{kind}.adapter trains the tower through its adapter: drop freeze and train_last"
         )
     options = {"peft_type": "LORA", **config.adapter}
+    if options.get("modules_to_save"):
+        raise ValueError(
+            f"model.{kind}.adapter: modules_to_save is not supported (export merges adapters only); train such a"
+            " module outside the tower, or the whole tower"
+        )
     options.setdefault("target_modules", default_targets(kind, tower))
     try:
         peft.inject_adapter_in_model(peft.get_peft_config(options), tower)
@@ -49,11 +65,6 @@ def add_adapter(kind: Kind, tower: nn.Module, config: Any) -> None:
         raise TowerContractError(
             f"{kind} tower {class_path_of(tower)}: peft cannot add the adapter {options}: {err}"
         ) from err
-    tower.requires_grad_(False)
-    for module in tower.modules():
-        if isinstance(module, BaseTunerLayer):
-            for name in module.adapter_layer_names:
-                getattr(module, name).requires_grad_(True)
 
 
 def merge_adapters(network: nn.Module) -> None:
@@ -63,10 +74,19 @@ def merge_adapters(network: nn.Module) -> None:
 
     for kind in ("image", "text"):
         tower = getattr(network, f"{kind}_encoder")
+        merged: list[str] = []
         for name, module in list(tower.named_modules()):
-            if isinstance(module, BaseTunerLayer):
-                module.merge()
+            # an adapted MultiheadAttention holds its out_proj's adapter: unloading it unloads both
+            if isinstance(module, BaseTunerLayer) and not any(name.startswith(f"{m}.") for m in merged):
+                if hasattr(module, "unload_and_optionally_merge_module"):  # MultiheadAttention
+                    plain = module.unload_and_optionally_merge_module(
+                        merge=True, safe_merge=False, adapter_names=None
+                    )
+                else:
+                    module.merge()
+                    plain = module.get_base_layer()
                 parent, _, attribute = name.rpartition(".")
-                setattr(tower.get_submodule(parent), attribute, module.get_base_layer())
+                setattr(tower.get_submodule(parent), attribute, plain)
+                merged.append(name)
         config = getattr(network, f"{kind}_config")
         setattr(network, f"{kind}_config", replace(config, adapter=None))

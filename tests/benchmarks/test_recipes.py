@@ -47,6 +47,17 @@ def test_recipes_benchmark_cross_validates_and_prints_the_table_and_the_result(t
     spreads = [re.fullmatch(r" (\d\.\d{3}) ± (\d\.\d{3}) ", cell) for cell in baseline[:6]]
     assert all(s is not None and 0.0 <= float(s[1]) <= 1.0 for s in spreads), baseline
     trainable, peak_mb = int(baseline[8].replace(",", "")), float(baseline[9])
+    (lit,) = [line.split("|")[2:-1] for line in lines if line.startswith("| configs/lit.yaml")]
+    assert int(lit[8].replace(",", "")) > trainable  # the text tower's last two layers train too
+    folds = [
+        {split: {json.loads(r)["image"] for r in (tmp_path / "runs" / "folds2" / f"fold{f}" / f"{split}.jsonl").open()}
+         for split in ("train", "val", "test")}
+        for f in range(2)
+    ]  # fmt: skip
+    assert folds[0]["test"].isdisjoint(folds[1]["test"]) and len(folds[0]["test"] | folds[1]["test"]) == 16
+    assert all(
+        len(f["train"] | f["val"] | f["test"]) == 16 for f in folds
+    )  # each image in one split of a fold
     assert (
         trainable == (1280 + 1) * 256 + (384 + 1) * 256 + 1 and peak_mb > 100
     )  # two heads + the temperature

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -13,11 +14,11 @@ import yaml
 
 from mm_lightning.cli import cli_main, main
 from mm_lightning.models import DualEncoder, MultimodalModule
-from mm_lightning.models.adapters import default_targets
+from mm_lightning.models.adapters import default_targets, merge_adapters
 from mm_lightning.models.towers import TorchvisionTower
 from mm_lightning.models.towers.contract import TowerContractError
 from tests.conftest import REPO, tiny_demo_args
-from tests.models.helpers import TINY_MODEL, make_batch, tiny_kwargs
+from tests.models.helpers import EXACT_MODEL, TINY_MODEL, make_batch, module_kwargs, tiny_config, tiny_kwargs
 from tests.towers.dual_encoders import save_tiny
 
 LORA = {"image": {"adapter": {"r": 4, "lora_alpha": 8}}, "text": {"adapter": {"r": 4, "lora_alpha": 8}}}
@@ -47,6 +48,38 @@ def test_only_adapters_and_heads_train() -> None:
     assert adapted == {f"model.text_encoder.{t}" for t in targets} | {
         "model.image_encoder.backbone.2.0.downsample.0"
     }
+
+
+def test_torch_attention_is_adapted_whole_and_merges_exactly() -> None:
+    """A ViT of torch's ``MultiheadAttention`` (torchvision's): peft adapts each attention module as one (its input
+    and output projections are called through their weights), never its ``out_proj`` alone."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    torch.manual_seed(0)
+    config = tiny_config(
+        EXACT_MODEL, image={"adapter": {"r": 4, "init_lora_weights": False}}
+    )  # nonzero at once
+    network = MultimodalModule(**module_kwargs(config)).model.eval()
+    targets = default_targets(
+        "image", MultimodalModule(**module_kwargs(tiny_config(EXACT_MODEL))).model.image_encoder
+    )
+    assert targets == [
+        f"backbone.encoder.layers.encoder_layer_0.{m}" for m in ("self_attention", "mlp.0", "mlp.3")
+    ]
+    assert isinstance(network.image_encoder.get_submodule(targets[0]), BaseTunerLayer)
+    images = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        want = network.embed_images(images)
+        without = copy.deepcopy(network)
+        for name, p in without.named_parameters():
+            if "lora_B" in name:
+                p.zero_()
+        base = without.embed_images(images)
+        merge_adapters(network)
+        got = network.embed_images(images)
+    assert not any(isinstance(m, BaseTunerLayer) for m in network.modules())
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    assert (base - want).abs().max() > 1e-3  # control: the adapter is what the merged weights carry
 
 
 def test_a_tower_peft_cannot_adapt_is_named() -> None:

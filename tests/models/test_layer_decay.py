@@ -59,6 +59,7 @@ FAMILIES: dict[str, tuple[Callable[[Path], nn.Module], int, str, str]] = {
         3, "backbone.0.", "backbone.2.",
     ),
     "torchvision-vit": (lambda _: TorchvisionTower("vit_b_16", image_size=224), 14, "class_token", "encoder.ln"),
+    "torchvision-mobilenet": (lambda _: TorchvisionTower("mobilenet_v3_small", image_size=32), 14, "features.0.", "classifier.0."),
     "timm": (lambda _: TimmTower("resnet10t", image_size=32), 5, "conv1", "layer4"),
     "hf-text": (lambda _: HFTextTower(**DEMO_BERT), 3, "embeddings", "layer.1."),  # mean pooling: no pooler
     "hf-vision-vit": (lambda p: HFVisionTower(str(save_hf_vision(p, "vit", (0.5,) * 3)[0])), 3, "embed", "layernorm"),

@@ -85,11 +85,7 @@ class _DualEncoderHalf(ConfiguredTower):
         SigLIP's pooling head)."""
         from mm_lightning.models.towers.layers import numbered_layer_groups
 
-        return numbered_layer_groups(
-            self,
-            r"\.encoder\.layers\.(\d+)\.",
-            r"post_layernorm|final_layer_norm|^model\.head\.|^projection\.",
-        )
+        return numbered_layer_groups(self, r"\.encoder\.layers\.(\d+)\.")
 
 
 class CLIPImageTower(_DualEncoderHalf):

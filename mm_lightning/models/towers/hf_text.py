@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
-import sys
 from typing import Any, Literal
 
 from torch import Tensor
@@ -12,9 +10,6 @@ from transformers import AutoConfig, AutoModel
 
 from mm_lightning.assets import MissingModelFolder, load_pretrained, resolve_pretrained
 from mm_lightning.models.towers.base import EncoderOutput, Tower
-
-# a transformer layer's parameters: encoder.layer.3.*, layers.3.*, h.3.* (BERT, most encoders, GPT-2)
-_LAYER = re.compile(r"\.(?:layer|layers|h)\.(\d+)\.")
 
 
 def _looks_like_path(name: str) -> bool:
@@ -103,16 +98,10 @@ class HFTextTower(Tower):
 
     def layer_groups(self) -> list[list[str]]:
         """Parameter names from input to output: the embeddings, each transformer layer, what follows them."""
-        groups: dict[int, list[str]] = {}
-        after_layers = False
-        for name, _ in self.named_parameters():
-            match = _LAYER.search(name)
-            if match:
-                key, after_layers = 1 + int(match.group(1)), True
-            else:
-                key = sys.maxsize if after_layers else 0
-            groups.setdefault(key, []).append(name)
-        return [groups[key] for key in sorted(groups)]
+        from mm_lightning.models.towers.layers import numbered_layer_groups
+
+        # a layer's parameters: encoder.layer.3.*, layers.3.*, h.3.* (BERT, most encoders, GPT-2)
+        return numbered_layer_groups(self, r"\.(?:layer|layers|h)\.(\d+)\.")
 
     def forward(
         self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None

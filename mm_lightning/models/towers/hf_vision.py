@@ -130,11 +130,7 @@ class HFVisionTower(ConfiguredTower):
         norm and pooler."""
         from mm_lightning.models.towers.layers import numbered_layer_groups
 
-        return numbered_layer_groups(
-            self,
-            r"^model\.(?:\w+\.){0,2}(?:layer|layers|stages)\.(\d+)\.",
-            r"^model\.(?:vision_model\.)?(?:layernorm|pooler|post_layernorm|norm|head)\.",
-        )
+        return numbered_layer_groups(self, r"^model\.(?:\w+\.){0,2}(?:layer|layers|stages)\.(\d+)\.")
 
     def forward(self, images: Tensor) -> EncoderOutput:
         """Encodes (B, 3, H, W) normalized images."""

@@ -120,7 +120,7 @@ class _OpenCLIPHalf(ConfiguredTower):
 
         return numbered_layer_groups(
             self,
-            r"\.resblocks\.(\d+)\.|^visual\.layer(\d+)\.",
+            r"\.(?:resblocks|blocks|stages)\.(\d+)\.|^visual\.layer(\d+)\.",
             r"ln_post|ln_final|attnpool|\.proj$|^text_projection",
         )
 

@@ -163,7 +163,7 @@ class TorchvisionTower(Tower):
         from mm_lightning.models.towers.layers import numbered_layer_groups
 
         blocks = r"^backbone\.(?:layer|features\.)?(\d+)\.|\.encoder_layer_(\d+)\."
-        return numbered_layer_groups(self, blocks, r"^backbone\.encoder\.ln\.")
+        return numbered_layer_groups(self, blocks)
 
     def set_gradient_checkpointing(self, enabled: bool) -> None:
         self.gradient_checkpointing = enabled
