@@ -1,7 +1,7 @@
 """Train-loader throughput on real camera photos: a naive baseline pipeline vs MultimodalDataModule.
 
     python benchmarks/data_pipeline.py [--images DIR_OR_JSONL ...] [--downscale 500] [--sets coco,flickr500]
-                                       [--workers 2] [--batch-size 32] [--rounds 3] [--synthetic] [--gpu [--skip-cpu]]
+                                       [--workers 2] [--batch-size 32] [--rounds 3] [--synthetic]
 
 Images: by default JPEGs derived from real photographs shipped in scikit-image's and matplotlib's wheels
 (``benchmarks/real_photos.py``: crops and mosaics of the photos, re-encoded at COCO-like 640x480 q90-95,
@@ -289,12 +289,6 @@ def main() -> None:
         "--epoch-images", type=int, default=1024, help="list smaller sets several times to reach this"
     )
     parser.add_argument("--synthetic", action="store_true", help="add generated images as a secondary row")
-    parser.add_argument(
-        "--gpu", action="store_true", help="also time nvJPEG decoding and the base recipe's step"
-    )
-    parser.add_argument(
-        "--skip-cpu", action="store_true", help="with --gpu: only the GPU figures (no CPU loader rounds)"
-    )
     parser.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "mm_lightning_real_photos")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -332,14 +326,6 @@ def main() -> None:
 
         sets["SYNTHETIC"] = build_synthetic(args.data / "synthetic", 200)
 
-    if args.gpu and args.skip_cpu:
-        from gpu_recipe import gpu_report
-
-        summary, fed = gpu_report(sets, args.batch_size, args.workers)
-        print(
-            f"RESULT data_pipeline_gpu ratio={fed:.2f} (loader-fed / in-memory samples/s, base recipe; {summary})"
-        )
-        return
     per_core: dict[str, dict[str, float]] = {}
     with_workers: dict[str, dict[str, float]] = {}
     for name, jsonl in sets.items():
@@ -362,13 +348,6 @@ def main() -> None:
                 f" {best['ours_normalize_in_workers']:5.0f} ({best['ours'] / best['naive']:.2f}x naive,"
                 f" {best['ours'] / best['decode_only']:.2f} of decode-only) | decode-only {best['decode_only']:5.0f}"
             )
-    extra = ""
-    if args.gpu:
-        from gpu_recipe import gpu_report
-
-        extra = "; " + gpu_report(
-            {k: v for k, v in sets.items() if k != "SYNTHETIC"}, args.batch_size, args.workers
-        )
 
     def summary(name: str) -> str:
         w, c = with_workers[name], per_core[name]
@@ -384,7 +363,7 @@ def main() -> None:
     print(
         f"RESULT data_pipeline ratio={with_workers[main_name]['ours'] / with_workers[main_name]['naive']:.2f}"
         f" ({args.workers} workers, batch {args.batch_size}; {summary(main_name)}; {describe(main_name, sets[main_name])}"
-        f"{'; ' + others if others else ''}{extra})"
+        f"{'; ' + others if others else ''})"
     )
 
 

@@ -157,7 +157,7 @@ class NaNGuard(Callback):
         optimizer.found_inf = bad.float()  # type: ignore[attr-defined]
         if self._pending is None:
             self._pending = torch.zeros(4, dtype=torch.long, device=flags.device)
-            self._pending[1] = self.consecutive
+            self._pending[1].fill_(self.consecutive)  # a kernel; item assignment would copy from the host
             self._trip_flags = torch.zeros_like(flags)
         skipped, consecutive, tripped, at = self._pending.unbind()
         bad_long = bad.long()
