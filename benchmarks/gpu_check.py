@@ -1,7 +1,7 @@
 """One bounded check of what only a GPU shows: training speed and MFU, whether the loader keeps up, nvJPEG,
 gradient caching's memory, FSDP, the CUDA-only tests, DDP over NCCL.
 
-    python benchmarks/gpu_check.py --out gpu_check.json        # a CUDA machine: about 6 minutes
+    python benchmarks/gpu_check.py --out gpu_check.json        # a CUDA machine: about 5 minutes on an H200
     python benchmarks/gpu_check.py --photos DIR/train.jsonl    # real photos to feed the loader (default: the dev set)
     python benchmarks/gpu_check.py --stages env train_eager    # some stages only
     python benchmarks/gpu_check.py --dry-run                   # every stage on CPU at tiny sizes (a test runs this)
@@ -32,7 +32,9 @@ The last line is ``RESULT gpu_check mfu=<train_compiled's, else train_eager's> s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import gc
 import json
 import multiprocessing
 import os
@@ -62,9 +64,9 @@ from mm_lightning.models.towers import HFTextTower, TorchvisionTower
 
 REPO = Path(__file__).resolve().parents[1]
 DEV_PHOTOS = REPO.parent / "shared" / "devdata" / "coco_mini" / "train.jsonl"
-# NVIDIA's dense bf16 figure for the H100/H200 SXM chip. Lightning's table has no row for the name an H200 reports,
-# and its "h200 sxm1" row is the datasheet's with-sparsity figure (2.0e15), twice the dense one.
-DENSE_BF16 = {"h200": 989e12}
+# NVIDIA's dense bf16 figure for an H200 SXM (the H100 SXM's chip). Lightning's table has no row for the name such a
+# card reports ("NVIDIA H200"), and its "h200 sxm1" row is the datasheet's with-sparsity figure, twice the dense one.
+DENSE_BF16 = {"nvidia h200": 989e12}
 BERT_BASE = {
     "hidden_size": 768,
     "num_hidden_layers": 12,
@@ -152,14 +154,22 @@ def device_batches(scale: Scale, count: int) -> list[dict[str, torch.Tensor]]:
 
 
 class StepClock(pl.Callback):
-    """The wall clock at the start of every training batch (after the device's queue drained)."""
+    """The wall clock when the timed steps start (after ``warmup`` steps) and when training ends, each once the
+    device's queue has drained; no sync in between, so the host queues work ahead as in any run."""
 
-    def __init__(self, device: str) -> None:
-        self.device, self.stamps = device, []
+    def __init__(self, device: str, warmup: int) -> None:
+        self.device, self.warmup = device, warmup
+        self.start: float | None = None
+        self.end: float | None = None
 
-    def on_train_batch_start(self, *args: object) -> None:
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: object) -> None:
+        if self.start is None and trainer.global_step == self.warmup:
+            synchronize(self.device)
+            self.start = time.perf_counter()
+
+    def on_train_end(self, *args: object) -> None:  # before fit's teardown moves the model off the device
         synchronize(self.device)
-        self.stamps.append(time.perf_counter())
+        self.end = time.perf_counter()
 
 
 def flops_per_step(model: MultimodalModule, batch: dict[str, torch.Tensor], device: str) -> float:
@@ -176,19 +186,20 @@ def peak_flops(device: str) -> float | None:
         return None
     name = torch.cuda.get_device_name().lower()
     listed = get_available_flops(torch.device("cuda"), torch.bfloat16)
-    return next((v for k, v in DENSE_BF16.items() if k in name), listed)
+    return DENSE_BF16.get(name, listed)
 
 
 def fit_rate(scale: Scale, image_tower: dict[str, Any], jsonl: Path | None = None, **options: Any) -> dict:
-    """samples/s, TFLOP/s, MFU and peak memory of ``Trainer.fit`` (bf16-mixed, channels-last) on in-memory device
-    batches, or fed by ``MultimodalDataModule`` from ``jsonl`` with the machine's cores."""
+    """samples/s, TFLOP/s, MFU and peak memory of ``Trainer.fit`` (bf16-mixed, channels-last) on an in-memory device
+    batch, or fed by ``MultimodalDataModule`` from ``jsonl`` with the machine's cores."""
     torch.manual_seed(0)
     model = module(scale, image_tower, **options).to(scale.device).to(memory_format=torch.channels_last)
-    batches = device_batches(scale, scale.steps + scale.warmup)
-    flops = flops_per_step(model, batches[0], scale.device)
-    warmup, steps = scale.warmup, scale.steps + scale.warmup
-    if jsonl is None:
-        data: dict[str, Any] = {"train_dataloaders": torch.utils.data.DataLoader(batches, batch_size=None)}
+    batch = device_batches(scale, 1)[0]
+    flops = flops_per_step(model, batch, scale.device)
+    warmup, timed_steps = scale.warmup, scale.steps
+    if jsonl is None:  # one batch over and over: the peak memory is the step's, not a stack of staged inputs
+        loader = torch.utils.data.DataLoader([batch] * (warmup + timed_steps), batch_size=None)
+        data: dict[str, Any] = {"train_dataloaders": loader}
     else:
         from mm_lightning.data import MultimodalDataModule
 
@@ -204,14 +215,15 @@ def fit_rate(scale: Scale, image_tower: dict[str, Any], jsonl: Path | None = Non
                 image_config=model.data_config["image"],
             )
         }
-        # the workers start and fill their queues first
-        warmup, steps = 3 * scale.warmup, 3 * scale.warmup + scale.steps
-    clock = StepClock(scale.device)
+        # the workers start first; then time well past the batches they queue ahead (2 each), so a slow loader shows
+        warmup, timed_steps = 3 * scale.warmup, max(scale.steps, 3 * 2 * workers)
+    del batch
+    clock = StepClock(scale.device, warmup)
     trainer = pl.Trainer(
         accelerator=scale.device,
         devices=1,
         precision="bf16-mixed",
-        max_steps=steps,
+        max_steps=warmup + timed_steps,
         max_epochs=-1,
         logger=False,
         enable_checkpointing=False,
@@ -220,22 +232,23 @@ def fit_rate(scale: Scale, image_tower: dict[str, Any], jsonl: Path | None = Non
         callbacks=[clock],
     )
     if scale.device == "cuda":
+        gc.collect()
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     trainer.fit(model, **data)
-    synchronize(scale.device)
-    clock.stamps.append(time.perf_counter())
-    timed = clock.stamps[warmup:]
-    step = (timed[-1] - timed[0]) / (len(timed) - 1)
+    assert clock.start is not None and clock.end is not None
+    step = (clock.end - clock.start) / timed_steps
     peak = peak_flops(scale.device)
     return {
         "batch": scale.batch,
+        "timed_steps": timed_steps,
         "samples_per_s": scale.batch / step,
         "step_ms": 1000 * step,
         "tflops_per_s": flops / step / 1e12,
         "mfu": flops / step / peak if peak else None,
-        "first_steps_s": clock.stamps[warmup] - start,  # startup, warm-up and (compiled) the compilation
-        "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30 if scale.device == "cuda" else None,
+        "first_steps_s": clock.start - start,  # setup and the warm-up steps (compiled: the compilation too)
+        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if scale.device == "cuda" else None,
         **({"workers": data["datamodule"].hparams.num_workers} if jsonl else {}),
     }
 
@@ -363,6 +376,8 @@ def stage_nvjpeg(scale: Scale, args: argparse.Namespace) -> dict:
     rows = [json.loads(line) for line in open(args.photos)]
     paths = list(dict.fromkeys(args.photos.parent / r["image"] for r in rows))[: 16 * scale.batch]
     files = [torch.frombuffer(bytearray(p.read_bytes()), dtype=torch.uint8) for p in paths]
+    if not files:
+        raise ValueError(f"{args.photos}: no images listed")
     crop = DecodeResizedCrop(size, (0.9, 1.0))
     mean = torch.tensor(IMAGENET_MEAN, device=dev).view(1, 3, 1, 1) * 255
     std = torch.tensor(IMAGENET_STD, device=dev).view(1, 3, 1, 1) * 255
@@ -386,6 +401,7 @@ def stage_nvjpeg(scale: Scale, args: argparse.Namespace) -> dict:
             out.sub_(mean).div_(std).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
 
     count = len(batches) * size_of_batch
+    EncodedImage(files[0].numpy().tobytes()).decode(1)
     start = time.perf_counter()
     for data in files[:64]:
         EncodedImage(data.numpy().tobytes()).decode(1)
@@ -401,7 +417,7 @@ def stage_nvjpeg(scale: Scale, args: argparse.Namespace) -> dict:
 def stage_grad_cache(scale: Scale, args: argparse.Namespace) -> dict:
     whole = fit_rate(scale, scale.vit)
     chunked = fit_rate(scale, scale.vit, grad_cache={"chunks": 4})
-    keys = ("samples_per_s", "step_ms", "peak_memory_gb")
+    keys = ("samples_per_s", "step_ms", "peak_memory_gib")
     return {"whole": {k: whole[k] for k in keys}, "chunks_4": {k: chunked[k] for k in keys}}
 
 
@@ -440,7 +456,7 @@ def stage_ddp(scale: Scale, args: argparse.Namespace) -> dict:
         done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"{name}: exit {done.returncode}\n{done.stderr[-3000:]}")
-        out[f"{name}_wall_s"] = time.perf_counter() - start
+        out[f"{name}_command_s"] = time.perf_counter() - start  # the whole command, its start included
     return out
 
 
@@ -488,6 +504,8 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=480, help="seconds for all the stages together")
     args = parser.parse_args()
     scale = DRY if args.dry_run else GPU
+    # asked through NVML, so the parent does not initialize CUDA and its forked children still can
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     if not args.dry_run and not torch.cuda.is_available():
         parser.error("no CUDA device: run with --dry-run to check the script on CPU")
     if args.photos is None:
@@ -515,12 +533,14 @@ def main() -> None:
         child = fork.Process(target=run_stage, args=(name, scale, args, result_file))
         child.start()
         child.join(bound)
-        if child.is_alive():
+        timed_out = child.is_alive()
+        with contextlib.suppress(ProcessLookupError):  # the stage and whatever it left running
             os.killpg(child.pid, signal.SIGKILL)
-            child.join()
-            out = {"status": f"timed out after {bound:.0f} s"}
-        elif result_file.exists():
+        child.join()
+        if result_file.exists():  # a stage that finished but hung on its way out keeps its figures
             out = json.loads(result_file.read_text())
+        elif timed_out:
+            out = {"status": f"timed out after {bound:.0f} s"}
         else:
             out = {"status": f"died (exit code {child.exitcode})"}
         out["seconds"] = round(time.monotonic() - start, 1)
