@@ -35,27 +35,20 @@ def test_the_dry_run_runs_every_stage_and_writes_their_figures(tmp_path: Path) -
     assert re.fullmatch(r"RESULT gpu_check mfu=None samples_per_s=\d+ \(.*\)", last), last
 
 
-def test_a_failing_stage_is_recorded_and_the_next_one_runs(tmp_path: Path) -> None:
+def test_a_failing_stage_is_recorded_and_one_past_its_bound_is_stopped_with_what_it_started(
+    tmp_path: Path,
+) -> None:
     out = tmp_path / "check.json"
     missing = tmp_path / "no_photos.jsonl"
     done = subprocess.run(
-        [*SCRIPT, "--out", str(out), "--photos", str(missing), "--stages", "nvjpeg", "env"],
+        [*SCRIPT, "--out", str(out), "--photos", str(missing), "--stages", "nvjpeg", "env", "ddp", "--budget", "12"],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     stages = json.loads(out.read_text())["stages"]
     assert stages["nvjpeg"]["status"] == "failed" and "no_photos.jsonl" in stages["nvjpeg"]["error"]
     assert stages["env"]["status"] == "ok"
-
-
-def test_a_stage_past_its_bound_is_stopped_with_what_it_started(tmp_path: Path) -> None:
-    out = tmp_path / "check.json"
-    done = subprocess.run(
-        [*SCRIPT, "--out", str(out), "--stages", "ddp", "--budget", "6"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(out.read_text())["stages"]["ddp"]["status"] == "timed out after 6 s"
+    assert stages["ddp"]["status"].startswith("timed out after"), stages["ddp"]
     # the 2-process training it had started went with it
     left = subprocess.run(["pgrep", "-f", "gpu_check_.*/ddp_"], capture_output=True, text=True)
     assert left.stdout == "", left.stdout
