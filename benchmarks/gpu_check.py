@@ -189,6 +189,15 @@ def peak_flops(device: str) -> float | None:
     return DENSE_BF16.get(name, listed)
 
 
+def loader_workers(scale: Scale) -> int:
+    return max(1, min(15, len(os.sched_getaffinity(0)) - 1)) if scale.device == "cuda" else 1
+
+
+def loader_timed_steps(scale: Scale) -> int:
+    """Well past the batches the workers queue ahead (2 each), so a slow loader shows."""
+    return max(scale.steps, 3 * 2 * loader_workers(scale))
+
+
 def fit_rate(scale: Scale, image_tower: dict[str, Any], jsonl: Path | None = None, **options: Any) -> dict:
     """samples/s, TFLOP/s, MFU and peak memory of ``Trainer.fit`` (bf16-mixed, channels-last) on an in-memory device
     batch, or fed by ``MultimodalDataModule`` from ``jsonl`` with the machine's cores."""
@@ -203,7 +212,7 @@ def fit_rate(scale: Scale, image_tower: dict[str, Any], jsonl: Path | None = Non
     else:
         from mm_lightning.data import MultimodalDataModule
 
-        workers = max(1, min(15, len(os.sched_getaffinity(0)) - 1)) if scale.device == "cuda" else 1
+        workers = loader_workers(scale)
         data = {
             "datamodule": MultimodalDataModule(
                 train_file=str(jsonl),
@@ -215,8 +224,8 @@ def fit_rate(scale: Scale, image_tower: dict[str, Any], jsonl: Path | None = Non
                 image_config=model.data_config["image"],
             )
         }
-        # the workers start first; then time well past the batches they queue ahead (2 each), so a slow loader shows
-        warmup, timed_steps = 3 * scale.warmup, max(scale.steps, 3 * 2 * workers)
+        # the workers start first
+        warmup, timed_steps = 3 * scale.warmup, loader_timed_steps(scale)
     del batch
     clock = StepClock(scale.device, warmup)
     trainer = pl.Trainer(
@@ -367,7 +376,8 @@ def stage_train_resnet50(scale: Scale, args: argparse.Namespace) -> dict:
 def stage_loader_fed(scale: Scale, args: argparse.Namespace) -> dict:
     from data_pipeline import repeated
 
-    images = (3 * scale.warmup + scale.steps + 2) * scale.batch
+    # one epoch for the whole run: an epoch's end would drain the batches the workers queued ahead
+    images = (3 * scale.warmup + loader_timed_steps(scale) + 2) * scale.batch
     return fit_rate(scale, scale.vit, jsonl=repeated(args.photos, images, args.work / "photos"))
 
 
