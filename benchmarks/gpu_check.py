@@ -4,6 +4,7 @@ gradient caching's memory, FSDP, the CUDA-only tests, DDP over NCCL.
     python benchmarks/gpu_check.py --out gpu_check.json        # a CUDA machine: about 5 minutes on an H200
     python benchmarks/gpu_check.py --photos DIR/train.jsonl    # real photos to feed the loader (default: the dev set)
     python benchmarks/gpu_check.py --stages env train_eager    # some stages only
+    python benchmarks/gpu_check.py --bound train_compiled=400  # a stage's own time bound, in seconds
     python benchmarks/gpu_check.py --dry-run                   # every stage on CPU at tiny sizes (a test runs this)
 
 Each stage runs in a process of its own under a time bound (``STAGES``; all of them within ``--budget``). A stage
@@ -514,8 +515,21 @@ def main() -> None:
     )
     parser.add_argument("--stages", nargs="+", choices=list(STAGES), default=list(STAGES))
     parser.add_argument("--budget", type=float, default=480, help="seconds for all the stages together")
+    parser.add_argument(
+        "--bound",
+        nargs="+",
+        default=[],
+        metavar="STAGE=SECONDS",
+        help="a stage's own time bound (within --budget)",
+    )
     args = parser.parse_args()
     scale = DRY if args.dry_run else GPU
+    bounds = dict(scale.bounds)
+    for given in args.bound:
+        name, _, seconds = given.partition("=")
+        if name not in STAGES or not re.fullmatch(r"\d+(\.\d*)?", seconds):
+            parser.error(f"--bound {given}: expected STAGE=SECONDS with a stage of {', '.join(STAGES)}")
+        bounds[name] = float(seconds)
     # asked through NVML, so the parent does not initialize CUDA and its forked children still can
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     if not args.dry_run and not torch.cuda.is_available():
@@ -536,7 +550,7 @@ def main() -> None:
     deadline = time.monotonic() + args.budget
     fork = multiprocessing.get_context("fork")  # the parent never touches CUDA, so its children may
     for name in args.stages:
-        bound = min(scale.bounds.get(name, args.budget), deadline - time.monotonic())
+        bound = min(bounds.get(name, args.budget), deadline - time.monotonic())
         if bound < 5:
             report["stages"][name] = {"status": "no time left"}
             continue

@@ -136,7 +136,11 @@ def _records_with_broken_images(root: Path) -> tuple[Path, Path]:
     return clean, write_jsonl(root / "with_broken.jsonl", mixed)
 
 
+BATCH_SIZES = (3, 4)
+
+
 def _val_loss(val_file: Path, batch_size: int, devices: int, root: Path) -> float:
+    """``val/loss`` of a tiny model on ``val_file``; with 2 devices, inside ranks that a launcher started."""
     from lightning.pytorch import seed_everything
 
     from mm_lightning.data import MultimodalDataModule
@@ -148,7 +152,7 @@ def _val_loss(val_file: Path, batch_size: int, devices: int, root: Path) -> floa
     seed_everything(0)
     model = tiny_module()  # with the ITM head: its loss term samples negatives
     trainer = Trainer(
-        accelerator="cpu", devices=devices, strategy="ddp_spawn" if devices > 1 else "auto", logger=False,
+        accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto", logger=False,
         enable_progress_bar=False, enable_model_summary=False, default_root_dir=root, deterministic=True,
     )  # fmt: skip
     trainer.validate(model, data, verbose=False)
@@ -160,10 +164,18 @@ def _val_loss(val_file: Path, batch_size: int, devices: int, root: Path) -> floa
 def test_val_loss_does_not_depend_on_where_skipped_records_fell(tmp_path: Path) -> None:
     """Broken records skipped leave ``val/loss`` as the good records alone give it, at any batch size and on 1 or
     2 processes: it is scored on chunks of records in file order, not on the batches they arrived in."""
+    import json
+
+    from tests.strategies.launch import run_ranks
+
     clean, with_broken = _records_with_broken_images(tmp_path)
-    for batch_size in (3, 4):
-        alone = {d: _val_loss(clean, batch_size, d, tmp_path) for d in (1, 2)}
-        skipped = {d: _val_loss(with_broken, batch_size, d, tmp_path) for d in (1, 2)}
+    out = tmp_path / "two_processes.json"
+    ranks = run_ranks(["tests/models/val_loss_worker.py", str(clean), str(with_broken), str(out)], tmp_path)
+    assert [r.returncode for r in ranks] == [0, 0], ranks[0].output[-3000:] + ranks[1].output[-3000:]
+    two = json.loads(out.read_text())
+    for batch_size in BATCH_SIZES:
+        alone = {1: _val_loss(clean, batch_size, 1, tmp_path), 2: two[f"clean/{batch_size}"]}
+        skipped = {1: _val_loss(with_broken, batch_size, 1, tmp_path), 2: two[f"with_broken/{batch_size}"]}
         for devices in (1, 2):
             assert skipped[devices] == pytest.approx(alone[devices], abs=1e-6), (batch_size, devices)
         assert alone[2] == pytest.approx(alone[1], abs=1e-5)  # and the number of processes does not matter

@@ -1,7 +1,8 @@
 """Exact mid-epoch resume from shards through the real CLI: SIGKILL a ``fit`` on demo shards, resume it with
 ``--ckpt_path last``; the final weights equal an uninterrupted run's (the sampler's position, in the
 checkpoint, makes the resumed run read exactly the samples it had not seen; test_sampler.py holds the
-loader-level control: a loader without that state starts the epoch over)."""
+loader-level control: a loader without that state starts the epoch over). The runs that are not killed go through
+the same entry point in this process (``main``), which spares their interpreter start-ups."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from mm_lightning.cli import main
 from mm_lightning.data import DemoShardDataModule
 from tests.conftest import REPO
 from tests.shards.helpers import shard_demo_args
@@ -25,7 +27,7 @@ def cli_args(demo: Path, run: Path, *extra: str) -> list[str]:
     args = shard_demo_args(run, max_steps=MAX_STEPS)
     args[args.index("--data.init_args.data_dir") + 1] = str(demo)
     return [
-        sys.executable, "-m", "mm_lightning", "fit", *args,
+        "fit", *args,
         "--data.init_args.samples_per_shard", "100",
         "--data.init_args.num_workers", "1",
         "--data.init_args.shuffle_shards", "2",
@@ -50,11 +52,6 @@ def final_state(run: Path) -> dict[str, torch.Tensor]:
     return checkpoint["state_dict"]
 
 
-def finish(process: subprocess.Popen) -> None:
-    out, err = process.communicate(timeout=300)
-    assert process.returncode == 0, out[-2000:] + err[-5000:]
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_sigkill_mid_epoch_then_resume_reads_exactly_the_unseen_shard_samples(tmp_path: Path) -> None:
@@ -62,11 +59,11 @@ def test_sigkill_mid_epoch_then_resume_reads_exactly_the_unseen_shard_samples(tm
     generator = {"render_size": 32, "train_renders": 1, "num_val": 24, "num_test": 24}
     DemoShardDataModule(str(demo), samples_per_shard=100, **generator).prepare_data()  # shared by the runs
     full, killed = tmp_path / "full", tmp_path / "killed"
-    popen = {"cwd": REPO, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
-    uninterrupted = subprocess.Popen(cli_args(demo, full), **popen)  # runs alongside the killed one
+    assert main(cli_args(demo, full)) == 0
     process = subprocess.Popen(
-        cli_args(demo, killed), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=REPO
-    )
+        [sys.executable, "-m", "mm_lightning", *cli_args(demo, killed)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=REPO,
+    )  # fmt: skip
     deadline = time.monotonic() + 300
     while last_step(killed / "checkpoints") < 2:
         assert process.poll() is None, process.stderr.read()[-5000:]  # type: ignore[union-attr]
@@ -77,8 +74,7 @@ def test_sigkill_mid_epoch_then_resume_reads_exactly_the_unseen_shard_samples(tm
     killed_at = last_step(killed / "checkpoints")
     assert 2 <= killed_at < MAX_STEPS
 
-    finish(subprocess.Popen(cli_args(demo, killed, "--ckpt_path", "last"), **popen))
-    finish(uninterrupted)
+    assert main(cli_args(demo, killed, "--ckpt_path", "last")) == 0
     expected, resumed = final_state(full), final_state(killed)
     assert resumed.keys() == expected.keys()
     worst = max((resumed[k].double() - expected[k].double()).abs().max().item() for k in expected)
