@@ -207,16 +207,24 @@ class MultimodalCLI(LightningCLI):
         kwargs.setdefault("auto_configure_optimizers", False)
         self.resume_overrides = ResumeOverrides()
         self.exit_code = 0
+        given = sys.argv[1:] if kwargs.get("args") is None else kwargs["args"]
+        # a command's parser takes tenths of a second to build: a run builds its own only; help lists them all
+        self.command = given[0] if isinstance(given, list) and given and given[0] in self.commands() else None
         super().__init__(*args, **kwargs)
 
     @staticmethod
-    @override
-    def subcommands() -> dict[str, set[str]]:
+    def commands() -> dict[str, set[str]]:
+        """Every command with the ``Trainer`` method arguments it leaves out (``LightningCLI.subcommands``)."""
         return {
             **LightningCLI.subcommands(),
             "audit": {"model", "datamodule"},
             "shard": {"model", "datamodule"},
         }
+
+    @override
+    def subcommands(self) -> dict[str, set[str]]:  # type: ignore[override]
+        commands = self.commands()
+        return {self.command: commands[self.command]} if self.command else commands
 
     @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:

@@ -1,4 +1,5 @@
-"""Preemption with real processes: SIGTERM / SIGUSR1 save and exit 0 (SIGKILL + resume: test_resume_cli.py)."""
+"""Preemption with real processes: SIGTERM / SIGUSR1 save and exit 0 (SIGKILL + resume: test_resume_cli.py). The
+runs that are not signalled run the same script in this process, which spares their interpreter start-ups."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from lightning.pytorch import Trainer
 
 from mm_lightning.callbacks import PreemptionCheckpoint
+from tests.resilience import train_script
 from tests.resilience.helpers import TinyModule, random_loader
 from tests.resilience.test_checkpointing import REPO, wait_for
 
@@ -45,7 +47,9 @@ def test_signal_saves_last_checkpoint_and_exits_cleanly(tmp_path: Path, signum: 
     assert 3 <= step < 1000
     assert not (tmp_path / "final.pt").exists()  # stopped, did not run to the end
     if signum == signal.SIGTERM:  # the saved run resumes and continues from where it stopped
-        finish(start(tmp_path, "--max-steps", str(step + 3), "--every", "1000", "--ckpt-path", "last"))
+        train_script.main(
+            ["--root", str(tmp_path), "--max-steps", str(step + 3), "--every", "1000", "--ckpt-path", "last"]
+        )
         assert torch.load(tmp_path / "final.pt")["global_step"] == step + 3
 
 
@@ -56,7 +60,7 @@ def test_sigterm_during_a_long_validation_stops_it_and_the_resume_is_exact(tmp_p
     validation; the resumed run validates again and ends where an uninterrupted run ends."""
     full, stopped = tmp_path / "full", tmp_path / "stopped"
     validation = ["--max-steps", "12", "--every", "1000", "--val-every", "5", "--val-batches", "20"]
-    finish(start(full, *validation))
+    train_script.main(["--root", str(full), *validation])
     expected = torch.load(full / "final.pt")["params"]
 
     process = start(stopped, *validation, "--val-sleep", "0.5")
@@ -70,7 +74,7 @@ def test_sigterm_during_a_long_validation_stops_it_and_the_resume_is_exact(tmp_p
     assert "Received SIGTERM: saved" in output
     assert torch.load(stopped / "ckpts" / "last.ckpt", weights_only=True)["global_step"] == 5
 
-    finish(start(stopped, *validation, "--ckpt-path", "last"))
+    train_script.main(["--root", str(stopped), *validation, "--ckpt-path", "last"])
     resumed = torch.load(stopped / "final.pt")
     assert resumed["global_step"] == 12
     torch.testing.assert_close(resumed["params"], expected, rtol=0, atol=1e-6)

@@ -51,7 +51,7 @@ class StepMarkers(Callback):
         )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--root", type=Path, required=True)
     parser.add_argument("--max-steps", type=int, default=20)
@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--val-every", type=int, default=0, help="validate every N steps (0: no validation)")
     parser.add_argument("--val-batches", type=int, default=20, help="validation batches")
     parser.add_argument("--val-sleep", type=float, default=0.0, help="seconds per validation batch")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     args.root.mkdir(parents=True, exist_ok=True)
 
     seed_everything(7)
