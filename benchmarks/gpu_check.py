@@ -383,8 +383,10 @@ def stage_loader_fed(scale: Scale, args: argparse.Namespace) -> dict:
 
 
 def stage_nvjpeg(scale: Scale, args: argparse.Namespace) -> dict:
+    from data_pipeline import rows_of
+
     dev, size = scale.device, scale.image_size
-    rows = [json.loads(line) for line in open(args.photos)]
+    rows = rows_of(args.photos)
     paths = list(dict.fromkeys(args.photos.parent / r["image"] for r in rows))[: 16 * scale.batch]
     files = [torch.frombuffer(bytearray(p.read_bytes()), dtype=torch.uint8) for p in paths]
     if not files:

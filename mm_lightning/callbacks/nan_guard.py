@@ -179,7 +179,7 @@ class NaNGuard(Callback):
         skipped, consecutive, tripped, at = self._pending.tolist()
         self.skipped_steps += skipped
         self.consecutive = consecutive
-        self._pending[0] = 0
+        self._pending[0].zero_()
         if tripped:
             flags = self._trip_flags
             self._pending = None
