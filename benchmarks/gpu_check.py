@@ -529,8 +529,10 @@ def main() -> None:
     bounds = dict(scale.bounds)
     for given in args.bound:
         name, _, seconds = given.partition("=")
-        if name not in STAGES or not re.fullmatch(r"\d+(\.\d*)?", seconds):
-            parser.error(f"--bound {given}: expected STAGE=SECONDS with a stage of {', '.join(STAGES)}")
+        if name not in STAGES or not re.fullmatch(r"\d+(\.\d*)?", seconds) or float(seconds) <= 0:
+            parser.error(
+                f"--bound {given}: expected STAGE=SECONDS (seconds > 0) with a stage of {', '.join(STAGES)}"
+            )
         bounds[name] = float(seconds)
     # asked through NVML, so the parent does not initialize CUDA and its forked children still can
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
@@ -552,10 +554,11 @@ def main() -> None:
     deadline = time.monotonic() + args.budget
     fork = multiprocessing.get_context("fork")  # the parent never touches CUDA, so its children may
     for name in args.stages:
-        bound = min(bounds.get(name, args.budget), deadline - time.monotonic())
-        if bound < 5:
+        left = deadline - time.monotonic()
+        if left < 5:
             report["stages"][name] = {"status": "no time left"}
             continue
+        bound = min(bounds.get(name, args.budget), left)
         result_file = args.work / f"{name}.json"
         start = time.monotonic()
         child = fork.Process(target=run_stage, args=(name, scale, args, result_file))

@@ -208,8 +208,11 @@ class MultimodalCLI(LightningCLI):
         self.resume_overrides = ResumeOverrides()
         self.exit_code = 0
         given = sys.argv[1:] if kwargs.get("args") is None else kwargs["args"]
-        # a command's parser takes tenths of a second to build: a run builds its own only; help lists them all
+        # when the first argument names a command, only its parser is built (building them all is slow)
         self.command = given[0] if isinstance(given, list) and given and given[0] in self.commands() else None
+        if self.command and isinstance(kwargs.get("parser_kwargs"), dict):  # options of parsers not built
+            others = set(self.commands()) - {self.command}
+            kwargs["parser_kwargs"] = {k: v for k, v in kwargs["parser_kwargs"].items() if k not in others}
         super().__init__(*args, **kwargs)
 
     @staticmethod

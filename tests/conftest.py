@@ -38,15 +38,18 @@ def tiny_demo_args(root: Path, *extra: str, max_steps: int = 6) -> list[str]:
 
 @pytest.fixture(autouse=True)
 def _isolated_environment() -> Iterator[None]:
-    """Undo environment changes a test leaves behind.
+    """Undo environment and thread-count changes a test leaves behind.
 
     In-process Lightning runs (``ddp_spawn``, ``seed_everything``) write MASTER_PORT, PL_GLOBAL_SEED, ... into
     ``os.environ``; later subprocess launches would inherit them (e.g. every 2-process CLI run reusing one port).
     """
-    saved = dict(os.environ)
+    import torch
+
+    saved, threads = dict(os.environ), torch.get_num_threads()
     yield
     os.environ.clear()
     os.environ.update(saved)
+    torch.set_num_threads(threads)  # runs compared with one another in this process use the same thread count
 
 
 @dataclass

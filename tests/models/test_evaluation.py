@@ -140,7 +140,8 @@ BATCH_SIZES = (3, 4)
 
 
 def _val_loss(val_file: Path, batch_size: int, devices: int, root: Path) -> float:
-    """``val/loss`` of a tiny model on ``val_file``; with 2 devices, inside ranks that a launcher started."""
+    """``val/loss`` of a tiny model on ``val_file``. With 2 devices it must run in processes that
+    ``tests/strategies/launch.py`` started (in pytest's own process, ``ddp`` would relaunch the pytest command)."""
     from lightning.pytorch import seed_everything
 
     from mm_lightning.data import MultimodalDataModule

@@ -1,5 +1,5 @@
-"""Rank body of test_evaluation's 2-process ``val/loss`` check: every validation it compares, in one process
-group (started by ``tests/strategies/launch.py``; rank 0 writes the losses as JSON).
+"""What each of the 2 processes of test_evaluation's ``val/loss`` check runs: every validation it compares, in one
+process group (the processes are started by ``tests/strategies/launch.py``; rank 0 writes the losses as JSON).
 
     python tests/models/val_loss_worker.py <clean.jsonl> <with_broken.jsonl> <out.json>
 """
