@@ -456,9 +456,7 @@ def stage_ddp(scale: Scale, args: argparse.Namespace) -> dict:
         else ["--trainer.accelerator", "cpu", "--trainer.max_steps", "2"]
     )
     strategies = {"ddp": ["--trainer.strategy", "ddp"], "explicit": ["--config", "configs/ddp_explicit.yaml"]}
-    if (
-        scale.device == "cpu"
-    ):  # stock DDP on 2 CPU processes is what tests/test_strategies_cli.py runs already
+    if scale.device == "cpu":  # stock DDP on 2 CPU processes is what tests/test_strategies_cli.py runs
         del strategies["ddp"]
     out = {}
     for name, strategy in strategies.items():
