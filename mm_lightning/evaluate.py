@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 
 from mm_lightning import ExplainedError
 from mm_lightning.metrics import DEFAULT_KS, Ranks
+from mm_lightning.plugins.io import sha256_of
 
 RETRIEVAL = "zeroshot_retrieval"
 CLASSIFICATION = "zeroshot_classification"
@@ -150,10 +152,12 @@ def run_evaluation(
     if ranks is None:
         raise NoTestSplit("evaluate: the test split gave no batch (is --trainer.limit_test_batches 0?)")
     test_source = getattr(datamodule, "files", {}).get("test") or "test"
+    checkpoint = str(trainer.ckpt_path or ckpt_path or "")  # the checkpoint file it resolved to
     dump = {
         "dataset": options.dataset_name or Path(str(test_source)).stem,
         "model": type(model.model.image_encoder).__name__ + " + " + type(model.model.text_encoder).__name__,
-        "pretrained": str(trainer.ckpt_path or ckpt_path or ""),  # the checkpoint file it resolved to
+        "pretrained": checkpoint,
+        "checkpoint_sha256": sha256_of(checkpoint) if os.path.isfile(checkpoint) else None,
         "task": RETRIEVAL,
         "metrics": clip_benchmark_retrieval(ranks),
         "language": "en",
@@ -196,8 +200,13 @@ def _percent(value: float) -> str:
 
 
 def markdown_tables(dumps: list[dict[str, Any]]) -> str:
-    """Retrieval: recall@k (%) and ranks both ways; zero-shot: top-1/top-5 accuracy and mean per-class recall (%)."""
-    tables = []
+    """Retrieval: recall@k (%) and ranks both ways; zero-shot: top-1/top-5 accuracy and mean per-class recall (%);
+    first the checkpoint the figures came from, by path and SHA-256."""
+    tables = [
+        f"checkpoint: {path}" + (f" (SHA-256 {sha})" if sha else "")
+        for path, sha in dict.fromkeys((d.get("pretrained"), d.get("checkpoint_sha256")) for d in dumps)
+        if path
+    ]
     retrieval = [d for d in dumps if d["task"] == RETRIEVAL]
     if retrieval:
         names = retrieval[0]["metrics"]

@@ -24,6 +24,7 @@ projections are expressed in ``VisionTextDualEncoderModel``'s bias-free ones, an
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -40,9 +41,11 @@ from mm_lightning.export_dual_encoder import (
 )
 from mm_lightning.models import DualEncoder
 from mm_lightning.models.towers.clip import CLIPImageTower, CLIPTextTower, load_dual_encoder
+from mm_lightning.plugins.io import sha256_of
 
 log = logging.getLogger(__name__)
 FORMATS = ("hf",)
+SOURCE_FILE = "source_checkpoint.json"  # the checkpoint an export came from, by path and SHA-256
 __all__ = ["ExportError", "export_hf", "main"]
 
 
@@ -159,5 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         out = export_hf(module, args.out, _data_hyperparameters(args.ckpt_path))
     except ExportError as error:
         parser.exit(1, f"export: {args.ckpt_path}: {error}\n")
-    print(f"wrote {out}")
+    source = {"checkpoint": str(args.ckpt_path), "checkpoint_sha256": sha256_of(args.ckpt_path)}
+    (out / SOURCE_FILE).write_text(json.dumps(source, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {out} (from {source['checkpoint']}, SHA-256 {source['checkpoint_sha256']})")
     return 0

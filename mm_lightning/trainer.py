@@ -12,6 +12,8 @@ from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.cli import instantiate_class
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
+from mm_lightning import ExplainedError
+
 
 @dataclass
 class AuditOptions:
@@ -176,18 +178,18 @@ class ResumeOverrides:
         dirpath = ((config.get("checkpoint") or {}).get("init_args") or {}).get("dirpath")
         if subcommand == "fit" and not ckpt_path:
             refuse_earlier_checkpoints(dirpath, parser)
-        if not ckpt_path or ckpt_path in SPECIAL_CKPT_PATHS:
+        if not ckpt_path:
             return
-        if ckpt_path == "last":
-            last = os.path.join(dirpath, "last.ckpt") if dirpath else None
-            if last is None or not os.path.exists(last):
-                return  # Lightning looks for it and says so when there is none
+        last = os.path.join(dirpath, "last.ckpt") if dirpath and ckpt_path == "last" else None
+        if last is not None and os.path.exists(last):
             config.ckpt_path = ckpt_path = last
-        from mm_lightning.plugins.checkpoint_file import CheckpointFileError, check_checkpoint_file
+        elif ckpt_path in (*SPECIAL_CKPT_PATHS, "last") and not os.path.isfile(ckpt_path):
+            return  # Lightning resolves it (and says so when there is none)
+        from mm_lightning.models.checkpoints import checked_resume_file
 
-        try:
-            content = check_checkpoint_file(ckpt_path)
-        except CheckpointFileError as err:
+        try:  # before LightningCLI parses what the checkpoint records into the model's options
+            content = checked_resume_file(ckpt_path, config.get("model") or {})
+        except ExplainedError as err:
             parser.error(f"--ckpt_path: {err}")
         self.path = str(ckpt_path)
         self.given_model = _flatten(config.get("model"))

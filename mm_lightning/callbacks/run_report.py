@@ -19,6 +19,8 @@ from lightning.pytorch.utilities.model_summary.model_summary import (
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
+from mm_lightning.plugins.io import sha256_of
+
 
 def _duration(seconds: float) -> str:
     return str(timedelta(seconds=round(seconds)))
@@ -28,6 +30,11 @@ def _log_dir(trainer: Trainer) -> str | None:
     """The logger's folder of this run (``trainer.log_dir`` is a collective: every rank would have to ask)."""
     logger = trainer.logger
     return None if logger is None else getattr(logger, "log_dir", None) or logger.save_dir
+
+
+def _sha256(path: str) -> list[str]:
+    """The line with a checkpoint file's SHA-256, so that figures name exactly the file they came from."""
+    return [f"    SHA-256 {sha256_of(path)}"] if os.path.isfile(path) else []
 
 
 def _metrics(trainer: Trainer, prefix: str) -> str:
@@ -56,9 +63,9 @@ class RunSummary(Callback):
         if best is not None:
             score = best.best_model_score
             value = f"{best.monitor}: {float(score):.4f}  " if score is not None and best.monitor else ""
-            lines.append(f"  best {value}{best.best_model_path}")
+            lines += [f"  best {value}{best.best_model_path}", *_sha256(best.best_model_path)]
         if last:
-            lines.append(f"  last checkpoint: {last}")
+            lines += [f"  last checkpoint: {last}", *_sha256(last)]
         validated = _metrics(trainer, "val/")
         if validated:
             lines.append(f"  last validation: {validated}")
@@ -86,7 +93,7 @@ class RunSummary(Callback):
     def _evaluated(trainer: Trainer, stage: str, prefix: str) -> None:
         lines = [f"Finished {stage}: {_metrics(trainer, prefix) or 'no metric logged'}"]
         if trainer.ckpt_path:
-            lines.append(f"  checkpoint: {trainer.ckpt_path}")
+            lines += [f"  checkpoint: {trainer.ckpt_path}", *_sha256(trainer.ckpt_path)]
         if _log_dir(trainer):
             lines.append(f"  logs: {_log_dir(trainer)}")
         print("\n".join(lines), flush=True)

@@ -109,6 +109,14 @@ class MultimodalModule(LightningModule):
         self.evaluation = None
         self.flops_per_batch: int | None = None  # set by the FlopCounter callback, for ThroughputMonitor
 
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> MultimodalModule:  # type: ignore[override]
+        """Lightning's, once what the checkpoint records is checked (:mod:`mm_lightning.models.checkpoints`)."""
+        from mm_lightning.models.checkpoints import checked_for_loading
+
+        checked = checked_for_loading(cls, checkpoint_path, *args, **kwargs)
+        return super().load_from_checkpoint(checked, *args, **kwargs)
+
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Built in Python, the option groups may be dataclasses: plain dicts load with weights_only=True.

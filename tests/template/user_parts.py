@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
@@ -112,3 +114,14 @@ class PerPairLoss(nn.Module):
 
     def forward(self, image_emb: Tensor, text_emb: Tensor, image_ids=None, sample_weights=None) -> Tensor:  # noqa: ANN001
         return 1 - nn.functional.cosine_similarity(image_emb, text_emb, dim=-1)
+
+
+class ActivatedPatchTower(TinyPatchTower):
+    """Takes a function: a checkpoint that records it may name only one of torch's."""
+
+    def __init__(self, activation: Callable = torch.relu, width: int = 12) -> None:
+        super().__init__(width=width)
+        self.activation = activation
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.activation(super().forward(images))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -40,6 +42,9 @@ def test_finetune_then_export_reloads_with_the_same_embeddings(
         main(["export", "--ckpt_path", str(tmp_path / "checkpoints" / "last.ckpt"), "--out", str(out)]) == 0
     )
     exported = hf.AutoModel.from_pretrained(out).eval()
+    source_file = json.loads((out / "source_checkpoint.json").read_text())  # the export names its checkpoint
+    digest = hashlib.sha256((tmp_path / "checkpoints" / "last.ckpt").read_bytes()).hexdigest()
+    assert source_file["checkpoint_sha256"] == digest
     assert type(exported) is type(reference)
     tokenizer = hf.AutoTokenizer.from_pretrained(out)
     batch = tokenizer(["a small red star", "a large blue circle on gray"], padding=True, return_tensors="pt")
