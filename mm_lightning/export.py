@@ -150,7 +150,10 @@ def parse_checkpoint_command(
     """
     args = parser.parse_args(argv)
     if not Path(args.ckpt_path).is_file():
-        parser.error(f"--ckpt_path {args.ckpt_path!r} does not exist")
+        from mm_lightning.plugins.checkpoint_file import checkpoints_nearby
+
+        # no run config here to find a run's last or best by: the file's path
+        parser.error(f"--ckpt_path {args.ckpt_path!r} does not exist; {checkpoints_nearby(None)}")
     return args, DualEncoder.from_checkpoint(args.ckpt_path, map_location="cpu").eval()
 
 

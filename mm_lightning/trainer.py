@@ -122,7 +122,7 @@ def instantiate_datamodule(spec: object) -> LightningDataModule:
     return instantiate_class((), init)
 
 
-SPECIAL_CKPT_PATHS = ("best", "hpc", "registry")  # --ckpt_path values Lightning resolves itself (not "last")
+SPECIAL_CKPT_PATHS = ("hpc", "registry")  # --ckpt_path values Lightning resolves itself (not last, best)
 
 
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -175,22 +175,38 @@ class ResumeOverrides:
             return
         config = cli.config[subcommand]
         ckpt_path = config.get("ckpt_path")
-        dirpath = ((config.get("checkpoint") or {}).get("init_args") or {}).get("dirpath")
+        group = config.get("checkpoint") or config.get("best_checkpoint") or {}  # None when a config drops it
+        dirpath = (group.get("init_args") or {}).get("dirpath")
         if subcommand == "fit" and not ckpt_path:
             refuse_earlier_checkpoints(dirpath, parser)
         if not ckpt_path:
             return
-        last = os.path.join(dirpath, "last.ckpt") if dirpath and ckpt_path == "last" else None
-        if last is not None and os.path.exists(last):
-            config.ckpt_path = ckpt_path = last
-        elif ckpt_path in (*SPECIAL_CKPT_PATHS, "last") and not os.path.isfile(ckpt_path):
-            return  # Lightning resolves it (and says so when there is none)
+        from mm_lightning.plugins.checkpoint_file import nothing_left_to_train, run_checkpoint
+
+        if ckpt_path in ("last", "best") and not os.path.isfile(ckpt_path):
+            try:
+                found = run_checkpoint(ckpt_path, dirpath, fresh_ok=subcommand == "fit")
+            except ExplainedError as err:
+                parser.error(f"--ckpt_path {ckpt_path}: {err}")
+            if found is None:
+                rank_zero_info(f"--ckpt_path last: no checkpoint in {dirpath} yet; starting a new run")
+                config.ckpt_path = None
+                return refuse_earlier_checkpoints(dirpath, parser)
+            config.ckpt_path = ckpt_path = found
+        elif ckpt_path in SPECIAL_CKPT_PATHS and not os.path.isfile(ckpt_path):
+            return  # Lightning resolves it
         from mm_lightning.models.checkpoints import checked_resume_file
 
         try:  # before LightningCLI parses what the checkpoint records into the model's options
             content = checked_resume_file(ckpt_path, config.get("model") or {})
         except ExplainedError as err:
             parser.error(f"--ckpt_path: {err}")
+        trainer = config.get("trainer") or {}
+        finished = subcommand == "fit" and nothing_left_to_train(
+            content, trainer.get("max_steps"), trainer.get("max_epochs")
+        )
+        if finished:
+            parser.error(f"--ckpt_path {ckpt_path}: {finished}")
         self.path = str(ckpt_path)
         self.given_model = _flatten(config.get("model"))
         self.saved_data = _flatten(content.get("datamodule_hyper_parameters", {}))

@@ -148,11 +148,11 @@ def test_a_second_run_into_the_same_folder_is_refused(
 def test_resuming_the_run_is_not_refused(tiny_run: TinyRun, tmp_path: Path) -> None:
     run = tmp_path / "run"
     shutil.copytree(tiny_run.checkpoint_dir, run / "checkpoints")
-    cli = cli_main(["fit", *tiny_demo_args(run), "--ckpt_path", "last"])  # already at max_steps: ends at once
-    assert (
-        cli.trainer.global_step
-        == torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
-    )
+    saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+    # one step past where it stopped (at its limits it would have nothing to train: refused, tested elsewhere)
+    further = ["--trainer.max_steps", str(saved + 1), "--trainer.max_epochs", "2"]
+    cli = cli_main(["fit", *tiny_demo_args(run), *further, "--ckpt_path", "last"])
+    assert cli.trainer.global_step == saved + 1
 
 
 @pytest.mark.slow

@@ -106,6 +106,22 @@ def test_an_unknown_model_name_is_one_line_naming_close_ones(
     assert "Traceback" not in err
 
 
+def test_another_torchvision_model_on_the_demo_config_names_the_options_it_does_not_take(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    args = ["fit", *tiny_demo_args(tmp_path, max_steps=1), "--model.image_tower.init_args.name", "resnet18"]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "error: TowerOptionsError: TorchvisionTower 'resnet18' does not take kwargs ['layers', 'stem_stride', 'widths']"
+    )
+    assert "--model.image_tower.init_args.kwargs null" in err and "Traceback" not in err
+    # control: the fix it names runs
+    assert (
+        main([*args, "--model.image_tower.init_args.kwargs", "null", "--trainer.limit_val_batches", "1"]) == 0
+    )
+
+
 def test_a_missing_model_folder_and_a_batch_size_of_0_are_one_error_each(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:

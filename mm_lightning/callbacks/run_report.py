@@ -37,6 +37,28 @@ def _sha256(path: str) -> list[str]:
     return [f"    SHA-256 {sha256_of(path)}"] if os.path.isfile(path) else []
 
 
+def further_limits(steps: int, epochs: int, max_steps: int, max_epochs: int) -> dict[str, int]:
+    """The limits a run at ``steps`` / ``epochs`` has reached, each raised to run as long again."""
+    reached = {}
+    if max_steps >= 0 and steps >= max_steps:
+        reached["steps"] = steps + max(max_steps, 1)
+    if max_epochs >= 0 and epochs >= max_epochs:
+        reached["epochs"] = epochs + max(max_epochs, 1)
+    return reached
+
+
+def _train_further(trainer: Trainer) -> tuple[str, str]:
+    """(what, options) that resume the run for as long again: the limits it reached, raised."""
+    reached = further_limits(
+        trainer.global_step, trainer.current_epoch, trainer.max_steps, trainer.max_epochs or -1
+    )
+    if not reached:
+        return "", ""  # stopped before its limits: the same command continues it
+    more = {"steps": trainer.max_steps, "epochs": trainer.max_epochs}
+    what = " and ".join(f"{more[unit]} more {unit}" for unit in reached)
+    return f" ({what})", "".join(f" --trainer.max_{unit} {total}" for unit, total in reached.items())
+
+
 def _metrics(trainer: Trainer, prefix: str) -> str:
     """``name value`` pairs of the logged metrics under ``prefix`` (recalls at 1 and the loss first)."""
     values = {
@@ -73,7 +95,10 @@ class RunSummary(Callback):
             lines.append(f"  logs: {log_dir}  (tensorboard --logdir {os.path.dirname(log_dir)})")
         if config and os.path.exists(config):
             tested = best.best_model_path if best is not None else last
-            lines.append(f"  train further: python -m mm_lightning fit --config {config} --ckpt_path last")
+            more = _train_further(trainer)
+            lines.append(
+                f"  train further{more[0]}: python -m mm_lightning fit --config {config} --ckpt_path last{more[1]}"
+            )
             if tested:
                 lines.append(f"  test it: python -m mm_lightning test --config {config} --ckpt_path {tested}")
         print("\n".join(lines), flush=True)

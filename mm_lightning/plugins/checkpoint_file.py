@@ -71,3 +71,70 @@ def _looks_like_text(head: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     return True
+
+
+def run_checkpoint(name: str, folder: str | None, fresh_ok: bool) -> str | None:
+    """The file ``--ckpt_path last`` or ``best`` names in the run's checkpoint folder.
+
+    ``last``: ``last.ckpt``; ``best``: the one ``best*.ckpt``. None when ``fresh_ok`` and the run has no
+    ``last.ckpt`` yet (a ``fit`` that starts fresh). Otherwise a missing file is a :class:`CheckpointFileError`
+    naming where it looked and the run folders nearby that do hold checkpoints."""
+    found = sorted(Path(folder).glob("last.ckpt" if name == "last" else "best*.ckpt")) if folder else []
+    if len(found) == 1:
+        return str(found[0])
+    if len(found) > 1:
+        shown = ", ".join(path.name for path in found[:4])
+        raise CheckpointFileError(
+            f"{folder} holds {len(found)} best checkpoints ({shown}): pass the path of one."
+        )
+    if name == "last" and fresh_ok:
+        return None
+    raise CheckpointFileError(f"no {name} checkpoint in {folder}; {checkpoints_nearby(folder)}")
+
+
+def checkpoints_nearby(folder: str | os.PathLike | None) -> str:
+    """Where checkpoints are, in words: the run folders under ``logs/`` and beside ``folder``'s run."""
+    roots = {Path("logs")}
+    if folder is not None:
+        run_dir = Path(folder).parent if Path(folder).name == "checkpoints" else Path(folder)
+        roots.add(run_dir.parent)
+    found = sorted(
+        {
+            path.parent
+            for root in roots
+            for pattern in ("*/checkpoints/*.ckpt", "*/*.ckpt")
+            for path in root.glob(pattern)
+        }
+    )
+    if not found:
+        return "no run folder with checkpoints under " + " or ".join(sorted(map(str, roots)))
+    listed = [f"{path} ({', '.join(sorted(p.name for p in path.glob('*.ckpt'))[:3])})" for path in found[:6]]
+    return (
+        "checkpoints are in " + "; ".join(listed) + " (give the run's --trainer.default_root_dir, or a path)"
+    )
+
+
+def nothing_left_to_train(
+    content: dict[str, Any], max_steps: int | None, max_epochs: int | None
+) -> str | None:
+    """Why resuming ``content`` would train no step under these limits (Lightning's own stop rule), or None."""
+    steps = int(content.get("global_step", 0))
+    fit_loop = (content.get("loops") or {}).get("fit_loop") or {}
+    epochs = int((((fit_loop.get("epoch_progress") or {}).get("current") or {}).get("processed")) or 0)
+    if max_epochs is None:  # Lightning's default: 1000 epochs unless max_steps is set
+        max_epochs = 1000 if max_steps in (None, -1) else -1
+    from mm_lightning.callbacks.run_report import further_limits
+
+    reached = further_limits(steps, epochs, max_steps or -1, max_epochs)
+    if not reached:
+        return None
+    done = " and ".join(
+        f"{count} {unit}" for unit, count in (("steps", steps), ("epochs", epochs)) if unit in reached
+    )
+    limits = " and ".join(
+        f"--trainer.max_{unit} {limit}"
+        for unit, limit in (("steps", max_steps), ("epochs", max_epochs))
+        if unit in reached
+    )
+    larger = " ".join(f"--trainer.max_{unit} {total}" for unit, total in reached.items())
+    return f"the run already trained {done}, as many as {limits} allows: nothing to train. Train further with a larger total, e.g. {larger}"

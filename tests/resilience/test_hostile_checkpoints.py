@@ -107,8 +107,8 @@ def _cli(command: str, root: Path, path: Path, *extra: str) -> Callable[[], Any]
         "--trainer.limit_predict_batches",
         "1",
     ]
-    # the checkpoint stopped at step 6: a resume trains one more
-    args = [*tiny_demo_args(root, max_steps=7), *short, "--prediction.output_dir", str(root / "predictions"),
+    # the checkpoint stopped at step 6, its one epoch done: a resume trains one more
+    args = [*tiny_demo_args(root, max_steps=7), "--trainer.max_epochs", "2", *short, "--prediction.output_dir", str(root / "predictions"),
             "--ckpt_path", str(path), *extra]  # fmt: skip
     return lambda: cli_main([command, *args])
 
