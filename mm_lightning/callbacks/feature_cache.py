@@ -21,10 +21,15 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
+from mm_lightning import ExplainedError
 from mm_lightning.data.datamodule import MultimodalDataModule
 from mm_lightning.data.dataset import STAGE_SPLITS
 from mm_lightning.data.features import CachedFeatures, FeatureTable, build_rows, fingerprint
 from mm_lightning.data.loader import global_seed
+
+
+class FeatureCacheError(ExplainedError, ValueError):
+    """The run's data cannot serve cached features; the message names the fix."""
 
 
 class LockedImageFeatures(pl.Callback):
@@ -95,7 +100,15 @@ class LockedImageFeatures(pl.Callback):
         tower = pl_module.model.image_encoder
         weights = {"tower": type(tower).__qualname__, "state": tower.state_dict()}
         for split in STAGE_SPLITS[stage]:
-            dataset = dm.image_feature_split(split)
+            try:
+                dataset = dm.image_feature_split(split)
+            except ValueError as err:  # e.g. a split read from shards
+                raise FeatureCacheError(
+                    f"LockedImageFeatures: {err}. Train from the JSONL files (--data.class_path"
+                    " mm_lightning.data.MultimodalDataModule --data.init_args.train_file ...), or without the cache"
+                    " (drop LockedImageFeatures from trainer.callbacks, e.g. --trainer.callbacks '[]' with"
+                    " configs/lit.yaml): the locked tower then runs every step"
+                ) from None
             if dataset is None:
                 continue
             views = self.views if split == "train" else 0

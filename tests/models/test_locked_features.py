@@ -12,9 +12,11 @@ import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
 
 from mm_lightning.callbacks import LockedImageFeatures
+from mm_lightning.cli import main
 from mm_lightning.data import MultimodalDataModule
 from mm_lightning.data.features import FeatureTable, build_rows, image_key, view_seed
 from mm_lightning.models import MultimodalModule
+from tests.conftest import REPO, TinyRun
 from tests.data.helpers import TOKENIZER, save_image, write_jsonl
 from tests.models.helpers import EXACT_MODEL, module_kwargs, tiny_config
 
@@ -246,3 +248,33 @@ def test_the_cache_refuses_a_run_without_a_jsonl_data_module() -> None:
         LockedImageFeatures().serve(SimpleNamespace(datamodule=None), None, "fit")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="this run has a SimpleNamespace"):
         LockedImageFeatures().serve(SimpleNamespace(datamodule=SimpleNamespace()), None, "fit")  # type: ignore[arg-type]
+
+
+def test_lit_on_the_shards_its_config_writes_says_how_to_train(
+    tiny_run: TinyRun, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/data.md's shard command on configs/lit.yaml, then LiT on those shards: one line with the fix."""
+    demo = tiny_run.root / "demo"
+    files = ["--data.init_args.train_file", str(demo / "train.jsonl"), "--data.init_args.val_file",
+             str(demo / "val.jsonl"), "--data.init_args.test_file", "null"]  # fmt: skip
+    shards = tmp_path / "shards"
+    lit = ["--config", str(REPO / "configs" / "lit.yaml")]
+    assert main(["shard", *lit, *files, "--out", str(shards), "--progress", "false", "--workers", "1"]) == 0
+    fit = [
+        "fit", *lit, "--data.class_path", "mm_lightning.data.ShardDataModule",
+        "--data.init_args.train_shards", str(shards / "train" / "shards.json"),
+        "--data.init_args.val_shards", str(shards / "val" / "shards.json"),
+        "--data.init_args.batch_size", "16", "--data.init_args.num_workers", "0",
+        "--model.image_tower.init_args.image_size", "32", "--trainer.max_steps", "1",
+        "--trainer.limit_val_batches", "1", "--trainer.default_root_dir", str(tmp_path / "run"),
+    ]  # fmt: skip
+    assert main(fit) == 1
+    err = capsys.readouterr().err
+    (line,) = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert line.startswith("error: FeatureCacheError: LockedImageFeatures: cached image features are served")
+    assert "--trainer.callbacks '[]'" in line and "Traceback" not in err
+    # control: the fix it names trains LiT on the shards
+    assert (
+        main([*fit[:-2], "--trainer.default_root_dir", str(tmp_path / "run2"), "--trainer.callbacks", "[]"])
+        == 0
+    )
