@@ -22,8 +22,8 @@ from typing import Any
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 
 from mm_lightning import ExplainedError
+from mm_lightning.callbacks.run_report import sha256_of
 from mm_lightning.metrics import DEFAULT_KS, Ranks
-from mm_lightning.plugins.io import sha256_of
 
 RETRIEVAL = "zeroshot_retrieval"
 CLASSIFICATION = "zeroshot_classification"

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from mm_lightning.callbacks.run_report import sha256_of
 from mm_lightning.export_dual_encoder import (
     ExportError,
     build_dual_encoder,
@@ -41,7 +42,6 @@ from mm_lightning.export_dual_encoder import (
 )
 from mm_lightning.models import DualEncoder
 from mm_lightning.models.towers.clip import CLIPImageTower, CLIPTextTower, load_dual_encoder
-from mm_lightning.plugins.io import sha256_of
 
 log = logging.getLogger(__name__)
 FORMATS = ("hf",)

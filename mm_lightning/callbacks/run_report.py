@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 import time
@@ -19,7 +20,14 @@ from lightning.pytorch.utilities.model_summary.model_summary import (
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
-from mm_lightning.plugins.io import sha256_of
+
+def sha256_of(path: str | os.PathLike) -> str:
+    """The file's SHA-256 (hex): results name exactly the checkpoint they came from."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _duration(seconds: float) -> str:

@@ -116,7 +116,14 @@ def _checked_part(
     recorded_name = (spec.get("init_args") or {}).get("name")
     same_model = user_part is not None and user_part.get("class_path") == parsed.class_path
     same_model = same_model and (user_part.get("init_args") or {}).get("name") == recorded_name
-    for key, value in _walk({k: v for k, v in vars(parsed).items() if k != "class_path"}, name):
+    defaults = {n: p.default for n, p in inspect.signature(cls).parameters.items()}
+    arguments = [
+        (f"{name}.init_args.{k}", v)
+        for k, v in vars(parsed.get("init_args") or Namespace()).items()
+        if not (k in defaults and v is defaults[k])
+    ]  # the class's own defaults: not the record's
+    arguments.append((f"{name}.dict_kwargs", parsed.get("dict_kwargs")))
+    for key, value in (pair for argument in arguments for pair in _walk(argument[1], argument[0])):
         _check_nested(key, value, refuse)
         if key.endswith(".trust_remote_code") and value is True and not same_model:
             raise refuse(

@@ -3,7 +3,6 @@ The CLI installs it; in plain Python pass ``Trainer(plugins=[AtomicCheckpointIO(
 
 from __future__ import annotations
 
-import hashlib
 import os
 import pickle
 import tempfile
@@ -85,12 +84,3 @@ def _remove_stale_temporaries(target: Path) -> None:
     # Temporaries of this target left behind by a process killed mid-save (SIGKILL runs no cleanup).
     for stale in target.parent.glob(f"{_TMP_PREFIX}{target.name}.*"):
         stale.unlink(missing_ok=True)
-
-
-def sha256_of(path: str | os.PathLike) -> str:
-    """The file's SHA-256 (hex): results name exactly the checkpoint they came from."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

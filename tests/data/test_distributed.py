@@ -9,6 +9,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
+from mm_lightning import process_exit
 from mm_lightning.data import LengthGroupedSampler, MultimodalDataModule
 from tests.data.helpers import TOKENIZER, coco_style
 
@@ -23,6 +24,9 @@ class _ShardRecorder(pl.LightningModule):
         self.out = out
         self.w = torch.nn.Parameter(torch.zeros(()))
         self.seen: dict[int, list[int]] = {}
+
+    def setup(self, stage: str) -> None:
+        process_exit.install()  # as MultimodalModule does: else a gloo rank can abort at interpreter exit
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         self.seen.setdefault(self.current_epoch, []).extend(batch["index"].tolist())

@@ -22,6 +22,7 @@ from mm_lightning.models import DualEncoder, MultimodalModule
 from mm_lightning.models.checkpoints import UnsafeCheckpointError
 from tests.conftest import TinyRun, tiny_demo_args
 from tests.models.helpers import make_batch, save_checkpoint
+from tests.template import user_parts
 
 # A class whose construction writes a file: it stands for any command (logging.FileHandler opens its file at once).
 MARKER_CLASS = "logging.FileHandler"
@@ -261,6 +262,11 @@ def test_a_recorded_function_must_be_torchs(tmp_path: Path) -> None:
     network = DualEncoder.from_checkpoint(_activated_checkpoint(tmp_path, "torch.tanh")).eval()
     assert network.image_encoder.activation is torch.tanh  # control: torch's function loads
     assert torch.isfinite(network(make_batch())["image_embeddings"]).all()
+    # control: the class's own default (a function of the user's code, not torch's) is not the record's choice
+    path = _activated_checkpoint(tmp_path, "torch.tanh")
+    write_variant(path, path, lambda hparams: hparams["image_tower"]["init_args"].pop("activation"))
+    assert DualEncoder.from_checkpoint(path).image_encoder.activation is user_parts.halve
+    assert MultimodalModule.load_from_checkpoint(path).model.image_encoder.activation is user_parts.halve
     for name in ("os.system", "subprocess.getoutput", "builtins.exit", "torch.hub.load", MARKER_FUNCTION):
         path = _activated_checkpoint(tmp_path, name)
         for load in (DualEncoder.from_checkpoint, MultimodalModule.load_from_checkpoint):

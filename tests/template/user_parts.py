@@ -116,10 +116,14 @@ class PerPairLoss(nn.Module):
         return 1 - nn.functional.cosine_similarity(image_emb, text_emb, dim=-1)
 
 
-class ActivatedPatchTower(TinyPatchTower):
-    """Takes a function: a checkpoint that records it may name only one of torch's."""
+def halve(x: Tensor) -> Tensor:
+    return x / 2
 
-    def __init__(self, activation: Callable = torch.relu, width: int = 12) -> None:
+
+class ActivatedPatchTower(TinyPatchTower):
+    """Takes a function: a checkpoint that records it may name only one of torch's (its own default is fine)."""
+
+    def __init__(self, activation: Callable = halve, width: int = 12) -> None:
         super().__init__(width=width)
         self.activation = activation
 
