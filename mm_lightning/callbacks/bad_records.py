@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
@@ -48,24 +47,16 @@ class BadRecordLogger(pl.Callback):
             rank_zero_warn(f"skipping bad records (on_bad_record='skip'); first: {reasons[0]}")
             self._warned = True
 
-    def _count(self, batch: Any, split: str, trainer: pl.Trainer) -> None:
+    def _count(self, batch: Any, split: str) -> None:
         before = len(self.local.first)
-        # one pass: a training epoch, a validation run (at its step), a test or predict run
-        self.local.add_batch(
-            batch, split, (trainer.current_epoch, trainer.global_step if split == "val" else 0)
-        )
+        self.local.add_batch(batch, split)
         self._warn_first(self.local.first[before:])
 
     def gathered(self, trainer: pl.Trainer) -> SkipLog:
         """All ranks' skips so far plus the indexing drops (a collective: call it on every rank)."""
-        log = SkipLog(self.keep)
-        log.found = dict(self.local.found)
-        if trainer.world_size > 1 and torch.distributed.is_initialized():
-            # by record: two ranks that each read a caption of one bad image count its records once
-            every_rank: list[Any] = [None] * trainer.world_size
-            torch.distributed.all_gather_object(every_rank, self.local.found)
-            for found in every_rank:
-                log.found.update(found)
+        table = self.local.to_tensor(trainer.strategy.root_device)
+        total = trainer.strategy.reduce(table, reduce_op="sum").cpu()
+        log = SkipLog.from_tensor(total, [], self.keep)
         log.update(self.indexed)
         log.first = self.reasons
         return log
@@ -84,7 +75,7 @@ class BadRecordLogger(pl.Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        self._count(batch, "train", trainer)
+        self._count(batch, "train")
         # Only on the steps the loggers write (the same on every rank, so the all-reduce stays collective).
         if loggers_write_this_step(trainer, self._steps_before):
             total = float(self.total(trainer))
@@ -101,7 +92,7 @@ class BadRecordLogger(pl.Callback):
         dataloader_idx: int = 0,
     ) -> None:
         if not trainer.sanity_checking:  # the sanity check re-reads the first val batches; count them once
-            self._count(batch, "val", trainer)
+            self._count(batch, "val")
 
     @override
     def on_test_batch_end(
@@ -113,7 +104,7 @@ class BadRecordLogger(pl.Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        self._count(batch, "test", trainer)
+        self._count(batch, "test")
 
     @override
     def on_predict_batch_end(
@@ -125,7 +116,7 @@ class BadRecordLogger(pl.Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        self._count(batch, "predict", trainer)
+        self._count(batch, "predict")
 
     @override
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

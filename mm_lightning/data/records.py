@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import unicodedata
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+import torch
 
 from mm_lightning import ExplainedError
 
@@ -24,8 +25,6 @@ ErrorKind = Literal[
     "undecodable_image",  # empty, truncated, not an image, too many pixels, extreme shape
 ]
 ERROR_KINDS: tuple[str, ...] = ErrorKind.__args__  # type: ignore[attr-defined]
-# the kinds that are about the image, not the record: every record naming that image is bad
-IMAGE_KINDS = ("path_escapes_root", "bad_path", "missing_image", "undecodable_image")
 
 
 class RecordError(ExplainedError, ValueError):
@@ -42,12 +41,9 @@ class RecordError(ExplainedError, ValueError):
         kind: ErrorKind = "undecodable_image",
         key: str | None = None,
         sample: str | None = None,
-        lines: tuple[int, ...] | None = None,
     ) -> None:
         self.file, self.line, self.reason, self.image = file, line, reason, image
         self.kind, self.key, self.sample = kind, key, sample
-        # the lines of every record it makes bad: a bad image is bad for each record that names it
-        self.lines = lines if lines is not None else (() if line is None else (line,))
         where = file + (f":{line}" if line is not None else "") + (f" [sample {sample}]" if sample else "")
         where += f" (key {key!r})" if key is not None else ""
         where += f" (image {image!r})" if image is not None else ""
@@ -55,7 +51,7 @@ class RecordError(ExplainedError, ValueError):
 
     def __reduce__(self) -> tuple:
         # Errors travel from DataLoader workers inside batches; keep every field through pickling.
-        kwargs = {"kind": self.kind, "key": self.key, "sample": self.sample, "lines": self.lines}
+        kwargs = {"kind": self.kind, "key": self.key, "sample": self.sample}
         return _rebuild_error, (self.file, self.line, self.reason, self.image, kwargs)
 
 
@@ -148,62 +144,62 @@ SPLITS = ("train", "val", "test", "predict")
 
 @dataclass
 class SkipLog:
-    """Counts skipped records by split and kind, and keeps the first ``keep`` reasons (bounded).
-
-    A record met again in the same pass (another caption of a bad image, say) is counted once."""
+    """Counts skipped records by split and kind, and keeps the first ``keep`` reasons (bounded)."""
 
     keep: int = 20
-    counts: Counter = field(default_factory=Counter)  # (split, kind) -> count, of logs merged in
-    found: dict = field(
-        default_factory=dict
-    )  # (split, pass, file, line or sample) -> kind, of this log's errors
-    passes: Counter = field(default_factory=Counter)  # split -> passes started
+    counts: Counter = field(default_factory=Counter)  # (split, kind) -> count
     first: list[str] = field(default_factory=list)
-
-    def _totals(self) -> Counter:
-        out = Counter(self.counts)
-        for (split, *_), kind in self.found.items():
-            out[(split, kind)] += 1
-        return out
 
     @property
     def count(self) -> int:
-        return sum(self._totals().values())
+        return sum(self.counts.values())
 
     def by_kind(self) -> dict[str, int]:
         out: Counter = Counter()
-        for (_, kind), n in self._totals().items():
+        for (_, kind), n in self.counts.items():
             out[kind] += n
         return {k: out[k] for k in ERROR_KINDS if out[k]}
 
     def by_split(self) -> dict[str, int]:
         out: Counter = Counter()
-        for (split, _), n in self._totals().items():
+        for (split, _), n in self.counts.items():
             out[split] += n
         return {s: out[s] for s in SPLITS if out[s]}
 
-    def add(self, err: RecordError, split: str = "train", pass_key: Any = 0) -> None:
-        where = err.lines or (err.sample if err.sample is not None else (os.getpid(), id(err)),)
-        for line in where:
-            self.found.setdefault((split, pass_key, err.file, line), err.kind)
+    def add(self, err: RecordError, split: str = "train") -> None:
+        self.counts[(split, err.kind)] += 1
         self._keep(str(err))
 
     def update(self, other: SkipLog, split: str | None = None) -> None:
         """Add ``other``'s counts (relabelled to ``split`` if given) and its first reasons."""
-        for (own_split, kind), n in other._totals().items():
+        for (own_split, kind), n in other.counts.items():
             self.counts[(split or own_split, kind)] += n
         for reason in other.first:
             self._keep(reason)
 
-    def add_batch(self, batch: Any, split: str, pass_key: Any = 0) -> None:
+    def add_batch(self, batch: Any, split: str) -> None:
         """Count the records a batch's samples stand in for."""
         if isinstance(batch, dict):
             for err in batch.get(SKIPPED_KEY, ()):
-                self.add(err, split, pass_key)
+                self.add(err, split)
 
     def _keep(self, reason: str) -> None:
         if len(self.first) < self.keep and reason not in self.first:
             self.first.append(reason)
+
+    def to_tensor(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """Counts as a (splits x kinds) tensor, for a cross-rank sum."""
+        table = [[self.counts[(s, k)] for k in ERROR_KINDS] for s in SPLITS]
+        return torch.tensor(table, dtype=torch.long, device=device)
+
+    @classmethod
+    def from_tensor(cls, table: torch.Tensor, first: list[str], keep: int = 20) -> SkipLog:
+        log = cls(keep=keep, first=list(first))
+        for i, split in enumerate(SPLITS):
+            for j, kind in enumerate(ERROR_KINDS):
+                if int(table[i, j]):
+                    log.counts[(split, kind)] = int(table[i, j])
+        return log
 
     def summary(self) -> str:
         """Multi-line text: total, per split, per kind, first reasons."""

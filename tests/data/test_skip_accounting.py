@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from mm_lightning.data import MultimodalDataModule, TooManyBadRecords
-from mm_lightning.data.records import SkipLog
 from tests.data.helpers import TOKENIZER, save_image, write_jsonl
 
 
@@ -108,42 +107,3 @@ def test_eval_rows_deduplicated_by_index_are_the_valid_records(tmp_path: Path) -
     # the same captions-per-image grouping (the retrieval ground truth)
     groups = {name: sorted(Counter(int(r["image_id"]) for r in rs).values()) for name, rs in rows.items()}
     assert groups["hostile"] == groups["clean"] == [2, 2, 2, 2]
-
-
-def _one_bad_image_with_five_captions(root: Path) -> Path:
-    rows: list[dict | str] = []
-    for i in range(9):
-        save_image(root / "images" / f"{i}.jpg", (20, 16), seed=i)
-        rows.append({"image": f"images/{i}.jpg", "text": f"photo {i}"})
-    (root / "images" / "broken.jpg").write_bytes(b"\xff\xd8 not a whole jpeg")
-    rows[3:3] = [{"image": "images/broken.jpg", "text": f"broken caption {c}"} for c in range(5)]  # lines 4-8
-    return write_jsonl(root / "five.jsonl", rows)
-
-
-@pytest.mark.parametrize("caption_sampling", ["all", "random"])
-def test_a_bad_image_counts_each_record_that_names_it_once_a_pass(
-    tmp_path: Path, caption_sampling: str
-) -> None:
-    path = _one_bad_image_with_five_captions(tmp_path)
-    dm = _dm(path, caption_sampling=caption_sampling)
-    dm.setup("fit")
-    train = dm.datasets["train"]
-    # a pass that reads only some of its pairs (as one whose last partial batch is dropped): items 0-5 hold 3 of
-    # the 5 in "all"; in "random" the image is one item
-    read = train.__getitems__(list(range(6)) if caption_sampling == "all" else list(range(len(train))))
-    errors = [err for sample in read for err in sample["skipped"]]
-    assert len(errors) == (3 if caption_sampling == "all" else 1)  # control: one error per failed load
-    log = SkipLog()
-    for err in errors:
-        log.add(err, "train")
-    assert log.count == 5 and log.by_kind() == {"undecodable_image": 5}
-    # two ranks that each read one of its pairs count its records once between them
-    other = SkipLog()
-    other.add(errors[-1], "train")
-    merged = SkipLog()
-    for rank in (log, other):
-        merged.found.update(rank.found)
-    assert merged.count == 5
-    # the next pass counts them again (once per pass)
-    log.add(errors[0], "train", pass_key=1)
-    assert log.count == 10
