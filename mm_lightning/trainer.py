@@ -169,13 +169,17 @@ class ResumeOverrides:
         self.path: str | None = None
 
     def before_checkpoint_hparams(self, cli: Any, parser: Any) -> None:
-        """Resolve ``last``, check the checkpoint file, remember the given model options."""
+        """Resolve ``last``/``best`` in the run's checkpoint folder (or refuse), check the file and what it
+        records, refuse a resume with nothing left to train, remember the given model options."""
         subcommand = cli.config.get("subcommand")
         if not subcommand or subcommand == "audit":
             return
         config = cli.config[subcommand]
         ckpt_path = config.get("ckpt_path")
-        group = config.get("checkpoint") or config.get("best_checkpoint") or {}  # None when a config drops it
+        groups = (
+            ("best_checkpoint", "checkpoint") if ckpt_path == "best" else ("checkpoint", "best_checkpoint")
+        )
+        group = config.get(groups[0]) or config.get(groups[1]) or {}  # None when a config drops it
         dirpath = (group.get("init_args") or {}).get("dirpath")
         if subcommand == "fit" and not ckpt_path:
             refuse_earlier_checkpoints(dirpath, parser)
@@ -189,9 +193,12 @@ class ResumeOverrides:
             except ExplainedError as err:
                 parser.error(f"--ckpt_path {ckpt_path}: {err}")
             if found is None:
+                refuse_earlier_checkpoints(
+                    dirpath, parser
+                )  # other checkpoints there: this run would replace them
                 rank_zero_info(f"--ckpt_path last: no checkpoint in {dirpath} yet; starting a new run")
                 config.ckpt_path = None
-                return refuse_earlier_checkpoints(dirpath, parser)
+                return
             config.ckpt_path = ckpt_path = found
         elif ckpt_path in SPECIAL_CKPT_PATHS and not os.path.isfile(ckpt_path):
             return  # Lightning resolves it
@@ -203,7 +210,7 @@ class ResumeOverrides:
             parser.error(f"--ckpt_path: {err}")
         trainer = config.get("trainer") or {}
         finished = subcommand == "fit" and nothing_left_to_train(
-            content, trainer.get("max_steps"), trainer.get("max_epochs")
+            content, trainer.get("max_steps"), trainer.get("max_epochs"), trainer.get("max_time")
         )
         if finished:
             parser.error(f"--ckpt_path {ckpt_path}: {finished}")

@@ -57,13 +57,12 @@ def further_limits(steps: int, epochs: int, max_steps: int, max_epochs: int) -> 
 
 def _train_further(trainer: Trainer) -> tuple[str, str]:
     """(what, options) that resume the run for as long again: the limits it reached, raised."""
-    reached = further_limits(
-        trainer.global_step, trainer.current_epoch, trainer.max_steps, trainer.max_epochs or -1
-    )
+    max_epochs = -1 if trainer.max_epochs is None else trainer.max_epochs
+    reached = further_limits(trainer.global_step, trainer.current_epoch, trainer.max_steps, max_epochs)
     if not reached:
         return "", ""  # stopped before its limits: the same command continues it
     more = {"steps": trainer.max_steps, "epochs": trainer.max_epochs}
-    what = " and ".join(f"{more[unit]} more {unit}" for unit in reached)
+    what = " and ".join(f"{more[unit]} more {unit if more[unit] != 1 else unit[:-1]}" for unit in reached)
     return f" ({what})", "".join(f" --trainer.max_{unit} {total}" for unit, total in reached.items())
 
 

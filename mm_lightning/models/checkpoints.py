@@ -1,5 +1,5 @@
-"""Checkpoints are data: the parts a checkpoint records (``class_path`` + ``init_args``) are rebuilt only as the kind
-of object their slot takes, and ``DualEncoder.from_checkpoint`` rebuilds the network of a training checkpoint.
+"""Checkpoints are data: the parts a checkpoint records (``class_path`` + ``init_args``) are rebuilt only as the
+kind of object their slot takes, and ``DualEncoder.from_checkpoint`` rebuilds the network of a training checkpoint.
 
 Every loader goes through :func:`checked_hyperparameters` before anything a checkpoint names is called:
 ``DualEncoder.from_checkpoint`` (and ``export``, ``zeroshot``), ``MultimodalModule.load_from_checkpoint`` and the
@@ -199,8 +199,9 @@ def checked_for_loading(
     weights_only: bool | None = None,
     **kwargs: Any,
 ) -> Any:
-    """The check of ``cls.load_from_checkpoint`` (same arguments): the hyperparameters Lightning would build it from (the checkpoint's, under its past keys too, or an ``hparams_file``'s), checked. Parts
-    passed as arguments replace the recorded ones, so they are not checked.
+    """The check of ``cls.load_from_checkpoint`` (same arguments): the hyperparameters Lightning would build it
+    from (the checkpoint's, under its past keys too, or an ``hparams_file``'s), checked. Parts passed as
+    arguments replace the recorded ones, so they are not checked.
 
     Returns what to load: the same local file or open file, or a remote checkpoint's bytes as read for the check,
     so that the file checked is the file loaded. With ``weights_only=False`` its user has chosen to trust the file

@@ -1,5 +1,6 @@
-"""Checks that a file is a complete checkpoint written by Lightning, and says what is wrong when it is not
-(loaded when a run resumes or loads a checkpoint)."""
+"""Checks that a file is a complete checkpoint written by Lightning, and says what is wrong when it is not; finds
+a run's ``last``/``best`` checkpoint and says when a resume has nothing left to train (loaded when a run resumes
+or loads a checkpoint)."""
 
 from __future__ import annotations
 
@@ -89,10 +90,10 @@ def run_checkpoint(name: str, folder: str | None, fresh_ok: bool) -> str | None:
         )
     if name == "last" and fresh_ok:
         return None
-    raise CheckpointFileError(f"no {name} checkpoint in {folder}; {checkpoints_nearby(folder)}")
+    raise CheckpointFileError(f"no {name} checkpoint in {folder}; {checkpoints_nearby(folder, cli=True)}")
 
 
-def checkpoints_nearby(folder: str | os.PathLike | None) -> str:
+def checkpoints_nearby(folder: str | os.PathLike | None, cli: bool = False) -> str:
     """Where checkpoints are, in words: the run folders under ``logs/`` and beside ``folder``'s run."""
     roots = {Path("logs")}
     if folder is not None:
@@ -115,21 +116,24 @@ def checkpoints_nearby(folder: str | os.PathLike | None) -> str:
 
 
 def nothing_left_to_train(
-    content: dict[str, Any], max_steps: int | None, max_epochs: int | None
+    content: dict[str, Any], max_steps: int | None, max_epochs: int | None, max_time: Any = None
 ) -> str | None:
     """Why resuming ``content`` would train no step under these limits (Lightning's own stop rule), or None."""
     steps = int(content.get("global_step", 0))
     fit_loop = (content.get("loops") or {}).get("fit_loop") or {}
     epochs = int((((fit_loop.get("epoch_progress") or {}).get("current") or {}).get("processed")) or 0)
-    if max_epochs is None:  # Lightning's default: 1000 epochs unless max_steps is set
-        max_epochs = 1000 if max_steps in (None, -1) else -1
+    max_steps = -1 if max_steps is None else max_steps
+    if max_epochs is None:  # Lightning's default: 1000 epochs unless max_steps or max_time is set
+        max_epochs = 1000 if max_steps == -1 and max_time is None else -1
     from mm_lightning.callbacks.run_report import further_limits
 
-    reached = further_limits(steps, epochs, max_steps or -1, max_epochs)
+    reached = further_limits(steps, epochs, max_steps, max_epochs)
     if not reached:
         return None
     done = " and ".join(
-        f"{count} {unit}" for unit, count in (("steps", steps), ("epochs", epochs)) if unit in reached
+        f"{count} {unit if count != 1 else unit[:-1]}"
+        for unit, count in (("steps", steps), ("epochs", epochs))
+        if unit in reached
     )
     limits = " and ".join(
         f"--trainer.max_{unit} {limit}"
@@ -137,4 +141,8 @@ def nothing_left_to_train(
         if unit in reached
     )
     larger = " ".join(f"--trainer.max_{unit} {total}" for unit, total in reached.items())
-    return f"the run already trained {done}, as many as {limits} allows: nothing to train. Train further with a larger total, e.g. {larger}"
+    allow = "allow" if len(reached) > 1 else "allows"
+    return (
+        f"the run already trained {done}, as many as {limits} {allow}: nothing to train. Train further with a"
+        f" larger total, e.g. {larger}"
+    )

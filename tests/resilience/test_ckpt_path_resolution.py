@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest
@@ -111,7 +112,7 @@ def test_the_printed_train_further_command_trains_further_and_a_finished_resume_
     assert main(["fit", *tiny_demo_args(tmp_path, max_steps=2), *SHORT]) == 0
     summary = capsys.readouterr().out
     # 2 steps end the run, and its one epoch with them (Lightning counts a stopped epoch as done)
-    prefix = "  train further (2 more steps and 1 more epochs): "
+    prefix = "  train further (2 more steps and 1 more epoch): "
     further = next(line for line in summary.splitlines() if line.startswith(prefix))
     command = shlex.split(further.split("python -m mm_lightning ", 1)[1])
     assert command[-4:] == ["--trainer.max_steps", "4", "--trainer.max_epochs", "2"]
@@ -121,9 +122,22 @@ def test_the_printed_train_further_command_trains_further_and_a_finished_resume_
         main(command[:-4])
     assert exit_info.value.code == 2
     line = _error_line(capsys)
-    assert "the run already trained 2 steps and 1 epochs, as many as --trainer.max_steps 2 and" in line
+    assert "the run already trained 2 steps and 1 epoch, as many as --trainer.max_steps 2 and" in line
     assert "nothing to train" in line and line.endswith("e.g. --trainer.max_steps 4 --trainer.max_epochs 2")
     assert sorted(p.name for p in tmp_path.glob("version_*")) == versions
     # control: the printed command resumes and trains the 2 more steps
     cli = cli_main(command)
     assert cli.trainer.global_step == 4
+
+
+def test_fit_last_into_a_folder_of_other_checkpoints_is_refused_not_started(
+    tiny_run: TinyRun, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "checkpoints").mkdir()
+    (best,) = tiny_run.checkpoint_dir.glob("best*.ckpt")
+    shutil.copy(best, tmp_path / "checkpoints" / best.name)  # a best checkpoint, no last.ckpt
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *tiny_demo_args(tmp_path, max_steps=1), "--ckpt_path", "last"])
+    assert exit_info.value.code == 2
+    assert "already holds an earlier run's checkpoints" in _error_line(capsys)
+    assert "starting a new run" not in caplog.text
