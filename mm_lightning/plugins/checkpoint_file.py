@@ -110,9 +110,8 @@ def checkpoints_nearby(folder: str | os.PathLike | None, cli: bool = False) -> s
     if not found:
         return "no run folder with checkpoints under " + " or ".join(sorted(map(str, roots)))
     listed = [f"{path} ({', '.join(sorted(p.name for p in path.glob('*.ckpt'))[:3])})" for path in found[:6]]
-    return (
-        "checkpoints are in " + "; ".join(listed) + " (give the run's --trainer.default_root_dir, or a path)"
-    )
+    how = "give the run's --trainer.default_root_dir, or a path" if cli else "pass a checkpoint's path"
+    return "checkpoints are in " + "; ".join(listed) + f" ({how})"
 
 
 def nothing_left_to_train(

@@ -93,6 +93,7 @@ def test_export_of_a_name_instead_of_a_file_says_where_checkpoints_are(
         "--ckpt_path 'last' does not exist; checkpoints are in " in err
         and f"logs/{tiny_run.root.name}" in err
     )
+    assert "(pass a checkpoint's path)" in err and "default_root_dir" not in err
 
 
 def test_fit_last_with_nothing_to_resume_starts_fresh_and_says_so(
