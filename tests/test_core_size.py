@@ -14,7 +14,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 # today's core, as README's "Where things are" says; lower these as the core shrinks
 MAX_CORE_MODULES = 39
-MAX_CORE_LINES = 6_075  # checkpoint checks, SHA-256 lines, run-end hints, tower option errors: +85
+MAX_CORE_LINES = 6_135  # a bad image counted by the records naming it, once a pass over all ranks: +60
 OPT_IN = {
     "mm_lightning.strategies.explicit_ddp",
     "mm_lightning.strategies.reducers",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
@@ -52,8 +53,20 @@ class BadRecordLogger(pl.Callback):
         self.local.add_batch(batch, split)
         self._warn_first(self.local.first[before:])
 
+    def end_pass(self, trainer: pl.Trainer, split: str) -> None:
+        """Count the records met in this pass of ``split`` once over all ranks (a collective: call on every rank)."""
+        every_rank = None
+        if trainer.world_size > 1 and torch.distributed.is_initialized():
+            every_rank = [
+                None
+            ] * trainer.world_size  # once a pass: the records a rank met (few), not a step's log
+            torch.distributed.all_gather_object(every_rank, self.local.pending.get(split, {}))
+        # rank 0 keeps the joined count, the others none, so the cross-rank sum of `gathered` stays right
+        self.local.end_pass(split, every_rank if trainer.is_global_zero else [])
+
     def gathered(self, trainer: pl.Trainer) -> SkipLog:
-        """All ranks' skips so far plus the indexing drops (a collective: call it on every rank)."""
+        """All ranks' skips so far plus the indexing drops (a collective: call it on every rank). Within a
+        pass, a record met on two ranks counts twice until the pass ends."""
         table = self.local.to_tensor(trainer.strategy.root_device)
         total = trainer.strategy.reduce(table, reduce_op="sum").cpu()
         log = SkipLog.from_tensor(total, [], self.keep)
@@ -119,13 +132,25 @@ class BadRecordLogger(pl.Callback):
         self._count(batch, "predict")
 
     @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.end_pass(trainer, "train")
+
+    @override
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        self.end_pass(trainer, "val")
         if trainer.state.fn == "validate":  # in fit, the training steps log it
             pl_module.log("data/skipped", float(self.total(trainer)), batch_size=1)
 
     @override
     def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.end_pass(trainer, "test")
         pl_module.log("data/skipped", float(self.total(trainer)), batch_size=1)
+
+    @override
+    def on_predict_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.end_pass(trainer, "predict")
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -147,6 +172,7 @@ class BadRecordLogger(pl.Callback):
             logger.log_metrics({"data/skipped": float(log.count)}, step=trainer.global_step)
 
     def _summarize(self, trainer: pl.Trainer) -> SkipLog:
+        self.end_pass(trainer, "train")  # a fit stopped within an epoch
         log = self.gathered(trainer)
         if not log.count:
             return log

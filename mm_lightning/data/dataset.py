@@ -11,6 +11,7 @@ from torch.utils.data import Dataset
 from mm_lightning import ExplainedError
 from mm_lightning.data.jsonl import JsonlIndex
 from mm_lightning.data.loader import derive_seed, global_seed
+from mm_lightning.data.records import IMAGE_KINDS, RecordError
 from mm_lightning.data.samples import BadRecordPolicy, SampleBuilder
 
 CaptionSampling = Literal["random", "all"]
@@ -60,7 +61,15 @@ class ImageTextDataset(Dataset):
     def load(self, item: int) -> dict[str, Any]:
         """Load one item or raise :class:`~mm_lightning.data.records.RecordError`."""
         pair = self.index.pair(self.caption_of(item))
-        return self.builder(pair.record, pair.caption, pair.image_id, item)
+        try:
+            return self.builder(pair.record, pair.caption, pair.image_id, item)
+        except RecordError as err:
+            if err.kind in IMAGE_KINDS:  # bad for every record that names the image
+                rows = self.index.pairs_of_image(pair.image_id)
+                err.lines = tuple(
+                    sorted({int(n) for n in self.index.line_numbers[self.index.cap_line[rows]]})
+                )
+            raise
 
     def __getitems__(self, items: list[int]) -> list[dict[str, Any]]:
         """Load a batch; draws (caption, crops) seeded by its indices: same in any worker layout or resume."""

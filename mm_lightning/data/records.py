@@ -25,6 +25,8 @@ ErrorKind = Literal[
     "undecodable_image",  # empty, truncated, not an image, too many pixels, extreme shape
 ]
 ERROR_KINDS: tuple[str, ...] = ErrorKind.__args__  # type: ignore[attr-defined]
+# the kinds that are about the image, not the record: every record naming that image is bad
+IMAGE_KINDS = ("path_escapes_root", "bad_path", "missing_image", "undecodable_image")
 
 
 class RecordError(ExplainedError, ValueError):
@@ -41,9 +43,12 @@ class RecordError(ExplainedError, ValueError):
         kind: ErrorKind = "undecodable_image",
         key: str | None = None,
         sample: str | None = None,
+        lines: tuple[int, ...] | None = None,
     ) -> None:
         self.file, self.line, self.reason, self.image = file, line, reason, image
         self.kind, self.key, self.sample = kind, key, sample
+        # the lines of every record it makes bad: a bad image is bad for each record that names it
+        self.lines = lines if lines is not None else (() if line is None else (line,))
         where = file + (f":{line}" if line is not None else "") + (f" [sample {sample}]" if sample else "")
         where += f" (key {key!r})" if key is not None else ""
         where += f" (image {image!r})" if image is not None else ""
@@ -51,7 +56,7 @@ class RecordError(ExplainedError, ValueError):
 
     def __reduce__(self) -> tuple:
         # Errors travel from DataLoader workers inside batches; keep every field through pickling.
-        kwargs = {"kind": self.kind, "key": self.key, "sample": self.sample}
+        kwargs = {"kind": self.kind, "key": self.key, "sample": self.sample, "lines": self.lines}
         return _rebuild_error, (self.file, self.line, self.reason, self.image, kwargs)
 
 
@@ -144,35 +149,57 @@ SPLITS = ("train", "val", "test", "predict")
 
 @dataclass
 class SkipLog:
-    """Counts skipped records by split and kind, and keeps the first ``keep`` reasons (bounded)."""
+    """Counts skipped records by split and kind, and keeps the first ``keep`` reasons (bounded).
+
+    ``pending`` holds the records met in the current pass of each split (an epoch, a validation, test or
+    predict run), so a record met again in that pass (another caption of a bad image) is counted once;
+    :meth:`end_pass` folds them into ``counts``."""
 
     keep: int = 20
-    counts: Counter = field(default_factory=Counter)  # (split, kind) -> count
+    counts: Counter = field(default_factory=Counter)  # (split, kind) -> count, of passes ended
+    pending: dict = field(default_factory=dict)  # split -> {(file, line or sample): kind}
     first: list[str] = field(default_factory=list)
+
+    def totals(self) -> Counter:
+        out = Counter(self.counts)
+        for split, found in self.pending.items():
+            out.update((split, kind) for kind in found.values())
+        return out
 
     @property
     def count(self) -> int:
-        return sum(self.counts.values())
+        return sum(self.totals().values())
+
+    def _by(self, part: int, order: tuple[str, ...]) -> dict[str, int]:
+        out: Counter = Counter()
+        for key, n in self.totals().items():
+            out[key[part]] += n
+        return {k: out[k] for k in order if out[k]}
 
     def by_kind(self) -> dict[str, int]:
-        out: Counter = Counter()
-        for (_, kind), n in self.counts.items():
-            out[kind] += n
-        return {k: out[k] for k in ERROR_KINDS if out[k]}
+        return self._by(1, ERROR_KINDS)
 
     def by_split(self) -> dict[str, int]:
-        out: Counter = Counter()
-        for (split, _), n in self.counts.items():
-            out[split] += n
-        return {s: out[s] for s in SPLITS if out[s]}
+        return self._by(0, SPLITS)
 
     def add(self, err: RecordError, split: str = "train") -> None:
-        self.counts[(split, err.kind)] += 1
+        found = self.pending.setdefault(split, {})
+        # an error naming no line or sample is its own record
+        for where in err.lines or (err.sample if err.sample is not None else id(err),):
+            found.setdefault((err.file, where), err.kind)
         self._keep(str(err))
+
+    def end_pass(self, split: str, every_rank: list[dict] | None = None) -> None:
+        """Count the pass's records once, joined with the other ranks' ``pending[split]`` if given."""
+        joined: dict = {}
+        for found in every_rank if every_rank is not None else [self.pending.get(split, {})]:
+            joined.update(found)
+        self.counts.update((split, kind) for kind in joined.values())
+        self.pending.pop(split, None)
 
     def update(self, other: SkipLog, split: str | None = None) -> None:
         """Add ``other``'s counts (relabelled to ``split`` if given) and its first reasons."""
-        for (own_split, kind), n in other.counts.items():
+        for (own_split, kind), n in other.totals().items():
             self.counts[(split or own_split, kind)] += n
         for reason in other.first:
             self._keep(reason)
@@ -189,7 +216,8 @@ class SkipLog:
 
     def to_tensor(self, device: torch.device | str = "cpu") -> torch.Tensor:
         """Counts as a (splits x kinds) tensor, for a cross-rank sum."""
-        table = [[self.counts[(s, k)] for k in ERROR_KINDS] for s in SPLITS]
+        totals = self.totals()
+        table = [[totals[(s, k)] for k in ERROR_KINDS] for s in SPLITS]
         return torch.tensor(table, dtype=torch.long, device=device)
 
     @classmethod

@@ -1,4 +1,5 @@
-"""Sharding across 2 gloo processes: disjoint ranks, full epoch coverage, per-epoch reshuffle from the seed."""
+"""Sharding across 2 gloo processes: disjoint ranks, full epoch coverage, per-epoch reshuffle from the seed;
+bad records met on both ranks counted once."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import pytest
 import torch
 
 from mm_lightning import process_exit
+from mm_lightning.callbacks.bad_records import BadRecordLogger
 from mm_lightning.data import LengthGroupedSampler, MultimodalDataModule
-from tests.data.helpers import TOKENIZER, coco_style
+from tests.data.helpers import TOKENIZER, coco_style, save_image, write_jsonl
 
 SEED = 123
 
@@ -89,3 +91,58 @@ def test_two_ranks_disjoint_cover_and_reshuffle(tmp_path: Path, length_grouping:
                 perm = torch.randperm(24, generator=torch.Generator().manual_seed(SEED + epoch)).tolist()
                 expected = perm[rank::2]
             assert seen[rank][epoch] == expected
+
+
+class _SkipCounts(BadRecordLogger):
+    """Writes, per rank, the records met in each training epoch (before joining) and the joined count."""
+
+    def __init__(self, out: str) -> None:
+        super().__init__()
+        self.out, self.met = out, []
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.met.append(len(self.local.pending.get("train", {})))
+        super().on_train_epoch_end(trainer, pl_module)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        log = self._summarize(trainer)
+        result = {"met": self.met, "count": log.count, "by_kind": log.by_kind()}
+        Path(self.out, f"skips{trainer.global_rank}.json").write_text(json.dumps(result))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_ranks_count_a_bad_image_with_five_captions_five_times_an_epoch(tmp_path: Path) -> None:
+    rows: list[dict] = []
+    for i in range(9):
+        save_image(tmp_path / "images" / f"{i}.jpg", (20, 16), seed=i)
+        rows.append({"image": f"images/{i}.jpg", "text": f"photo {i}"})
+    (tmp_path / "images" / "broken.jpg").write_bytes(b"\xff\xd8 not a whole jpeg")
+    rows[3:3] = [{"image": "images/broken.jpg", "text": f"broken caption {c}"} for c in range(5)]
+    train = write_jsonl(tmp_path / "five.jsonl", rows)
+    dm = MultimodalDataModule(
+        train_file=str(train),
+        tokenizer=TOKENIZER,
+        image_size=16,
+        batch_size=2,
+        caption_sampling="all",
+        on_bad_record="skip",
+    )
+    pl.seed_everything(SEED)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp_spawn",
+        max_epochs=2,
+        logger=False,
+        callbacks=[_SkipCounts(str(tmp_path))],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(_ShardRecorder(str(tmp_path)), datamodule=dm)
+    ranks = [json.loads((tmp_path / f"skips{r}.json").read_text()) for r in (0, 1)]
+    # control: both ranks met the image's records in an epoch, so summing what each met counts them twice
+    assert any(a + b > 5 for a, b in zip(ranks[0]["met"], ranks[1]["met"], strict=True))
+    for rank in ranks:
+        assert rank["count"] == 10 and rank["by_kind"] == {"undecodable_image": 10}  # 5 records x 2 epochs

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from mm_lightning.data import MultimodalDataModule, TooManyBadRecords
+from mm_lightning.data.records import RecordError, SkipLog
 from tests.data.helpers import TOKENIZER, save_image, write_jsonl
 
 
@@ -107,3 +108,55 @@ def test_eval_rows_deduplicated_by_index_are_the_valid_records(tmp_path: Path) -
     # the same captions-per-image grouping (the retrieval ground truth)
     groups = {name: sorted(Counter(int(r["image_id"]) for r in rs).values()) for name, rs in rows.items()}
     assert groups["hostile"] == groups["clean"] == [2, 2, 2, 2]
+
+
+def _one_bad_image_with_five_captions(root: Path) -> Path:
+    rows: list[dict | str] = []
+    for i in range(9):
+        save_image(root / "images" / f"{i}.jpg", (20, 16), seed=i)
+        rows.append({"image": f"images/{i}.jpg", "text": f"photo {i}"})
+    (root / "images" / "broken.jpg").write_bytes(b"\xff\xd8 not a whole jpeg")
+    rows[3:3] = [{"image": "images/broken.jpg", "text": f"broken caption {c}"} for c in range(5)]  # lines 4-8
+    return write_jsonl(root / "five.jsonl", rows)
+
+
+@pytest.mark.parametrize("caption_sampling", ["all", "random"])
+def test_a_bad_image_counts_each_record_that_names_it_once_a_pass(
+    tmp_path: Path, caption_sampling: str
+) -> None:
+    path = _one_bad_image_with_five_captions(tmp_path)
+    dm = _dm(path, caption_sampling=caption_sampling)
+    dm.setup("fit")
+    train = dm.datasets["train"]
+    # a pass that reads only some of its pairs (as one whose last partial batch is dropped): items 0-5 hold 3 of
+    # the 5 in "all"; in "random" the image is one item
+    read = train.__getitems__(list(range(6)) if caption_sampling == "all" else list(range(len(train))))
+    errors = [err for sample in read for err in sample["skipped"]]
+    assert len(errors) == (3 if caption_sampling == "all" else 1)  # control: one error per failed load
+    assert all(err.lines == (4, 5, 6, 7, 8) for err in errors)
+    log = SkipLog()
+    for err in errors:
+        log.add(err, "train")
+    assert log.count == 5 and log.by_kind() == {"undecodable_image": 5}
+    log.end_pass("train")
+    assert log.count == 5 and not log.pending
+    # the next pass counts them again
+    log.add(errors[0], "train")
+    assert log.count == 10 and log.by_split() == {"train": 10}
+    # two ranks that each read one of its pairs count its records once between them
+    ranks = [SkipLog(), SkipLog()]
+    ranks[0].add(errors[0], "val")
+    ranks[1].add(errors[-1], "val")
+    assert sum(r.count for r in ranks) == 10  # control: not joined, each rank counts all 5
+    joined = SkipLog()
+    joined.end_pass("val", [r.pending["val"] for r in ranks])
+    assert joined.count == 5 and joined.by_split() == {"val": 5}
+
+
+def test_a_bad_record_survives_the_trip_from_a_worker_with_its_lines() -> None:
+    import pickle
+
+    err = RecordError("a.jsonl", 4, "bad", "x.jpg", lines=(4, 9))
+    back = pickle.loads(pickle.dumps(err))
+    assert (back.lines, back.kind, str(back)) == ((4, 9), "undecodable_image", str(err))
+    assert RecordError("a.jsonl", 3, "bad").lines == (3,) and RecordError("s.tar", None, "bad").lines == ()
