@@ -37,8 +37,7 @@ def main() -> None:
         command = [
             sys.executable, "-m", "mm_lightning", "fit", "--config", str(REPO / "configs" / "demo.yaml"),
             "--data.init_args.data_dir", str(root / "demo"),
-            "--trainer.logger.init_args.save_dir", str(root / "logs"),
-            "--checkpoint.dirpath", str(root / "checkpoints"),
+            "--trainer.default_root_dir", str(root / "logs" / "demo"),  # logs in version_N/, checkpoints/
             "--trainer.enable_progress_bar", "false",
             *args.cli_args,
         ]  # fmt: skip

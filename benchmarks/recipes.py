@@ -126,6 +126,13 @@ def recipe_config(name: str, image_size: int, overrides: list[str] | None = None
         overrides: dotted keys (a list's items by index) and YAML values, e.g. ``model.text.lr=1e-5``.
     """
     config = yaml.safe_load((REPO / "configs" / f"{name}.yaml").read_text())
+    callbacks = config.get("trainer", {}).get("callbacks")
+    if isinstance(
+        callbacks, str
+    ):  # a callbacks file: the recipe's own entries (its checkpoint is this script's)
+        default = yaml.safe_load((REPO / "configs" / "callbacks" / "default.yaml").read_text())
+        listed = yaml.safe_load((REPO / "configs" / callbacks).read_text())
+        config["trainer"]["callbacks"] = [entry for entry in listed if entry not in default]
     config["model"]["image_tower"].setdefault("init_args", {})["image_size"] = image_size
     for item in overrides or []:
         key, _, value = item.partition("=")

@@ -13,27 +13,22 @@ from importlib import import_module
 from typing import Any
 
 from jsonargparse import DefaultHelpFormatter
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ThroughputMonitor
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from typing_extensions import override
 
 from mm_lightning import PUBLIC_PATHS
-from mm_lightning.callbacks import (
-    BadRecordLogger,
-    EmbeddingWriter,
-    ExactResume,
-    ModelSummary,
-    NaNGuard,
-    PreemptionCheckpoint,
-    ProgressLines,
-    RunSummary,
-)
 from mm_lightning.data import MultimodalDataModule
 from mm_lightning.models import MultimodalModule
 from mm_lightning.models.towers.contract import tokenizer_of
 from mm_lightning.strategies import expand_strategy_name  # (also registers the "ddp_explicit" name)
-from mm_lightning.trainer import MultimodalTrainer, ResumeOverrides, instantiate_datamodule
+from mm_lightning.trainer import (
+    MultimodalTrainer,
+    ResumeOverrides,
+    checkpoint_callbacks,
+    folders_of,
+    instantiate_datamodule,
+)
 
 # Commands with their own small parsers (mm_lightning.<name>.main), listed in ``--help`` with these lines.
 STANDALONE_COMMANDS = {
@@ -49,41 +44,6 @@ TRAINER_DEFAULTS: dict[str, Any] = {
     },
     "plugins": [{"class_path": "mm_lightning.plugins.AtomicCheckpointIO"}],  # atomic saves; clear load errors
     "log_every_n_steps": 10,
-}
-
-# Default callbacks, one group each: on unless a config drops one (nan_guard: null), tunable or replaceable;
-# the opt-in monitors and your own callbacks go in trainer.callbacks.
-CALLBACK_GROUPS: dict[str, type] = {
-    # best by the monitored metric; listed first so last.ckpt records its state when both save at once
-    "best_checkpoint": ModelCheckpoint,
-    "checkpoint": ModelCheckpoint,  # last.ckpt whatever the metrics: each epoch, every N steps or every T
-    "lr_monitor": LearningRateMonitor,
-    "throughput": ThroughputMonitor,  # samples/s, batches/s over a window (FLOPs/s with FlopCounter)
-    "bad_records": BadRecordLogger,  # data/skipped and the first reasons under on_bad_record=skip
-    "prediction": EmbeddingWriter,  # acts only in `predict`: one embeddings file per rank
-    "model_summary": ModelSummary,  # Lightning's layer table, without a column of zero FLOPs
-    "nan_guard": NaNGuard,  # skip non-finite steps, stop after K in a row
-    "preemption": PreemptionCheckpoint,  # SIGTERM/SIGUSR1/Ctrl-C: save last.ckpt after this batch, exit 0
-    "exact_resume": ExactResume,  # RNG states and loader position: a resume continues bit for bit
-    "run_summary": RunSummary,  # what the run produced, printed when it ends
-    "progress_lines": ProgressLines,  # plain progress lines when the output goes to a file (nohup, SLURM)
-}
-
-
-CALLBACK_DEFAULTS: dict[str, dict[str, Any]] = {
-    # no monitor (it would wait for the metric): the top-1 is the latest, rewritten in place as last.ckpt
-    "checkpoint": {"filename": "last", "save_top_k": 1, "enable_version_counter": False},
-    "best_checkpoint": {
-        "filename": "best-{epoch}-{step}",
-        "monitor": "val/r1_t2i",
-        "mode": "max",
-        "save_top_k": 1,
-        "auto_insert_metric_name": False,
-    },
-    "lr_monitor": {"logging_interval": "step"},
-    "model_summary": {"max_depth": 2},  # the DualEncoder's parts: towers, projections, loss, ITM
-    # Lightning's default window is 100 steps
-    "throughput": {"batch_size_fn": "mm_lightning.cli.batch_size_of", "window_size": 20},
 }
 
 
@@ -111,10 +71,16 @@ def batch_size_of(batch: dict[str, Any]) -> int:
     return int(batch["image"].shape[0])
 
 
+BUILT_IN_PACKAGES = ("mm_lightning.callbacks", "mm_lightning.data", "mm_lightning.models.towers",
+                     "mm_lightning.models.losses", "mm_lightning.strategies")  # fmt: skip
+
+
 def expand_short_names(args: list[str]) -> list[str]:
     """Replace built-in short class names (``--model.image_tower TimmTower``) by their import paths.
 
     LightningCLI resolves short names only among loaded classes (config files must give the path)."""
+    for package in BUILT_IN_PACKAGES:  # their exports fill PUBLIC_PATHS (nothing else loads yet)
+        import_module(package)
     out = list(args)
     for i, arg in enumerate(args):
         key, eq, value = arg.partition("=")
@@ -126,23 +92,13 @@ def expand_short_names(args: list[str]) -> list[str]:
 
 
 CLASS_OPTIONS = {"model.image_tower", "model.text_tower", "model.loss", "trainer.strategy", "trainer.callbacks",
-                 "trainer.plugins", "trainer.logger"}  # fmt: skip
+                 "trainer.plugins", "trainer.logger", "data"}  # fmt: skip
 
 
 def takes_a_class(flag: str) -> bool:
-    """Whether the option ``flag`` takes a class (a part, a callback group, ``--data``, a ``class_path``)."""
+    """Whether the option ``flag`` takes a class (a part, ``--data``, a callback, a ``class_path``)."""
     name = flag[2:].rstrip("+") if flag.startswith("--") else ""
-    return name in CLASS_OPTIONS or name.endswith(".class_path") or (name.isidentifier() and name != "config")
-
-
-def public_path(cls: type) -> str:
-    """The shortest import path of ``cls`` through its packages: a saved config then survives a class move."""
-    parts = cls.__module__.split(".")
-    for end in range(1, len(parts)):
-        package = ".".join(parts[:end])
-        if getattr(import_module(package), cls.__name__, None) is cls:
-            return f"{package}.{cls.__name__}"
-    return f"{cls.__module__}.{cls.__qualname__}"
+    return name in CLASS_OPTIONS or name.endswith(".class_path")
 
 
 def image_config_of(model: Any) -> dict[str, Any] | None:
@@ -198,7 +154,7 @@ class CheckedParser(LightningArgumentParser):
 
 
 class MultimodalCLI(LightningCLI):
-    """``LightningCLI`` with the project's defaults, callback groups, linked args, ``audit``, ``shard``."""
+    """``LightningCLI`` with the project's defaults, linked args, ``audit``, ``shard``."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("trainer_class", MultimodalTrainer)
@@ -231,24 +187,13 @@ class MultimodalCLI(LightningCLI):
 
     @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        for group, callback_class in CALLBACK_GROUPS.items():
-            parser.add_lightning_class_args(callback_class, group, subclass_mode=True, required=False)
-        parser.set_defaults(
-            {
-                group: {
-                    "class_path": public_path(cls),
-                    "init_args": CALLBACK_DEFAULTS.get(group, {}),
-                }
-                for group, cls in CALLBACK_GROUPS.items()
-            }
-        )
         parser.link_arguments("model.text_tower", "data.init_args.tokenizer", compute_fn=tokenizer_of)
         parser.link_arguments("trainer.default_root_dir", "trainer.logger.init_args.save_dir")
         # the image tower's preprocessing reaches the data when both are built
         parser.link_arguments(
             "model", "data.init_args.image_config", compute_fn=image_config_of, apply_on="instantiate"
         )
-        # checkpoint.dirpath is defaulted in parse_arguments: a link would replace a dirpath the user set
+        # a checkpoint's dirpath is defaulted in parse_arguments: a link cannot reach into the callbacks list
 
     @override
     def setup_parser(
@@ -277,25 +222,15 @@ class MultimodalCLI(LightningCLI):
         self.resume_overrides.before_checkpoint_hparams(self, parser)
 
     def default_checkpoint_dir(self) -> None:
-        """Default ``checkpoint.dirpath`` to ``<run dir>/checkpoints``; the best checkpoint goes there too."""
+        """Default a checkpoint callback's ``dirpath`` to last.ckpt's, or else to ``<run dir>/checkpoints``."""
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
+        saving = checkpoint_callbacks(config)
         run_dir = config.get("trainer", {}).get("default_root_dir")
-        folder = os.path.join(run_dir, "checkpoints") if run_dir else None
-        last = config.get("checkpoint")
-        if last is not None and (last.get("init_args") or {}).get("monitor") is not None:
-            self.parser.error(
-                "checkpoint.monitor is set: the checkpoint group keeps last.ckpt whatever the metrics; set the"
-                " monitored metric on the best checkpoint instead (--best_checkpoint.monitor, --best_checkpoint.mode)"
-            )
-        for group in ("checkpoint", "best_checkpoint"):
-            callback = config.get(group)  # None when the config drops it
-            init_args = callback.get("init_args") if callback is not None else None
-            if init_args is None or "dirpath" not in init_args:
-                continue
-            if init_args.get("dirpath") is None:
-                init_args.dirpath = folder
-            folder = init_args.dirpath
+        folder = folders_of(saving)["last"] or (os.path.join(run_dir, "checkpoints") if run_dir else None)
+        for callback in saving:
+            if callback.init_args.get("dirpath") is None:
+                callback.init_args.dirpath = folder
 
     @override
     def before_instantiate_classes(self) -> None:

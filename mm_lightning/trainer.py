@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from importlib import import_module
 from typing import Any
 
-from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.accelerators import CPUAccelerator
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import instantiate_class
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
@@ -34,12 +36,10 @@ class AuditOptions:
 
 
 class MultimodalTrainer(Trainer):
-    """``Trainer`` (same arguments) with :meth:`audit` and :meth:`shard`; ``None`` callbacks are dropped."""
+    """``Trainer`` (same arguments) with :meth:`audit` and :meth:`shard`."""
 
-    def __init__(self, *args: Any, callbacks: list[Callback] | Callback | None = None, **kwargs: Any) -> None:
-        if isinstance(callbacks, list):
-            callbacks = [c for c in callbacks if c is not None]
-        super().__init__(*args, callbacks=callbacks, **kwargs)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         if isinstance(self.accelerator, CPUAccelerator) and self.num_devices > cores:  # processes per node
             rank_zero_warn(
@@ -122,6 +122,30 @@ def instantiate_datamodule(spec: object) -> LightningDataModule:
     return instantiate_class((), init)
 
 
+def checkpoint_callbacks(config: Any) -> list[Any]:
+    """The checkpoint callbacks (``ModelCheckpoint`` and subclasses) of a parsed config's ``trainer.callbacks``."""
+    callbacks = (config.get("trainer") or {}).get("callbacks") or []
+    found = []
+    for callback in callbacks if isinstance(callbacks, list) else [callbacks]:
+        module, _, name = str(callback.get("class_path", "")).rpartition(".")
+        cls = getattr(import_module(module), name, None) if module else None  # imported while parsing
+        if isinstance(cls, type) and issubclass(cls, ModelCheckpoint):
+            found.append(callback)
+    return found
+
+
+def folders_of(saving: list[Any]) -> dict[str, str | None]:
+    """Where last.ckpt goes (the checkpoint callback named ``last`` or with ``save_last``) and the best one (the
+    one with a monitor)."""
+    folders: dict[str, str | None] = {"last": None, "best": None}
+    for callback in saving:
+        args = callback.init_args
+        writes_last = args.get("filename") == "last" or bool(args.get("save_last"))
+        for role in ("last",) * writes_last + ("best",) * (args.get("monitor") is not None):
+            folders[role] = folders[role] or args.get("dirpath")
+    return folders
+
+
 SPECIAL_CKPT_PATHS = ("hpc", "registry")  # --ckpt_path values Lightning resolves itself (not last, best)
 
 
@@ -151,12 +175,13 @@ def refuse_earlier_checkpoints(dirpath: str | None, parser: Any) -> None:
     in_run_dir = os.path.basename(folder) == "checkpoints"  # <run dir>/checkpoints: the CLI's default
     base = os.path.dirname(folder) if in_run_dir else folder
     free = next(f"{base}-{n}" for n in range(2, 10_000) if not os.path.exists(f"{base}-{n}"))
-    option = "--trainer.default_root_dir" if in_run_dir else "--checkpoint.dirpath"
+    where = (
+        f"--trainer.default_root_dir {free}" if in_run_dir else f"dirpath: {free} in its checkpoint callbacks"
+    )
     shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
     parser.error(
         f"{dirpath} already holds an earlier run's checkpoints ({shown}); this run would replace them. Resume that"
-        f" run with --ckpt_path last, start this one in its own folder with {option} {free}, or delete the folder"
-        " first."
+        f" run with --ckpt_path last, start this one in its own folder with {where}, or delete the folder first."
     )
 
 
@@ -176,11 +201,9 @@ class ResumeOverrides:
             return
         config = cli.config[subcommand]
         ckpt_path = config.get("ckpt_path")
-        groups = (
-            ("best_checkpoint", "checkpoint") if ckpt_path == "best" else ("checkpoint", "best_checkpoint")
-        )
-        group = config.get(groups[0]) or config.get(groups[1]) or {}  # None when a config drops it
-        dirpath = (group.get("init_args") or {}).get("dirpath")
+        folders = folders_of(checkpoint_callbacks(config))
+        wanted, other = ("best", "last") if ckpt_path == "best" else ("last", "best")
+        dirpath = folders[wanted] or folders[other]
         if subcommand == "fit" and not ckpt_path:
             refuse_earlier_checkpoints(dirpath, parser)
         if not ckpt_path:

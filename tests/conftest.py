@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -11,10 +12,42 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_CONFIG = REPO / "configs" / "demo.yaml"
+DEFAULT_CALLBACKS = REPO / "configs" / "callbacks" / "default.yaml"
 
 
-def tiny_demo_args(root: Path, *extra: str, max_steps: int = 6) -> list[str]:
-    """CLI arguments for a seconds-long demo run whose files all live under ``root``."""
+def _role(entry: dict) -> str:
+    name = entry["class_path"].rpartition(".")[2]
+    if name == "ModelCheckpoint":
+        return "best_checkpoint" if (entry.get("init_args") or {}).get("monitor") else "checkpoint"
+    return name
+
+
+def callback_args(root: Path, **changes: dict | None) -> list[str]:
+    """``--trainer.callbacks <file>``: a copy of the default callbacks written under ``root``, with ``changes``
+    keyed by class name (``checkpoint``/``best_checkpoint`` for the two ModelCheckpoints): new init_args, or
+    None to drop one; the way a user tunes them."""
+    import yaml
+
+    entries = yaml.safe_load(DEFAULT_CALLBACKS.read_text())
+    unknown = set(changes) - {_role(e) for e in entries}
+    assert not unknown, unknown
+    kept = []
+    for entry in entries:
+        change = changes.get(_role(entry), {})
+        if change is not None:
+            kept.append({**entry, "init_args": {**(entry.get("init_args") or {}), **change}})
+    text = yaml.safe_dump(kept, sort_keys=False)
+    path = Path(root) / f"callbacks-{hashlib.sha256(text.encode()).hexdigest()[:8]}.yaml"  # one per variant
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return ["--trainer.callbacks", str(path)]
+
+
+def tiny_demo_args(
+    root: Path, *extra: str, max_steps: int = 6, callbacks: dict[str, dict | None] | None = None
+) -> list[str]:
+    """CLI arguments for a seconds-long demo run whose files all live under ``root``; ``callbacks`` tunes
+    the default callbacks (see :func:`callback_args`)."""
     return [
         "--config", str(DEMO_CONFIG),
         "--data.init_args.data_dir", str(root / "demo"),
@@ -31,7 +64,7 @@ def tiny_demo_args(root: Path, *extra: str, max_steps: int = 6) -> list[str]:
         "--trainer.log_every_n_steps", "1",
         "--trainer.enable_progress_bar", "false",
         "--trainer.default_root_dir", str(root),  # logs in root/version_N, checkpoints in root/checkpoints
-        "--throughput.window_size", "3",
+        *callback_args(root, **{"ThroughputMonitor": {"window_size": 3}, **(callbacks or {})}),
         *extra,
     ]  # fmt: skip
 

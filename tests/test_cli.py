@@ -16,7 +16,7 @@ from lightning.pytorch import Trainer
 from mm_lightning.callbacks import ProgressLines
 from mm_lightning.cli import MultimodalCLI, cli_main, main
 from mm_lightning.models import MultimodalModule
-from tests.conftest import REPO, TinyRun, tiny_demo_args
+from tests.conftest import REPO, TinyRun, callback_args, tiny_demo_args
 
 
 def test_overrides_reach_the_objects(tmp_path: Path) -> None:
@@ -97,8 +97,9 @@ def test_validate_test_predict_from_checkpoint(tiny_run: TinyRun, tmp_path: Path
     cli = cli_main(["test", *args, "--ckpt_path", ckpt])
     assert {"test/r1_t2i", "test/r1_i2t", "test/r10_t2i", "test/loss"} <= set(cli.trainer.callback_metrics)
     out = tmp_path / "embeddings"
-    predict = ["predict", *args, "--ckpt_path", ckpt, "--prediction.output_dir", str(out)]
-    cli_main(predict)
+    predict = ["predict", *args, "--ckpt_path", ckpt]
+    writes_out = callback_args(tmp_path, EmbeddingWriter={"output_dir": str(out)})
+    cli_main([*predict, *writes_out])
     data = torch.load(out / "embeddings_rank0.pt", weights_only=True)
     num_test_captions = 24 * 2  # 24 test images, 2 captions each
     assert data["text_embeddings"].shape[0] == num_test_captions == data["index"].shape[0]
@@ -107,15 +108,17 @@ def test_validate_test_predict_from_checkpoint(tiny_run: TinyRun, tmp_path: Path
     # A second predict into the same folder is refused; with overwrite, an earlier run's files are replaced.
     stale = out / "embeddings_rank1.npz"
     stale.write_bytes(b"from an earlier 2-process run")
-    with pytest.raises(FileExistsError, match="--prediction.overwrite true"):
-        cli_main(predict)
-    cli_main([*predict, "--prediction.overwrite", "true"])
+    with pytest.raises(FileExistsError, match="overwrite: true"):
+        cli_main([*predict, *writes_out])
+    cli_main(
+        [*predict, *callback_args(tmp_path, EmbeddingWriter={"output_dir": str(out), "overwrite": True})]
+    )
     assert sorted(p.name for p in out.iterdir()) == ["embeddings_rank0.pt"]
     # an output path that is a file is named, with what to give instead
     a_file = tmp_path / "embeddings.pt"
     a_file.write_bytes(b"")
-    with pytest.raises(FileExistsError, match=rf"--prediction.output_dir {a_file} is a file, not a folder"):
-        cli_main([*predict[:-1], str(a_file)])
+    with pytest.raises(FileExistsError, match=rf"output_dir {a_file} is a file, not a folder"):
+        cli_main([*predict, *callback_args(tmp_path, EmbeddingWriter={"output_dir": str(a_file)})])
 
 
 def test_resume_with_other_options_warns_listing_them(tiny_run: TinyRun) -> None:
@@ -168,24 +171,24 @@ def test_module_entry_point_runs(capsys: pytest.CaptureFixture) -> None:
     assert len(result.stdout.splitlines()) <= 1_200  # readable: a bare LightningCLI prints about 500
     assert (
         "--model.fusion.heads" in result.stdout
-        and "--checkpoint CONFIG | CLASS_PATH_OR_NAME" in result.stdout
+        and "--trainer.callbacks.help CLASS_PATH_OR_NAME" in result.stdout
     )
     # no option that would replace the module's optimizer groups and schedule (control: LightningCLI's default)
     assert "--optimizer" not in result.stdout and "--lr_scheduler" not in result.stdout
     with pytest.raises(SystemExit):
         MultimodalCLI(MultimodalModule, args=["fit", "--help"], auto_configure_optimizers=True)
     assert "--optimizer " in capsys.readouterr().out
-    # a callback group's own options, as the help says to ask for them (in this process: no second start-up)
+    # a callback's own options, as the help says to ask for them (in this process: no second start-up)
     with pytest.raises(SystemExit) as exit_info:
-        cli_main(["fit", "--checkpoint.help", "ModelCheckpoint"])
-    assert exit_info.value.code == 0 and "--checkpoint.every_n_train_steps" in capsys.readouterr().out
+        cli_main(["fit", "--trainer.callbacks.help", "ModelCheckpoint"])
+    assert exit_info.value.code == 0 and "--trainer.callbacks.every_n_train_steps" in capsys.readouterr().out
 
 
 def test_the_end_of_a_run_says_what_it_produced_and_the_printed_commands_work(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     # Standard output is not a terminal here (captured), as under nohup or SLURM: plain progress lines.
-    cli_main(["fit", *tiny_demo_args(tmp_path, max_steps=4), "--progress_lines.every_s", "0"])
+    cli_main(["fit", *tiny_demo_args(tmp_path, max_steps=4, callbacks={"ProgressLines": {"every_s": 0}})])
     out = capsys.readouterr().out
     assert "epoch 1/1 step 1/4 (25%)  train/loss " in out and "steps/s" in out and "left ~" in out
     assert "epoch 1 step 3 validated: val/r1_t2i " in out

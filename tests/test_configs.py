@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mm_lightning.cli import CheckedParser, cli_main, expand_short_names, public_path
+from mm_lightning.cli import CheckedParser, cli_main, expand_short_names
+from tests.conftest import callback_args
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 # configs without a model of their own (the towers have no defaults), parsed on top of a recipe: base.yaml unless
@@ -141,8 +142,8 @@ def test_run_dir_moves_logs_and_checkpoints(capsys: pytest.CaptureFixture[str]) 
     )
     assert config["trainer"]["default_root_dir"] == "runs/a"
     # derived from the run directory after parsing, unless set (tests below), so printed as unset
-    assert config["checkpoint"]["init_args"]["dirpath"] is None
-    assert config["best_checkpoint"]["init_args"]["dirpath"] is None
+    saving = [c for c in config["trainer"]["callbacks"] if c["class_path"].endswith(".ModelCheckpoint")]
+    assert len(saving) == 2 and all(c["init_args"]["dirpath"] is None for c in saving)
     assert "save_dir" not in config["trainer"]["logger"]["init_args"]
     assert config["trainer"]["plugins"][0]["class_path"] == "mm_lightning.plugins.AtomicCheckpointIO"
 
@@ -156,18 +157,10 @@ def _checkpoint_dir(*args: str) -> str:
     return os.path.relpath(last.dirpath)
 
 
-def test_checkpoint_dirpath_is_honoured_from_a_config_file_and_the_command_line(tmp_path: Path) -> None:
+def test_checkpoint_dirpath_is_honoured_from_a_callbacks_file(tmp_path: Path) -> None:
     assert _checkpoint_dir() == os.path.join("runs", "a", "checkpoints")  # the default: under the run dir
-    overlay = tmp_path / "ckpt.yaml"
-    overlay.write_text("checkpoint:\n  dirpath: elsewhere/yaml\n")
-    assert _checkpoint_dir("--config", str(overlay)) == os.path.join("elsewhere", "yaml")
-    assert _checkpoint_dir("--checkpoint.dirpath", "elsewhere/cli") == os.path.join("elsewhere", "cli")
-
-
-def test_a_monitor_on_the_last_checkpoint_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        cli_main(["--config", str(CONFIGS / "demo.yaml"), "--checkpoint.monitor", "val/loss"], run=False)
-    assert "--best_checkpoint.monitor" in capsys.readouterr().err
+    moved = callback_args(tmp_path, checkpoint={"dirpath": "elsewhere/yaml"})
+    assert _checkpoint_dir(*moved) == os.path.join("elsewhere", "yaml")  # the best one follows last.ckpt's
 
 
 def test_short_names_of_built_in_classes_on_the_command_line_become_paths() -> None:
@@ -200,9 +193,38 @@ def test_a_short_name_the_parser_cannot_resolve_gets_its_path(capsys: pytest.Cap
 
 def test_saved_configs_name_callbacks_by_their_package(capsys: pytest.CaptureFixture[str]) -> None:
     config = _print_config(capsys, "--config", str(CONFIGS / "demo.yaml"))
-    assert config["nan_guard"]["class_path"] == "mm_lightning.callbacks.NaNGuard"
-    assert config["checkpoint"]["class_path"] == "lightning.pytorch.callbacks.ModelCheckpoint"
-    # control: a class its packages do not export keeps its module path
+    names = [c["class_path"] for c in config["trainer"]["callbacks"]]
     assert (
-        public_path(Path) == "pathlib.Path" and public_path(CheckedParser) == "mm_lightning.cli.CheckedParser"
+        "mm_lightning.callbacks.NaNGuard" in names and "lightning.pytorch.callbacks.ModelCheckpoint" in names
     )
+
+
+# what Lightning adds itself: the CLI's config writer and the progress bar of trainer.enable_progress_bar
+ADDED_BY_LIGHTNING = {"SaveConfigCallback", "TQDMProgressBar", "RichProgressBar"}
+
+
+def _not_in_config(callbacks: list, printed: dict) -> list[str]:
+    listed = [c["class_path"] if isinstance(c, dict) else c for c in printed["trainer"]["callbacks"]]
+    left = [f"{type(c).__module__}.{type(c).__qualname__}" for c in callbacks]
+    for path in listed:  # each listed class accounts for one callback of the run
+        cls = type(next(c for c in callbacks if path.endswith("." + type(c).__qualname__)))
+        left.remove(f"{cls.__module__}.{cls.__qualname__}")
+    return [name for name in left if name.rpartition(".")[2] not in ADDED_BY_LIGHTNING]
+
+
+def test_every_callback_of_a_demo_run_is_in_its_printed_config(capsys: pytest.CaptureFixture[str]) -> None:
+    printed = _print_config(capsys, "--config", str(CONFIGS / "demo.yaml"))
+    trainer = cli_main(["--config", str(CONFIGS / "demo.yaml")], run=False).trainer
+    assert _not_in_config(trainer.callbacks, printed) == []
+    assert len(printed["trainer"]["callbacks"]) == 12
+    # control: a callback the config does not name is found
+    from lightning.pytorch.callbacks import EarlyStopping
+
+    extra = [*trainer.callbacks, EarlyStopping(monitor="val/loss")]
+    assert _not_in_config(extra, printed) == ["lightning.pytorch.callbacks.early_stopping.EarlyStopping"]
+
+
+@pytest.mark.parametrize(("name", "extras"), [("locked_features.yaml", 1), ("monitored.yaml", 5)])
+def test_callback_files_are_the_default_list_after_their_extras(name: str, extras: int) -> None:
+    default = yaml.safe_load((CONFIGS / "callbacks" / "default.yaml").read_text())
+    assert yaml.safe_load((CONFIGS / "callbacks" / name).read_text())[extras:] == default

@@ -16,7 +16,7 @@ from torch.optim.swa_utils import get_ema_avg_fn
 
 from mm_lightning.callbacks import EMA
 from mm_lightning.cli import main
-from tests.conftest import tiny_demo_args
+from tests.conftest import DEFAULT_CALLBACKS, tiny_demo_args
 
 OURS = {"class_path": "mm_lightning.callbacks.EMA", "init_args": {"decay": 0.5, "warmup": False}}
 STOCK = {"class_path": "lightning.pytorch.callbacks.EMAWeightAveraging", "init_args": {"decay": 0.5}}
@@ -26,7 +26,10 @@ def fit(root: Path, callbacks: list[dict], *extra: str, max_steps: int = 6) -> P
     """A tiny demo fit with ``callbacks`` named in a YAML overlay; returns its run dir."""
     root.mkdir(parents=True, exist_ok=True)
     overlay = root / "callbacks.yaml"
-    overlay.write_text(yaml.safe_dump({"trainer": {"callbacks": callbacks}}))
+    defaults = yaml.safe_load(DEFAULT_CALLBACKS.read_text())
+    overlay.write_text(
+        yaml.safe_dump({"trainer": {"callbacks": [*callbacks, *defaults]}})
+    )  # before the defaults
     # no matching loss: its hard negatives are drawn at random, so val/loss would differ between two validations
     args = tiny_demo_args(root / "run", "--config", str(overlay), "--model.objective.itm_weight", "0", *extra,
                           max_steps=max_steps)  # fmt: skip

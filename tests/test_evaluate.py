@@ -17,7 +17,7 @@ from mm_lightning.data.images import decode_image_file
 from mm_lightning.data.transforms import Normalize, eval_transform
 from mm_lightning.evaluate import markdown_tables, prompt_templates, read_list
 from mm_lightning.models import DualEncoder
-from tests.conftest import DEMO_CONFIG, TinyRun, tiny_demo_args
+from tests.conftest import DEMO_CONFIG, TinyRun, callback_args, tiny_demo_args
 from tests.test_process_exit import run_or_report_hang
 
 KS = (1, 5, 10)
@@ -115,7 +115,8 @@ def evaluated(tiny_run: TinyRun, tmp_path_factory: pytest.TempPathFactory) -> tu
         str(labeled),
     ]
     assert main(evaluate) == 0
-    cli_main(["predict", *args, "--ckpt_path", ckpt, "--prediction.output_dir", str(out / "embeddings")])
+    writer = {"output_dir": str(out / "embeddings")}
+    cli_main(["predict", *args, "--ckpt_path", ckpt, *callback_args(out, EmbeddingWriter=writer)])
     predicted = torch.load(out / "embeddings" / "embeddings_rank0.pt", weights_only=True)
     return read_results(out / "results"), predicted, out
 

@@ -106,8 +106,8 @@ class LockedImageFeatures(pl.Callback):
                 raise FeatureCacheError(
                     f"LockedImageFeatures: {err}. Train from the JSONL files (--data.class_path"
                     " mm_lightning.data.MultimodalDataModule --data.init_args.train_file ...), or without the cache"
-                    " (drop LockedImageFeatures from trainer.callbacks, e.g. --trainer.callbacks '[]' with"
-                    " configs/lit.yaml): the locked tower then runs every step"
+                    " (the default callbacks without LockedImageFeatures: --trainer.callbacks"
+                    " configs/callbacks/default.yaml): the locked tower then runs every step"
                 ) from None
             if dataset is None:
                 continue

@@ -1,5 +1,5 @@
 """NaN/Inf guard: skip optimizer steps whose loss or gradient norm is not finite, stop after K in a row.
-Add it with ``--trainer.callbacks+=mm_lightning.callbacks.NaNGuard`` or the CLI's ``nan_guard`` group."""
+Listed in ``configs/callbacks/default.yaml``; elsewhere ``--trainer.callbacks+=mm_lightning.callbacks.NaNGuard``."""
 
 from __future__ import annotations
 

@@ -58,16 +58,17 @@ class EmbeddingWriter(BasePredictionWriter):
             return
         if self.output_dir.exists() and not self.output_dir.is_dir():
             raise OutputFolderError(
-                f"--prediction.output_dir {self.output_dir} is a file, not a folder: give a folder path (it is"
-                " created if missing; each rank writes embeddings_rank<R>.pt into it)."
+                f"EmbeddingWriter's output_dir {self.output_dir} is a file, not a folder: give a folder path in"
+                " the run's trainer.callbacks (it is created if missing; each rank writes embeddings_rank<R>.pt"
+                " into it)."
             )
         existing = sorted(self.output_dir.iterdir()) if self.output_dir.is_dir() else []
         if existing and not self.overwrite:
             names = ", ".join(p.name for p in existing[:5]) + (" ..." if len(existing) > 5 else "")
             raise OutputFolderError(
-                f"Prediction folder {self.output_dir} is not empty ({len(existing)} entries: {names}). Choose"
-                " another --prediction.output_dir, or pass --prediction.overwrite true to replace the earlier"
-                " embeddings_rank* files."
+                f"Prediction folder {self.output_dir} is not empty ({len(existing)} entries: {names}). Give"
+                " EmbeddingWriter another output_dir in the run's trainer.callbacks, or overwrite: true to replace"
+                " the earlier embeddings_rank* files."
             )
         if existing and trainer.is_global_zero:
             for path in (p for ext in ("pt", "npz") for p in self.output_dir.glob(f"embeddings_rank*.{ext}")):

@@ -42,7 +42,13 @@ def _dataset(root: Path) -> Path:
 def _config(root: Path, train: Path) -> Path:
     config = {
         "seed_everything": 1,
-        "trainer": {"max_epochs": 3, "accelerator": "cpu"},
+        "trainer": {  # a fit config's trainer section, callbacks too: the audit does not use it
+            "max_epochs": 3,
+            "accelerator": "cpu",
+            "callbacks": [
+                {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"dirpath": "x"}}
+            ],
+        },
         "model": {
             "image_tower": {"class_path": "mm_lightning.models.towers.TorchvisionTower"},
             "text_tower": {
@@ -51,7 +57,6 @@ def _config(root: Path, train: Path) -> Path:
             },
             "embed_dim": 8,
         },
-        "checkpoint": {"dirpath": "somewhere"},  # a CLI callback group the audit does not know
         "data": {
             "class_path": "mm_lightning.data.MultimodalDataModule",
             "init_args": {"train_file": str(train), "max_length": 16, "image_size": 32},

@@ -44,8 +44,8 @@ def test_last_without_a_checkpoint_is_an_error_that_says_where_checkpoints_are(
     (tmp_path / "logs" / tiny_run.root.name).symlink_to(tiny_run.root)  # the earlier run sits under logs/
     other_run = tmp_path / "other"  # the config's run folder: no checkpoint in it
     own = ["--output", str(tmp_path / "results")] if command == "evaluate" else []
-    prediction = ["--prediction.output_dir", str(tmp_path / "predictions")]
-    args = [command, *own, *tiny_demo_args(other_run), *SHORT, *prediction, "--ckpt_path", "last"]
+    writer = {"EmbeddingWriter": {"output_dir": str(tmp_path / "predictions")}}
+    args = [command, *own, *tiny_demo_args(other_run, callbacks=writer), *SHORT, "--ckpt_path", "last"]
     with pytest.raises(SystemExit) as exit_info:
         main(args)
     assert exit_info.value.code == 2

@@ -40,9 +40,9 @@ def test_signal_to_the_process_group_saves_and_exits_cleanly(
         tmp_path,
         "--data.init_args.num_workers", "2",
         "--trainer.max_epochs", "3",
-        "--checkpoint.every_n_train_steps", "1000",  # any last.ckpt comes from the signal
         "--trainer.callbacks+", json.dumps(markers),
         max_steps=-1,
+        callbacks={"checkpoint": {"every_n_train_steps": 1000}},  # any last.ckpt comes from the signal
     )  # fmt: skip
     args[args.index("--data.init_args.data_dir") + 1] = str(demo_data)
     process = subprocess.Popen(

@@ -109,7 +109,8 @@ def _cli(command: str, root: Path, path: Path, *extra: str) -> Callable[[], Any]
         "1",
     ]
     # the checkpoint stopped at step 6, its one epoch done: a resume trains one more
-    args = [*tiny_demo_args(root, max_steps=7), "--trainer.max_epochs", "2", *short, "--prediction.output_dir", str(root / "predictions"),
+    writer = {"EmbeddingWriter": {"output_dir": str(root / "predictions")}}
+    args = [*tiny_demo_args(root, max_steps=7, callbacks=writer), "--trainer.max_epochs", "2", *short,
             "--ckpt_path", str(path), *extra]  # fmt: skip
     return lambda: cli_main([command, *args])
 

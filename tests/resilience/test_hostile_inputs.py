@@ -24,7 +24,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from mm_lightning.cli import cli_main, main
 from mm_lightning.data import EmptySplitError, MultimodalDataModule, NoTrainingBatch, RecordError, SkipLog
 from mm_lightning.data.audit import audit
-from tests.conftest import DEMO_CONFIG, REPO
+from tests.conftest import DEFAULT_CALLBACKS, DEMO_CONFIG, REPO, callback_args
 from tests.data.helpers import TOKENIZER
 from tests.data.hostile import CASES, Case, good_line, write_case_file
 
@@ -180,6 +180,7 @@ def _split(root: Path, name: str, good: int, bad: list[str], first: int = 0) -> 
 def _cli_config(tmp_path: Path, mode: str, **files: Path) -> list[str]:
     """The demo model on tiny hostile splits: ``fit``/``validate``/... arguments after the subcommand."""
     config = yaml.safe_load(DEMO_CONFIG.read_text())
+    config["trainer"]["callbacks"] = str(DEFAULT_CALLBACKS)  # the demo's callbacks file, from this copy
     config["data"] = {
         "class_path": "mm_lightning.data.MultimodalDataModule",
         "init_args": {
@@ -230,7 +231,7 @@ def test_cli_skip_counts_and_summarizes_in_every_stage(tmp_path: Path) -> None:
             cli = cli_main([stage, *args, "--ckpt_path", ckpt])
         assert float(cli.trainer.callback_metrics["data/skipped"]) == 2.0
     with pytest.warns(UserWarning, match=r"2 bad records skipped \(predict 2"):
-        cli_main(["predict", *args, "--ckpt_path", ckpt, "--prediction.output_dir", str(tmp_path / "pred")])
+        cli_main(["predict", *args, "--ckpt_path", ckpt, *callback_args(tmp_path, EmbeddingWriter={"output_dir": str(tmp_path / "pred")})])  # fmt: skip
     rows = torch.load(tmp_path / "pred" / "embeddings_rank0.pt", weights_only=True)["index"]
     # items 0-4 are valid; item 5 (the empty image) was replaced by a copy of a valid item, left out of the file
     assert sorted(rows.tolist()) == [0, 1, 2, 3, 4]
@@ -393,7 +394,7 @@ def test_cli_predict_on_two_processes_writes_each_valid_record_once(tmp_path: Pa
     args = [
         "predict", *_cli_config(tmp_path, "skip", predict=records), "--data.init_args.batch_size", "3",
         "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp",
-        "--prediction.output_dir", str(out),
+        *callback_args(tmp_path, EmbeddingWriter={"output_dir": str(out)}),
     ]  # fmt: skip
     result = _run_cli(*args)
     assert result.returncode == 0, result.stderr[-3000:]

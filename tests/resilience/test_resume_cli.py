@@ -25,11 +25,12 @@ DATA_EXTRA = ["--data.init_args.num_workers", "1"]
 MAX_STEPS = 12  # the tiny demo has 64 training batches per epoch: every checkpoint here is mid-epoch
 
 
-def cli_args(data_root: Path, run: Path, *extra: str) -> list[str]:
+def cli_args(data_root: Path, run: Path, *extra: str, exact_resume: bool = True) -> list[str]:
     """Tiny demo fit writing logs and checkpoints under ``run``, sharing the generated data in ``data_root``."""
-    args = tiny_demo_args(run, max_steps=MAX_STEPS)
+    callbacks = {"checkpoint": {"every_n_train_steps": 2}} | ({} if exact_resume else {"ExactResume": None})
+    args = tiny_demo_args(run, max_steps=MAX_STEPS, callbacks=callbacks)
     args[args.index("--data.init_args.data_dir") + 1] = str(data_root / "demo")
-    return ["fit", *args, "--checkpoint.every_n_train_steps", "2", *DATA_EXTRA, *extra]
+    return ["fit", *args, *DATA_EXTRA, *extra]
 
 
 def last_step(checkpoint_dir: Path) -> int:
@@ -76,6 +77,6 @@ def test_sigkill_mid_epoch_then_resume_last_matches_uninterrupted_cli_run(tmp_pa
 
     # Control: the same resume without ExactResume (RNG states, loader position) ends elsewhere, and the check
     # sees it.
-    assert main(cli_args(tmp_path, control, "--ckpt_path", "last", "--exact_resume", "null")) == 0
+    assert main(cli_args(tmp_path, control, "--ckpt_path", "last", exact_resume=False)) == 0
     uncontrolled = final_state(control)
     assert max((uncontrolled[k].double() - expected[k].double()).abs().max().item() for k in expected) > 1e-6

@@ -68,10 +68,12 @@ def uneven_shards(root: Path, sizes: tuple[int, ...] = (7, 3, 11, 5), **kwargs: 
     return str(root / f"{{00000..{len(sizes) - 1:05d}}}.tar")
 
 
-def shard_demo_args(root: Path, *extra: str, max_steps: int = 6) -> list[str]:
+def shard_demo_args(
+    root: Path, *extra: str, max_steps: int = 6, callbacks: dict[str, dict | None] | None = None
+) -> list[str]:
     """:func:`tests.conftest.tiny_demo_args` with ``configs/shards.yaml`` stacked right after the demo config
     (so the run's own log and checkpoint folders, given later, still win)."""
-    args = tiny_demo_args(root, *extra, max_steps=max_steps)
+    args = tiny_demo_args(root, *extra, max_steps=max_steps, callbacks=callbacks)
     return [*args[:2], "--config", str(REPO / "configs" / "shards.yaml"), *args[2:]]
 
 

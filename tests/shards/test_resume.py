@@ -24,7 +24,7 @@ MAX_STEPS = 8  # 1032 samples in shards of 100, batch 16: 64 batches per epoch, 
 
 
 def cli_args(demo: Path, run: Path, *extra: str) -> list[str]:
-    args = shard_demo_args(run, max_steps=MAX_STEPS)
+    args = shard_demo_args(run, max_steps=MAX_STEPS, callbacks={"checkpoint": {"every_n_train_steps": 2}})
     args[args.index("--data.init_args.data_dir") + 1] = str(demo)
     return [
         "fit", *args,
@@ -33,7 +33,6 @@ def cli_args(demo: Path, run: Path, *extra: str) -> list[str]:
         "--data.init_args.shuffle_shards", "2",
         "--trainer.deterministic", "true",
         "--trainer.limit_val_batches", "0",  # last.ckpt is written every 2 steps without validation
-        "--checkpoint.every_n_train_steps", "2",
         *extra,
     ]  # fmt: skip
 

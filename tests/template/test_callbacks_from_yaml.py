@@ -26,8 +26,8 @@ def test_user_callbacks_dropped_replaced_and_added_from_yaml(tmp_path: Path) -> 
     config = (EXAMPLE / "mine.yaml").read_text()
     assert "logs/callbacks.json" in config
     (user / "mine.yaml").write_text(config.replace("logs/callbacks.json", str(listing)))
-    args = tiny_demo_args(tmp_path / "run", max_steps=2)
-    args = [*args[:2], "--config", str(user / "mine.yaml"), *args[2:], "--trainer.limit_val_batches", "0"]
+    args = [*tiny_demo_args(tmp_path / "run", max_steps=2), "--config", str(user / "mine.yaml")]
+    args += ["--trainer.limit_val_batches", "0"]
     env = {**os.environ, "PYTHONPATH": f"{user}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     result = subprocess.run(
         [sys.executable, "-m", "mm_lightning", "fit", *args],
