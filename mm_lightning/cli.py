@@ -1,6 +1,7 @@
-"""Command line: ``python -m mm_lightning {fit,validate,test,predict,audit,shard} --config configs/<x>.yaml``.
-A ``LightningCLI`` with the project's defaults and linked options: the tokenizer follows the text tower, image
-preprocessing the image tower, logs and checkpoints the run directory."""
+"""Command line: ``python -m mm_lightning {fit,validate,test,predict} --config configs/<x>.yaml`` is a
+``LightningCLI`` with the project's defaults and linked options: the tokenizer follows the text tower, image
+preprocessing the image tower, logs and checkpoints the run directory. The other commands (``audit``, ``shard``,
+``evaluate``, ``export``, ``zeroshot``) are modules with a ``main``, listed in ``--help``."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from importlib import import_module
 from typing import Any
 
 from jsonargparse import DefaultHelpFormatter
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, instantiate_class
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from typing_extensions import override
 
@@ -21,17 +22,13 @@ from mm_lightning import PUBLIC_PATHS
 from mm_lightning.data import MultimodalDataModule
 from mm_lightning.models import MultimodalModule
 from mm_lightning.models.towers.contract import tokenizer_of
+from mm_lightning.run_folder import ResumeOverrides, checkpoint_callbacks, folders_of
 from mm_lightning.strategies import expand_strategy_name  # (also registers the "ddp_explicit" name)
-from mm_lightning.trainer import (
-    MultimodalTrainer,
-    ResumeOverrides,
-    checkpoint_callbacks,
-    folders_of,
-    instantiate_datamodule,
-)
 
 # Commands with their own small parsers (mm_lightning.<name>.main), listed in ``--help`` with these lines.
 STANDALONE_COMMANDS = {
+    "audit": "Check every record, image and caption of a config's data; JSON report (options: audit --help).",
+    "shard": "Convert a config's JSONL splits and images into WebDataset shards (options: shard --help).",
     "evaluate": "Score a checkpoint under CLIP_benchmark's protocol: JSON + table (options: evaluate --help).",
     "export": "Export a checkpoint as a Hugging Face model directory (options: export --help).",
     "zeroshot": "Zero-shot classification of labeled images with a checkpoint (options: zeroshot --help).",
@@ -154,35 +151,25 @@ class CheckedParser(LightningArgumentParser):
 
 
 class MultimodalCLI(LightningCLI):
-    """``LightningCLI`` with the project's defaults, linked args, ``audit``, ``shard``."""
+    """``LightningCLI`` with the project's defaults and linked args."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("trainer_class", MultimodalTrainer)
         kwargs.setdefault("parser_class", CheckedParser)
         # --optimizer/--lr_scheduler would replace the module's per-tower param groups and schedule
         kwargs.setdefault("auto_configure_optimizers", False)
         self.resume_overrides = ResumeOverrides()
-        self.exit_code = 0
         given = sys.argv[1:] if kwargs.get("args") is None else kwargs["args"]
         # when the first argument names a command, only its parser is built (building them all is slow)
-        self.command = given[0] if isinstance(given, list) and given and given[0] in self.commands() else None
+        commands = LightningCLI.subcommands()
+        self.command = given[0] if isinstance(given, list) and given and given[0] in commands else None
         if self.command and isinstance(kwargs.get("parser_kwargs"), dict):  # options of parsers not built
-            others = set(self.commands()) - {self.command}
+            others = set(commands) - {self.command}
             kwargs["parser_kwargs"] = {k: v for k, v in kwargs["parser_kwargs"].items() if k not in others}
         super().__init__(*args, **kwargs)
 
-    @staticmethod
-    def commands() -> dict[str, set[str]]:
-        """Every command with the ``Trainer`` method arguments it leaves out (``LightningCLI.subcommands``)."""
-        return {
-            **LightningCLI.subcommands(),
-            "audit": {"model", "datamodule"},
-            "shard": {"model", "datamodule"},
-        }
-
     @override
     def subcommands(self) -> dict[str, set[str]]:  # type: ignore[override]
-        commands = self.commands()
+        commands = LightningCLI.subcommands()
         return {self.command: commands[self.command]} if self.command else commands
 
     @override
@@ -236,27 +223,40 @@ class MultimodalCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         self.resume_overrides.warn_if_overridden(self)
 
-    @override
-    def instantiate_classes(self) -> None:
-        if self.subcommand not in ("audit", "shard"):
-            super().instantiate_classes()
-            return
-        # audit and shard read the data only: no model (its weights may be remote), no accelerator, no logger
-        self.config_init = self.config
-        self.datamodule = instantiate_datamodule(self.config[self.subcommand].data)
-        self.model = None
-        self.trainer = MultimodalTrainer(
-            accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False
-        )
 
-    def audit(self, model: Any, datamodule: Any, **options: Any) -> None:
-        """Runs :meth:`MultimodalTrainer.audit` and keeps its exit status for :func:`main`."""
-        # LightningCLI passes a dataclass argument's fields individually: read the parsed group
-        self.exit_code = self.trainer.audit(model, datamodule, self.config.audit.audit)
+def instantiate_datamodule(spec: object) -> Any:
+    """Build a datamodule from the parsed ``data`` section (``class_path`` / ``init_args``) of a config."""
+    init = spec.as_dict() if hasattr(spec, "as_dict") else dict(spec)  # type: ignore[call-overload]
+    return instantiate_class((), init)
 
-    def shard(self, model: Any, datamodule: Any, **options: Any) -> None:
-        """Runs :meth:`MultimodalTrainer.shard` (JSONL + images -> WebDataset shards)."""
-        self.exit_code = self.trainer.shard(model, datamodule, **options)
+
+def data_config_parser(command: str, options: type, nested_key: str | None = None) -> CheckedParser:
+    """The parser of a command that reads a run's data only (``audit``, ``shard``): a config as ``fit`` takes it
+    (``--config``, ``--data.*``, ``--model.*``, ``--trainer.*``), the text tower naming the data's tokenizer, and
+    the dataclass ``options`` as more options (under ``nested_key``)."""
+    from jsonargparse import ActionConfigFile
+    from lightning.pytorch import LightningDataModule, Trainer
+
+    parser = CheckedParser(prog=f"python -m mm_lightning {command}", description=STANDALONE_COMMANDS[command])
+    parser.add_argument("--config", action=ActionConfigFile, help="a run's config (YAML), as fit takes it")
+    parser.add_argument("--seed_everything", type=bool | int, default=True)
+    parser.add_lightning_class_args(Trainer, "trainer")
+    parser.add_lightning_class_args(MultimodalModule, "model")
+    parser.add_lightning_class_args(LightningDataModule, "data", subclass_mode=True)
+    parser.add_class_arguments(options, nested_key)
+    parser.link_arguments("model.text_tower", "data.init_args.tokenizer", compute_fn=tokenizer_of)
+    return parser
+
+
+def read_data_config(
+    argv: list[str] | None, command: str, options: type, nested_key: str | None = None
+) -> tuple[Any, dict[str, Any]]:
+    """The data module of a run's config and the command's options, parsed by :func:`data_config_parser`. The
+    model is checked, not built (its weights may be remote); the trainer section is not used."""
+    parser = data_config_parser(command, options, nested_key)
+    config = parser.parse_args(expand_short_names(list(argv or [])))
+    given = config[nested_key] if nested_key else config
+    return instantiate_datamodule(config.data), {f: given[f] for f in options.__dataclass_fields__}
 
 
 def cli_main(
@@ -280,9 +280,10 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m mm_lightning`` and ``mm-lightning``; returns the exit code."""
     args = sys.argv[1:] if argv is None else argv
     try:
-        if args and args[0] in STANDALONE_COMMANDS:  # checkpoint tools with their own small argument parsers
+        if args and args[0] in STANDALONE_COMMANDS:  # commands with their own small argument parsers
             return import_module(f"mm_lightning.{args[0]}").main(list(args[1:]))
-        return cli_main(argv).exit_code
+        cli_main(argv)
+        return 0
     except Exception as err:
         from mm_lightning.errors import cli_message, show_traceback
 

@@ -13,12 +13,13 @@ from urllib.error import URLError
 import pytest
 import torchvision
 from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch import Trainer
 
 from mm_lightning.assets import PretrainedUnavailable
 from mm_lightning.cli import main
 from mm_lightning.errors import cli_message
+from mm_lightning.models.module import warn_if_processes_share_cores
 from mm_lightning.models.towers.torchvision import TorchvisionTower
-from mm_lightning.trainer import MultimodalTrainer
 from tests.conftest import DEMO_CONFIG, tiny_demo_args
 
 
@@ -165,8 +166,10 @@ def test_a_gpu_recipe_on_a_cpu_machine_says_what_to_pass() -> None:
 def test_more_cpu_processes_than_cores_warns() -> None:
     cores = len(os.sched_getaffinity(0))
     with pytest.warns(UserWarning, match=f"{cores + 1} processes on {cores} CPU cores"):
-        MultimodalTrainer(accelerator="cpu", devices=cores + 1, strategy="ddp", logger=False)
+        warn_if_processes_share_cores(
+            Trainer(accelerator="cpu", devices=cores + 1, strategy="ddp", logger=False)
+        )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        MultimodalTrainer(accelerator="cpu", devices=cores, strategy="ddp", logger=False)
+        warn_if_processes_share_cores(Trainer(accelerator="cpu", devices=cores, strategy="ddp", logger=False))
     assert not [w for w in caught if "CPU cores" in str(w.message)]

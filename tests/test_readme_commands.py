@@ -14,10 +14,17 @@ from pathlib import Path
 import pytest
 
 from mm_lightning import evaluate, export, zeroshot
-from mm_lightning.cli import STANDALONE_COMMANDS, cli_main, main
+from mm_lightning.audit import AuditOptions
+from mm_lightning.cli import STANDALONE_COMMANDS, cli_main, data_config_parser, main
+from mm_lightning.data.shard_writer import ShardOptions
 from tests.conftest import REPO
 
-STANDALONE_PARSERS = {"export": export.build_parser, "zeroshot": zeroshot.build_parser}
+STANDALONE_PARSERS = {
+    "export": export.build_parser,
+    "zeroshot": zeroshot.build_parser,
+    "audit": lambda: data_config_parser("audit", AuditOptions, "audit"),
+    "shard": lambda: data_config_parser("shard", ShardOptions),
+}
 
 
 def readme_commands(text: str) -> list[tuple[int, list[str]]]:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import asdict, is_dataclass
 from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.strategies import FSDPStrategy
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
 from typing_extensions import override
 
@@ -30,6 +33,16 @@ from mm_lightning.models.config import (
 from mm_lightning.models.dual_encoder import DualEncoder, batch_embedding
 from mm_lightning.models.losses import weighted_sum
 from mm_lightning.models.optim import clip_gradients, optimizer_and_schedule
+
+
+def warn_if_processes_share_cores(trainer: Trainer) -> None:
+    """More CPU processes on a node than cores: they share them and every step waits for the slowest."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if isinstance(trainer.accelerator, CPUAccelerator) and trainer.num_devices > cores:
+        rank_zero_warn(
+            f"{trainer.num_devices} processes on {cores} CPU cores: they share the cores and every step waits for"
+            f" the slowest; --trainer.devices {cores} or fewer runs faster."
+        )
 
 
 class MultimodalModule(LightningModule):
@@ -189,6 +202,7 @@ class MultimodalModule(LightningModule):
 
     @override
     def on_train_start(self) -> None:
+        warn_if_processes_share_cores(self.trainer)
         self.batch_embedding.check_wrapper(self.trainer.strategy.model)
 
     @override

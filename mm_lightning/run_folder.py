@@ -1,125 +1,16 @@
-"""``MultimodalTrainer``: ``Trainer`` + ``audit``/``shard`` subcommands (options from the same-named methods);
-:class:`ResumeOverrides` checks ``--ckpt_path`` before loading (``last``, file check, override warnings)."""
+"""The run folder: where a parsed config's checkpoint callbacks write, a fresh ``fit`` refused over an earlier
+run, and :class:`ResumeOverrides`, which checks ``--ckpt_path`` before loading (``last``, file, override warnings)."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from importlib import import_module
 from typing import Any
 
-from lightning.pytorch import LightningDataModule, LightningModule, Trainer
-from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.cli import instantiate_class
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from mm_lightning import ExplainedError
-
-
-@dataclass
-class AuditOptions:
-    """Options of ``audit``.
-
-    Args:
-        output: Path of the JSON report.
-        splits: Splits to scan (those without a file are skipped).
-        workers: Image-decoding processes.
-        max_error_rate: Exit with status 1 when (bad records / records) exceeds this.
-        progress: Show a progress bar while decoding images."""
-
-    output: str = "audit_report.json"
-    splits: list[str] = field(default_factory=lambda: ["train", "val", "test"])
-    workers: int = os.cpu_count() or 1
-    max_error_rate: float = 0.0
-    progress: bool = True
-
-
-class MultimodalTrainer(Trainer):
-    """``Trainer`` (same arguments) with :meth:`audit` and :meth:`shard`."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        if isinstance(self.accelerator, CPUAccelerator) and self.num_devices > cores:  # processes per node
-            rank_zero_warn(
-                f"{self.num_devices} processes on {cores} CPU cores: they share the cores and every step waits for"
-                f" the slowest; --trainer.devices {cores} or fewer runs faster."
-            )
-
-    def audit(
-        self,
-        model: LightningModule | None = None,
-        datamodule: LightningDataModule | None = None,
-        audit: AuditOptions | None = None,
-    ) -> int:
-        """Check every record, image and caption and write a JSON report; returns 1 if the error rate exceeds
-        ``audit.max_error_rate`` or a split has no valid record, else 0.
-
-        Args:
-            audit: Report path, splits, workers and the error-rate threshold."""
-        from mm_lightning.data.audit import run_audit
-
-        if audit is None:  # no --audit.* option given
-            options = AuditOptions()
-        elif isinstance(audit, AuditOptions):
-            options = audit
-        else:  # the parsed group (a Namespace or a dict)
-            options = AuditOptions(**(audit if isinstance(audit, dict) else vars(audit)))
-        if datamodule is None:
-            raise ValueError("audit needs the data section of a config (--config ... or --data ...).")
-        report = run_audit(
-            datamodule,
-            options.output,
-            options.max_error_rate,
-            options.splits,
-            options.workers,
-            options.progress,
-        )
-        if report["exit_code"]:
-            rank_zero_info("audit: too many bad records or a split without a valid record: exit status 1")
-        return report["exit_code"]
-
-    def shard(
-        self,
-        model: LightningModule | None = None,
-        datamodule: LightningDataModule | None = None,
-        out: str = "shards",
-        samples_per_shard: int = 10000,
-        splits: list[str] | None = None,
-        image_format: str = "copy",
-        jpeg_quality: int = 95,
-        validate: bool = True,
-        workers: int | None = None,
-        progress: bool = True,
-    ) -> int:
-        """Convert the JSONL splits into WebDataset shards under ``out/<split>/`` (img2dataset's layout).
-
-        Args:
-            out: Output folder.
-            samples_per_shard: Records per shard (the last one of a split may be smaller).
-            splits: Splits to convert (default: train, val, test; those without a file are skipped).
-            image_format: ``copy`` keeps each image's bytes; ``jpg`` re-encodes as JPEG.
-            jpeg_quality: JPEG quality when re-encoding.
-            validate: Decode every image while writing (bad ones never reach a shard).
-            workers: Writer processes (default: every CPU).
-            progress: Show a progress bar."""
-        from mm_lightning.data.shard_writer import ShardOptions, shard_datamodule
-
-        if datamodule is None:
-            raise ValueError("shard needs the data section of a config (--config ... or --data ...).")
-        options = ShardOptions(
-            out, samples_per_shard, splits or ["train", "val", "test"], image_format,  # type: ignore[arg-type]
-            jpeg_quality, validate, workers, progress,
-        )  # fmt: skip
-        shard_datamodule(datamodule, options)
-        return 0
-
-
-def instantiate_datamodule(spec: object) -> LightningDataModule:
-    """Build a datamodule from the parsed ``data`` section (``class_path`` / ``init_args``) of a config."""
-    init = spec.as_dict() if hasattr(spec, "as_dict") else dict(spec)  # type: ignore[call-overload]
-    return instantiate_class((), init)
 
 
 def checkpoint_callbacks(config: Any) -> list[Any]:
@@ -197,7 +88,7 @@ class ResumeOverrides:
         """Resolve ``last``/``best`` in the run's checkpoint folder (or refuse), check the file and what it
         records, refuse a resume with nothing left to train, remember the given model options."""
         subcommand = cli.config.get("subcommand")
-        if not subcommand or subcommand == "audit":
+        if not subcommand:
             return
         config = cli.config[subcommand]
         ckpt_path = config.get("ckpt_path")
