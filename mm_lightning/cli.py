@@ -127,8 +127,16 @@ class CheckedParser(LightningArgumentParser):
 
     @override
     def print_usage(self, file: Any = None) -> None:
-        # shown above a parser error: argparse's usage would list hundreds of options
-        (file or sys.stdout).write(f"usage: {self.prog.replace(' [options]', '')} [options]\n")
+        (file or sys.stdout).write(f"usage: {self.short_usage()}\n")  # shown above a parser error
+
+    @override
+    def format_help(self) -> str:
+        self.usage = self.short_usage()
+        return super().format_help()
+
+    def short_usage(self) -> str:
+        # argparse's own usage would list every option once more
+        return f"{self.prog.replace(' [options]', '')} [options]"
 
     @override
     def add_subcommands(self, *args: Any, **kwargs: Any) -> Any:
