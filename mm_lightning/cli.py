@@ -221,6 +221,12 @@ class MultimodalCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
         saving = checkpoint_callbacks(config)
+        for callback in saving:
+            if callback.init_args.get("filename") == "last" and callback.init_args.get("monitor") is not None:
+                self.parser.error(
+                    "the ModelCheckpoint that writes last.ckpt has a monitor: last.ckpt would hold the best step,"
+                    " not the latest; set the monitor on the other (best) checkpoint callback instead"
+                )
         run_dir = config.get("trainer", {}).get("default_root_dir")
         folder = folders_of(saving)["last"] or (os.path.join(run_dir, "checkpoints") if run_dir else None)
         for callback in saving:

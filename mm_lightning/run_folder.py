@@ -102,6 +102,12 @@ class ResumeOverrides:
         from mm_lightning.plugins.checkpoint_file import nothing_left_to_train, run_checkpoint
 
         if ckpt_path in ("last", "best") and not os.path.isfile(ckpt_path):
+            if dirpath is None:
+                parser.error(
+                    f"--ckpt_path {ckpt_path}: the run has no checkpoint callback to say where its checkpoints are;"
+                    " name the default ones (trainer.callbacks: configs/callbacks/default.yaml, or callbacks+: for"
+                    " your own) or give the checkpoint's path"
+                )
             try:
                 found = run_checkpoint(ckpt_path, dirpath, fresh_ok=subcommand == "fit")
             except ExplainedError as err:

@@ -5,7 +5,7 @@ retrieval), add the callback
 in a config::
 
     trainer:
-      callbacks:
+      callbacks+:                          # + adds to the recipe's callbacks
         - class_path: mm_lightning.zeroshot.ZeroShotEvaluation
           init_args:
             name: pets

@@ -228,3 +228,26 @@ def test_every_callback_of_a_demo_run_is_in_its_printed_config(capsys: pytest.Ca
 def test_callback_files_are_the_default_list_after_their_extras(name: str, extras: int) -> None:
     default = yaml.safe_load((CONFIGS / "callbacks" / "default.yaml").read_text())
     assert yaml.safe_load((CONFIGS / "callbacks" / name).read_text())[extras:] == default
+
+
+def test_a_monitor_on_the_last_checkpoint_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monitored = callback_args(tmp_path, checkpoint={"monitor": "val/loss"})
+    with pytest.raises(SystemExit):
+        cli_main(["--config", str(CONFIGS / "demo.yaml"), *monitored], run=False)
+    assert "set the monitor on the other (best) checkpoint callback" in capsys.readouterr().err
+    cli_main(["--config", str(CONFIGS / "demo.yaml"), *callback_args(tmp_path)], run=False)  # control
+
+
+def test_ckpt_path_last_without_checkpoint_callbacks_says_what_to_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["validate", "--config", str(CONFIGS / "demo.yaml"), "--trainer.default_root_dir", str(tmp_path)]
+    with pytest.raises(SystemExit):
+        cli_main([*args, "--trainer.callbacks", "[]", "--ckpt_path", "last"])
+    assert "has no checkpoint callback" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # control: with them, the usual line naming the folder it looked in
+        cli_main([*args, "--ckpt_path", "last"])
+    err = capsys.readouterr().err
+    assert "has no checkpoint callback" not in err and str(tmp_path / "checkpoints") in err

@@ -55,12 +55,11 @@ class BadRecordLogger(pl.Callback):
 
     def end_pass(self, trainer: pl.Trainer, split: str) -> None:
         """Count the records met in this pass of ``split`` once over all ranks (a collective: call on every rank)."""
-        every_rank = None
-        if trainer.world_size > 1 and torch.distributed.is_initialized():
-            every_rank = [
-                None
-            ] * trainer.world_size  # once a pass: the records a rank met (few), not a step's log
-            torch.distributed.all_gather_object(every_rank, self.local.pending.get(split, {}))
+        if not (trainer.world_size > 1 and torch.distributed.is_initialized()):
+            self.local.end_pass(split)  # each rank keeps its own count; `gathered` sums them
+            return
+        every_rank: list = [None] * trainer.world_size  # once a pass: the records a rank met (few)
+        torch.distributed.all_gather_object(every_rank, self.local.pending.get(split, {}))
         # rank 0 keeps the joined count, the others none, so the cross-rank sum of `gathered` stays right
         self.local.end_pass(split, every_rank if trainer.is_global_zero else [])
 

@@ -55,19 +55,19 @@ class LockedImageFeatures(pl.Callback):
         if not model.image_config.freeze:
             raise ValueError(
                 "LockedImageFeatures: the image tower trains (model.image.freeze is false), so its features change"
-                " at every step; lock it (model.image.freeze true) or drop the image_features callback"
+                " at every step; lock it (model.image.freeze true) or drop the LockedImageFeatures callback"
             )
         objective = getattr(pl_module, "objective", None)
         if objective is not None and objective.sample_weighting != "none":
             raise ValueError(
                 "LockedImageFeatures: objective.sample_weighting 'complexity' measures image detail on the pixels,"
                 " which cached features replace; set model.objective.sample_weighting none or drop the"
-                " image_features callback"
+                " LockedImageFeatures callback"
             )
         if model.itm is not None:
             raise ValueError(
                 "LockedImageFeatures: image-text matching reads the image tower's token sequences, which are not"
-                " cached; set model.objective.itm_weight 0 (as LiT does) or drop the image_features callback"
+                " cached; set model.objective.itm_weight 0 (as LiT does) or drop the LockedImageFeatures callback"
             )
 
     @override

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import os
 import unicodedata
 from collections import Counter
 from collections.abc import Iterator
@@ -145,6 +147,7 @@ SKIPPED_KEY = "skipped"  # sample/batch field: list of RecordError for the bad r
 # sample field True / batch (B,) bool: a valid record's copy standing in for a bad one; metrics leave it out
 STAND_IN_KEY = "stand_in"
 SPLITS = ("train", "val", "test", "predict")
+_UNNAMED = itertools.count()  # keys of errors that name no line or sample
 
 
 @dataclass
@@ -185,7 +188,8 @@ class SkipLog:
     def add(self, err: RecordError, split: str = "train") -> None:
         found = self.pending.setdefault(split, {})
         # an error naming no line or sample is its own record
-        for where in err.lines or (err.sample if err.sample is not None else id(err),):
+        unnamed = ("unnamed", os.getpid(), next(_UNNAMED))
+        for where in err.lines or (err.sample if err.sample is not None else unnamed,):
             found.setdefault((err.file, where), err.kind)
         self._keep(str(err))
 
