@@ -48,3 +48,14 @@ def coco_style(
         caps = [f"a red circle number {i} version {j}" + " left" * (i % 3) for j in range(captions_per_image)]
         rows.append({"image": f"images/{i:03d}.jpg", "text": caps})
     return write_jsonl(root / "split.jsonl", rows)
+
+
+def one_bad_image_with_five_captions(root: Path) -> Path:
+    """9 good images with a caption each, and at lines 4-8 one undecodable image named by 5 caption lines."""
+    rows: list[dict | str] = []
+    for i in range(9):
+        save_image(root / "images" / f"{i}.jpg", (20, 16), seed=i)
+        rows.append({"image": f"images/{i}.jpg", "text": f"photo {i}"})
+    (root / "images" / "broken.jpg").write_bytes(b"\xff\xd8 not a whole jpeg")
+    rows[3:3] = [{"image": "images/broken.jpg", "text": f"broken caption {c}"} for c in range(5)]
+    return write_jsonl(root / "five.jsonl", rows)

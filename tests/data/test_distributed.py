@@ -13,7 +13,7 @@ import torch
 from mm_lightning import process_exit
 from mm_lightning.callbacks.bad_records import BadRecordLogger
 from mm_lightning.data import LengthGroupedSampler, MultimodalDataModule
-from tests.data.helpers import TOKENIZER, coco_style, save_image, write_jsonl
+from tests.data.helpers import TOKENIZER, coco_style, one_bad_image_with_five_captions
 
 SEED = 123
 
@@ -41,6 +41,15 @@ class _ShardRecorder(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.0)
 
 
+def _two_ranks(**kwargs: object) -> pl.Trainer:
+    """2 gloo processes, 2 epochs, seeded; nothing written but what the test's own callbacks write."""
+    pl.seed_everything(SEED)
+    return pl.Trainer(
+        accelerator="cpu", devices=2, strategy="ddp_spawn", max_epochs=2, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, **kwargs,
+    )  # fmt: skip
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("length_grouping", [False, True])
@@ -54,18 +63,7 @@ def test_two_ranks_disjoint_cover_and_reshuffle(tmp_path: Path, length_grouping:
         length_grouping=length_grouping,
         length_window=2,
     )
-    pl.seed_everything(SEED)
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=2,
-        strategy="ddp_spawn",
-        max_epochs=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    trainer.fit(_ShardRecorder(str(tmp_path)), datamodule=dm)
+    _two_ranks().fit(_ShardRecorder(str(tmp_path)), datamodule=dm)
     seen = [
         {int(k): v for k, v in json.loads((tmp_path / f"rank{r}.json").read_text()).items()} for r in (0, 1)
     ]
@@ -113,13 +111,7 @@ class _SkipCounts(BadRecordLogger):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_two_ranks_count_a_bad_image_with_five_captions_five_times_an_epoch(tmp_path: Path) -> None:
-    rows: list[dict] = []
-    for i in range(9):
-        save_image(tmp_path / "images" / f"{i}.jpg", (20, 16), seed=i)
-        rows.append({"image": f"images/{i}.jpg", "text": f"photo {i}"})
-    (tmp_path / "images" / "broken.jpg").write_bytes(b"\xff\xd8 not a whole jpeg")
-    rows[3:3] = [{"image": "images/broken.jpg", "text": f"broken caption {c}"} for c in range(5)]
-    train = write_jsonl(tmp_path / "five.jsonl", rows)
+    train = one_bad_image_with_five_captions(tmp_path)
     dm = MultimodalDataModule(
         train_file=str(train),
         tokenizer=TOKENIZER,
@@ -128,19 +120,7 @@ def test_two_ranks_count_a_bad_image_with_five_captions_five_times_an_epoch(tmp_
         caption_sampling="all",
         on_bad_record="skip",
     )
-    pl.seed_everything(SEED)
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=2,
-        strategy="ddp_spawn",
-        max_epochs=2,
-        logger=False,
-        callbacks=[_SkipCounts(str(tmp_path))],
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    trainer.fit(_ShardRecorder(str(tmp_path)), datamodule=dm)
+    _two_ranks(callbacks=[_SkipCounts(str(tmp_path))]).fit(_ShardRecorder(str(tmp_path)), datamodule=dm)
     ranks = [json.loads((tmp_path / f"skips{r}.json").read_text()) for r in (0, 1)]
     # control: both ranks met the image's records in an epoch, so summing what each met counts them twice
     assert any(a + b > 5 for a, b in zip(ranks[0]["met"], ranks[1]["met"], strict=True))

@@ -11,7 +11,7 @@ import torch
 
 from mm_lightning.data import MultimodalDataModule, TooManyBadRecords
 from mm_lightning.data.records import RecordError, SkipLog
-from tests.data.helpers import TOKENIZER, save_image, write_jsonl
+from tests.data.helpers import TOKENIZER, one_bad_image_with_five_captions, save_image, write_jsonl
 
 
 def _split(root: Path, layout: str) -> Path:
@@ -110,21 +110,11 @@ def test_eval_rows_deduplicated_by_index_are_the_valid_records(tmp_path: Path) -
     assert groups["hostile"] == groups["clean"] == [2, 2, 2, 2]
 
 
-def _one_bad_image_with_five_captions(root: Path) -> Path:
-    rows: list[dict | str] = []
-    for i in range(9):
-        save_image(root / "images" / f"{i}.jpg", (20, 16), seed=i)
-        rows.append({"image": f"images/{i}.jpg", "text": f"photo {i}"})
-    (root / "images" / "broken.jpg").write_bytes(b"\xff\xd8 not a whole jpeg")
-    rows[3:3] = [{"image": "images/broken.jpg", "text": f"broken caption {c}"} for c in range(5)]  # lines 4-8
-    return write_jsonl(root / "five.jsonl", rows)
-
-
 @pytest.mark.parametrize("caption_sampling", ["all", "random"])
 def test_a_bad_image_counts_each_record_that_names_it_once_a_pass(
     tmp_path: Path, caption_sampling: str
 ) -> None:
-    path = _one_bad_image_with_five_captions(tmp_path)
+    path = one_bad_image_with_five_captions(tmp_path)
     dm = _dm(path, caption_sampling=caption_sampling)
     dm.setup("fit")
     train = dm.datasets["train"]
