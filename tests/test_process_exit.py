@@ -21,6 +21,7 @@ import pytest
 from tests.strategies.launch import REPO, kill_all, run_ranks, start_ranks
 
 ABORT_MESSAGE = "terminate called"
+STACKS_START = "\n--- process "  # the header of each process's stacks in a hang report
 
 
 def exit_problems(returncode: int, output: str) -> list[str]:
@@ -51,8 +52,12 @@ def run_or_report_hang(cmd: list[str], timeout: float) -> subprocess.CompletedPr
         except subprocess.TimeoutExpired:
             dump_stacks_one_by_one(process, log)
             log.seek(0)
+            # faulthandler's list of loaded extension modules is long and says nothing about where a process waits
+            text = "".join(line for line in log if not line.startswith("Extension modules:"))
+            output, marker, stacks = text.partition(STACKS_START)
             pytest.fail(
-                f"still running after {timeout:.0f} s; the stacks of its processes:\n{log.read()[-20000:]}"
+                f"still running after {timeout:.0f} s; its output's end:\n{output[-6000:]}\n"
+                f"the stacks of its processes:\n{marker}{stacks[-20000:]}"
             )
         log.seek(0)
         return subprocess.CompletedProcess(cmd, process.returncode, log.read(), "")
@@ -63,7 +68,7 @@ def dump_stacks_one_by_one(process: subprocess.Popen, log) -> None:
     os.killpg(group, signal.SIGSTOP)  # nobody reacts to another's death: each stack is where it waited
     pids = sorted(group_members(group), key=lambda pid: pid != group)  # the command first
     for pid in pids:
-        log.write(f"\n--- process {pid}: {command_line(pid)} ---\n")
+        log.write(f"{STACKS_START}{pid}: {command_line(pid)} ---\n")
         log.flush()
         with contextlib.suppress(ProcessLookupError):  # gone meanwhile
             os.kill(pid, signal.SIGABRT)
