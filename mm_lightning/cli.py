@@ -115,7 +115,7 @@ class PartsHelpFormatter(DefaultHelpFormatter):
         return re.sub(r"known subclasses: torch\.nn\.Module, [^)]*", BUILT_IN_PARTS, text, flags=re.S)
 
 
-BUILT_IN_PARTS = "any torch.nn.Module; built in: mm_lightning.models.towers.*, mm_lightning.models.losses.*"
+BUILT_IN_PARTS = "any nn.Module; built in: mm_lightning.models.{towers,losses}"
 
 
 class CheckedParser(LightningArgumentParser):

@@ -168,7 +168,7 @@ def test_module_entry_point_runs(capsys: pytest.CaptureFixture) -> None:
         timeout=120,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert len(result.stdout.splitlines()) <= 650  # readable: a bare LightningCLI prints about 500
+    assert len(result.stdout.splitlines()) <= 600  # readable: a bare LightningCLI prints about 500
     assert (
         "--model.fusion.heads" in result.stdout
         and "--trainer.callbacks.help CLASS_PATH_OR_NAME" in result.stdout

@@ -14,15 +14,14 @@ class TowerTraining:
     """How a tower trains: the same options for any tower, built in or your own.
 
     Args:
-        freeze: keep the tower's weights fixed (and the tower in eval mode, LiT-style).
-        train_last: train only the last N ``layer_groups()``; earlier ones locked, in eval mode (null: all).
-        freeze_batchnorm: BatchNorm layers in eval mode (statistics fixed, affine weights still train); makes
-            gradient caching exact for a BatchNorm tower.
-        project: learn a projection to shared space; false: the pooled output (``embed_dim`` = its width).
-        lr: learning rate of the tower (null: ``optim.lr``; 0 is a valid choice).
-        layer_decay: layer-wise decay: ``layer_groups()`` i of n trains at ``lr * layer_decay ** (n - 1 - i)``.
-        adapter: a peft adapter, only it trains in the tower: peft config fields, LoRA unless ``peft_type``.
-        clip_norm: max gradient norm of the tower (null: no per-tower clipping)."""
+        freeze: fixed weights, the tower in eval mode (LiT-style).
+        train_last: train the last N ``layer_groups()`` only, the rest locked in eval mode (null: all).
+        freeze_batchnorm: BatchNorm in eval mode (statistics fixed): exact gradient caching.
+        project: learn a projection (false: the pooled output, of ``embed_dim`` width).
+        lr: the tower's learning rate (null: ``optim.lr``; 0 is valid).
+        layer_decay: ``layer_groups()`` i of n trains at ``lr * layer_decay ** (n - 1 - i)``.
+        adapter: peft config fields (LoRA unless ``peft_type``); only the adapter trains.
+        clip_norm: max gradient norm of the tower (null: none)."""
 
     freeze: bool = False
     train_last: int | None = None
