@@ -13,8 +13,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # today's core, as README's "Where things are" says; lower these as the core shrinks
-MAX_CORE_MODULES = 39
-MAX_CORE_LINES = 6_135  # a bad image counted by the records naming it, once a pass over all ranks: +60
+MAX_CORE_MODULES = 40  # torchdata's epoch-end workaround in a file of its own: +1
+MAX_CORE_LINES = 6_050
 OPT_IN = {
     "mm_lightning.strategies.explicit_ddp",
     "mm_lightning.strategies.reducers",
@@ -35,7 +35,7 @@ OPT_IN = {
     "mm_lightning.models.towers.hf_vision",
     "mm_lightning.export",
     "mm_lightning.zeroshot",
-    "mm_lightning.process_exit",
+    "mm_lightning.gloo_exit_abort",
     "mm_lightning.models.evaluation",
     "mm_lightning.metrics",
     "mm_lightning.callbacks.monitors",

@@ -1,4 +1,4 @@
-"""Multi-process runs end cleanly: the default process group is destroyed at exit (``mm_lightning.process_exit``).
+"""Multi-process runs end cleanly: the default process group is destroyed at exit (``mm_lightning.gloo_exit_abort``).
 
 Without it, a gloo process whose last collective finishes just before interpreter exit aborts with "terminate
 called without an active exception" (SIGABRT) in about one run of three, after its work is done. The CLI's own
@@ -136,7 +136,7 @@ atexit.register(lambda: print("initialized at exit:", dist.is_initialized(), flu
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 {install}
 """
-INSTALL = "from mm_lightning import process_exit; process_exit.install()"
+INSTALL = "from mm_lightning import gloo_exit_abort; gloo_exit_abort.install()"
 
 
 def test_a_hang_is_reported_with_the_stacks_of_every_process() -> None:
@@ -164,14 +164,14 @@ def test_the_module_installs_it_in_a_distributed_run() -> None:
     """``MultimodalModule.setup`` installs the hook once a process group exists (any strategy, any launcher)."""
     code = """
 import atexit, torch.distributed as dist
-from mm_lightning import process_exit
+from mm_lightning import gloo_exit_abort
 from mm_lightning.models import MultimodalModule
 print("before:", atexit._ncallbacks(), flush=True)
 MultimodalModule.setup(MultimodalModule.__new__(MultimodalModule), "validate")  # no group yet: nothing
 print("no group:", atexit._ncallbacks(), flush=True)
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 MultimodalModule.setup(MultimodalModule.__new__(MultimodalModule), "validate")
-print("module:", process_exit._installed, atexit._ncallbacks(), flush=True)
+print("module:", gloo_exit_abort._installed, atexit._ncallbacks(), flush=True)
 """
     result = python(code)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -228,4 +228,4 @@ def test_stuck_collective_exits_after_the_bound_not_gloo_timeout(tmp_path: Path)
     output = log.read_text()
     assert returncode == 1, output[-3000:]  # the watchdog's exit code, not a hang and not a signal
     assert bound_s - 0.5 < waited < bound_s + 20, waited
-    assert "Timeout" in output and "process_exit.py" in output, output[-3000:]  # says where it was stuck
+    assert "Timeout" in output and "gloo_exit_abort.py" in output, output[-3000:]  # says where it was stuck

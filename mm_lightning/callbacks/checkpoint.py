@@ -19,7 +19,8 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from mm_lightning.data.loader import ResumableDataLoader, derive_seed, global_seed
+from mm_lightning.data.loader import derive_seed, global_seed
+from mm_lightning.data.torchdata_epoch_end import ResumableDataLoader
 
 
 class ExactResume(Callback):

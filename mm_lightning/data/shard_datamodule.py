@@ -20,11 +20,12 @@ from typing_extensions import override
 from mm_lightning.data.datamodule import MultimodalDataModule
 from mm_lightning.data.dataset import Split
 from mm_lightning.data.demo import demo_generator_args, generate_demo_dataset
-from mm_lightning.data.loader import ResumableDataLoader, global_seed
+from mm_lightning.data.loader import global_seed
 from mm_lightning.data.shard_writer import DESCRIPTOR, write_shards
 from mm_lightning.data.sources.mixing import MixedDataset, ShardOrderSampler, SourcePlan
 from mm_lightning.data.sources.shard_dataset import ShardDataset
 from mm_lightning.data.sources.shards import list_shards
+from mm_lightning.data.torchdata_epoch_end import ResumableDataLoader
 
 ShardSpec = str | list[str]
 

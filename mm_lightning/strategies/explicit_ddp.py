@@ -29,7 +29,7 @@ from torch.nn import Module, Parameter
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from mm_lightning import process_exit
+from mm_lightning import gloo_exit_abort
 from mm_lightning.distributed import CollectiveError
 from mm_lightning.strategies.reducers import (
     BucketedReducer,
@@ -97,7 +97,7 @@ class ExplicitAllReduceDDPStrategy(DDPStrategy):
     @override
     def setup_environment(self) -> None:
         super().setup_environment()
-        process_exit.install()  # gloo ranks would otherwise abort at interpreter exit (see process_exit.py)
+        gloo_exit_abort.install()  # gloo ranks would otherwise abort at interpreter exit (see gloo_exit_abort.py)
 
     @override
     def configure_ddp(self) -> None:

@@ -10,7 +10,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from mm_lightning import process_exit
+from mm_lightning import gloo_exit_abort
 from mm_lightning.callbacks.bad_records import BadRecordLogger
 from mm_lightning.data import LengthGroupedSampler, MultimodalDataModule
 from tests.data.helpers import TOKENIZER, coco_style, one_bad_image_with_five_captions
@@ -28,7 +28,7 @@ class _ShardRecorder(pl.LightningModule):
         self.seen: dict[int, list[int]] = {}
 
     def setup(self, stage: str) -> None:
-        process_exit.install()  # as MultimodalModule does: else a gloo rank can abort at interpreter exit
+        gloo_exit_abort.install()  # as MultimodalModule does: else a gloo rank can abort at interpreter exit
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         self.seen.setdefault(self.current_epoch, []).extend(batch["index"].tolist())

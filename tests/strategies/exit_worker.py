@@ -16,12 +16,12 @@ import time
 import torch
 import torch.distributed as dist
 
-from mm_lightning import process_exit
+from mm_lightning import gloo_exit_abort
 
 
 def main(mode: str) -> None:
     dist.init_process_group("gloo")
-    process_exit.install()
+    gloo_exit_abort.install()
     rank = dist.get_rank()
     tensor = torch.ones(1000)
     for _ in range(5):
