@@ -24,15 +24,15 @@ from mm_lightning.data.torchdata_epoch_end import ResumableDataLoader
 
 
 class ExactResume(Callback):
-    """Make a resumed run continue exactly like an uninterrupted one (RNG streams and data position).
-
-    Saves and reseeds (per batch) Python/NumPy/torch RNGs; augmentation on loader-process globals is inexact.
+    """Make a resumed run continue exactly like an uninterrupted one: the train loader's position and the RNG
+    states in checkpoints. ``MultimodalModule`` seeds each training batch's draws itself (``batch_draws``).
 
     Args:
-        seed: Base seed of the per-batch reseeding; ``None`` uses the one ``seed_everything`` set (0 if none).
-        reseed_every_batch: Reseed the global generators at each training batch."""
+        seed: Base seed of ``reseed_every_batch``; ``None`` uses the one ``seed_everything`` set (0 if none).
+        reseed_every_batch: Also reseed the global Python/NumPy/torch generators at each training batch, for a
+            module of your own that draws from them (dropout outside ``batch_draws``)."""
 
-    def __init__(self, seed: int | None = None, reseed_every_batch: bool = True) -> None:
+    def __init__(self, seed: int | None = None, reseed_every_batch: bool = False) -> None:
         self.seed = seed
         self.reseed_every_batch = reseed_every_batch
         self._saved_position = False  # the checkpoint being resumed holds a train-loader position

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, is_dataclass
 from typing import Any
 
@@ -15,6 +17,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
 from typing_extensions import override
 
+from mm_lightning.data.loader import derive_seed, global_seed
 from mm_lightning.data.records import STAND_IN_KEY
 from mm_lightning.models.config import (
     DEFAULT_FUSION,
@@ -156,6 +159,11 @@ class MultimodalModule(LightningModule):
 
     @override
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        with batch_draws(self.running_trainer(), self.device):
+            return self.training_loss(batch)
+
+    def training_loss(self, batch: dict[str, Tensor]) -> Tensor:
+        """The batch's weighted loss (logged); its random draws are the caller's to seed."""
         model = self.model
         image_out, image_emb, text_out, text_emb = self.batch_embedding.embed(model, batch)
         ids, weights = batch["image_id"], self.sample_weights(batch)
@@ -305,6 +313,24 @@ class MultimodalModule(LightningModule):
         clip_gradients(
             self, optimizer, towers, self.optim_config.clip_heads, gradient_clip_val, gradient_clip_algorithm
         )
+
+
+@contextmanager
+def batch_draws(trainer: Trainer | None, device: torch.device) -> Iterator[None]:
+    """Seeds the random draws of a training batch (dropout, hard negatives) from the run's seed, the batch's
+    index and the rank, so that a resumed run draws the same as an uninterrupted one; the generators' states
+    are restored on exit, so what the rest of the process draws does not depend on it. No-op without a trainer."""
+    if trainer is None:
+        yield
+        return
+    # total_batch_idx is restored from a checkpoint: the seed of a batch survives a resume
+    seed = derive_seed(global_seed(), (trainer.fit_loop.total_batch_idx, trainer.global_rank))
+    accelerated = device.type != "cpu"
+    with torch.random.fork_rng(devices=[device] if accelerated else [], device_type=device.type):
+        torch.default_generator.manual_seed(seed)
+        if accelerated:
+            getattr(torch, device.type).manual_seed(seed)  # the current device's generator (the module's)
+        yield
 
 
 def loggers_write_this_step(trainer: Trainer | None, steps_before: int | None = None) -> bool:

@@ -4,6 +4,7 @@ killed go through the same entry point in this process (``main``), which spares 
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import signal
 import subprocess
@@ -19,16 +20,16 @@ from tests.conftest import tiny_demo_args
 from tests.resilience.test_checkpointing import REPO
 
 # The demo's defaults: a random caption per image and random crops, loaded in a DataLoader worker. The dataset
-# seeds those draws per batch from the batch's indices, so they replay exactly after the resume
-# (the control below: without ExactResume the resume is not exact).
+# seeds those draws per batch from the batch's indices and the module its own (hard negatives) from the batch's
+# index, so they replay exactly after the resume (the control below: drawn from the process's generators instead,
+# the resume is not exact).
 DATA_EXTRA = ["--data.init_args.num_workers", "1"]
 MAX_STEPS = 12  # the tiny demo has 64 training batches per epoch: every checkpoint here is mid-epoch
 
 
-def cli_args(data_root: Path, run: Path, *extra: str, exact_resume: bool = True) -> list[str]:
+def cli_args(data_root: Path, run: Path, *extra: str) -> list[str]:
     """Tiny demo fit writing logs and checkpoints under ``run``, sharing the generated data in ``data_root``."""
-    callbacks = {"checkpoint": {"every_n_train_steps": 2}} | ({} if exact_resume else {"ExactResume": None})
-    args = tiny_demo_args(run, max_steps=MAX_STEPS, callbacks=callbacks)
+    args = tiny_demo_args(run, max_steps=MAX_STEPS, callbacks={"checkpoint": {"every_n_train_steps": 2}})
     args[args.index("--data.init_args.data_dir") + 1] = str(data_root / "demo")
     return ["fit", *args, *DATA_EXTRA, *extra]
 
@@ -47,7 +48,9 @@ def final_state(run: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_sigkill_mid_epoch_then_resume_last_matches_uninterrupted_cli_run(tmp_path: Path) -> None:
+def test_sigkill_mid_epoch_then_resume_last_matches_uninterrupted_cli_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     full, killed = tmp_path / "full", tmp_path / "killed"
     assert main(cli_args(tmp_path, full)) == 0  # also generates the demo data the other runs reuse
     expected = final_state(full)
@@ -75,8 +78,11 @@ def test_sigkill_mid_epoch_then_resume_last_matches_uninterrupted_cli_run(tmp_pa
     worst = max((resumed[k].double() - expected[k].double()).abs().max().item() for k in expected)
     assert worst <= 1e-6, f"resumed from step {killed_at}: max parameter difference {worst:.3g}"
 
-    # Control: the same resume without ExactResume (RNG states, loader position) ends elsewhere, and the check
-    # sees it.
-    assert main(cli_args(tmp_path, control, "--ckpt_path", "last", exact_resume=False)) == 0
+    # Control: the same resume with the module's draws taken from the process's generators ends elsewhere, and
+    # the check sees it.
+    monkeypatch.setattr(
+        "mm_lightning.models.module.batch_draws", lambda trainer, device: contextlib.nullcontext()
+    )
+    assert main(cli_args(tmp_path, control, "--ckpt_path", "last")) == 0
     uncontrolled = final_state(control)
     assert max((uncontrolled[k].double() - expected[k].double()).abs().max().item() for k in expected) > 1e-6

@@ -91,7 +91,9 @@ def main(argv: list[str] | None = None) -> None:
             PreemptionCheckpoint(),
             NaNGuard(),
             StepMarkers(args.root, args.sleep, args.val_sleep),
-            *([] if args.no_exact_resume else [ExactResume()]),
+            *(
+                [] if args.no_exact_resume else [ExactResume(reseed_every_batch=True)]
+            ),  # dropout outside batch_draws
         ],
     )
     trainer.fit(TinyModule(dropout=0.3), loader, val_loader, ckpt_path=args.ckpt_path)

@@ -1,0 +1,51 @@
+"""A training batch's draws depend on the run's seed, the batch's index and the rank only, and leave the process's
+generators as they were (``batch_draws``: exact resume without reseeding them)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from mm_lightning.models.module import batch_draws
+
+
+def trainer_at(batch: int, rank: int = 0) -> SimpleNamespace:
+    return SimpleNamespace(fit_loop=SimpleNamespace(total_batch_idx=batch), global_rank=rank)
+
+
+def drawn(batch: int, rank: int = 0) -> torch.Tensor:
+    with batch_draws(trainer_at(batch, rank), torch.device("cpu")):
+        return torch.rand(4)
+
+
+def test_a_batch_draws_the_same_whatever_came_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PL_GLOBAL_SEED", "7")
+    first = drawn(3)
+    torch.rand(100)  # the process draws more in between (e.g. a loader's seed at an epoch's start)
+    assert torch.equal(drawn(3), first)
+    assert not torch.equal(drawn(4), first)  # the next batch
+    assert not torch.equal(drawn(3, rank=1), first)  # another rank
+    monkeypatch.setenv("PL_GLOBAL_SEED", "8")
+    assert not torch.equal(drawn(3), first)  # another run's seed
+
+
+def test_the_process_generator_is_left_as_it_was() -> None:
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    drawn(5)
+    assert torch.equal(torch.rand(3), expected)
+    # control: a reseed without the scope moves the process's stream
+    torch.manual_seed(0)
+    torch.manual_seed(123)
+    assert not torch.equal(torch.rand(3), expected)
+
+
+def test_without_a_trainer_nothing_is_seeded() -> None:
+    torch.manual_seed(0)
+    expected = torch.rand(2)
+    torch.manual_seed(0)
+    with batch_draws(None, torch.device("cpu")):
+        assert torch.equal(torch.rand(2), expected)
