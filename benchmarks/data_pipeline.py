@@ -2,6 +2,7 @@
 
     python benchmarks/data_pipeline.py [--images DIR_OR_JSONL ...] [--downscale 500] [--sets coco,flickr500]
                                        [--workers 2] [--batch-size 32] [--rounds 3] [--synthetic]
+                                       [--config configs/base.yaml]
 
 Images: by default JPEGs derived from real photographs shipped in scikit-image's and matplotlib's wheels
 (``benchmarks/real_photos.py``: crops and mosaics of the photos, re-encoded at COCO-like 640x480 q90-95,
@@ -18,7 +19,9 @@ Pipelines (same images, batch size and workers; the model-ready output counted f
          to 512 tokens, stacking collate;
   ours:  MultimodalDataModule's train loader (RandomResizedCrop on, uint8 through the workers, batch-tokenized
          captions padded to the longest), normalized after the handover as a Trainer does (on CPU in the main
-         process, counted here); also normalized in the workers (``normalize_on="worker"``);
+         process, counted here); also normalized in the workers (``normalize_on="worker"``); with ``--config``,
+         built with that run config's data options (all but its files, batch size and workers), beside the
+         data module's defaults (``ours_defaults``);
   decode-only: full-size decode of each file with the fastest decoder (simplejpeg), nothing else -- the
          limit a loader that decodes at full size cannot pass (with workers, the pixels stay in the workers).
 Per set it prints samples/s per core (one process, one thread) and with ``--workers`` workers, rounds
@@ -217,17 +220,18 @@ def samples_per_second(loader: DataLoader, min_seconds: float, after: object = N
 class Bench:
     """Builds the three pipelines for one JSONL and times them."""
 
-    def __init__(self, jsonl: Path, tokenizer: str, batch_size: int) -> None:
+    def __init__(self, jsonl: Path, tokenizer: str, batch_size: int, options: dict | None = None) -> None:
         self.jsonl, self.tokenizer, self.batch_size = jsonl, tokenizer, batch_size
+        self.options = options or {}  # the data options of a shipped config
 
     def loaders(self, workers: int) -> dict[str, tuple[DataLoader, object]]:
         common = {"batch_size": self.batch_size, "num_workers": workers, "persistent_workers": workers > 0}
 
-        def ours(normalize_on: str) -> tuple[DataLoader, object]:  # "device": what a Trainer does
+        def ours(normalize_on: str, options: dict) -> tuple[DataLoader, object]:  # "device": a Trainer's way
             dm = MultimodalDataModule(  # its own loader defaults (persistent workers among them)
+                **{"image_size": 224, **options},
                 train_file=str(self.jsonl),
                 tokenizer=self.tokenizer,
-                image_size=224,
                 normalize_on=normalize_on,
                 batch_size=self.batch_size,
                 num_workers=workers,
@@ -245,10 +249,12 @@ class Bench:
         decode = DataLoader(
             DecodeOnly(self.jsonl, keep_pixels=workers == 0), shuffle=True, collate_fn=list_collate, **common
         )
+        with_config = {"ours_defaults": ours("device", {})} if self.options else {}
         return {
             "naive": (naive, None),
-            "ours": ours("device"),
-            "ours_normalize_in_workers": ours("worker"),
+            "ours": ours("device", self.options),
+            **with_config,
+            "ours_normalize_in_workers": ours("worker", self.options),
             "decode_only": (decode, None),
         }
 
@@ -260,6 +266,22 @@ class Bench:
                 best[name] = max(best.get(name, 0.0), rate)
                 print(f"  {label} round {r} {name:24s} {rate:7.1f} samples/s", flush=True)
         return best
+
+
+# set by this benchmark (the same for every pipeline) or naming the config's own files
+NOT_FROM_CONFIG = {"train_file", "val_file", "test_file", "predict_file", "data_dir", "image_root", "tokenizer",
+                   "batch_size", "num_workers", "normalize_on"}  # fmt: skip
+
+
+def config_data_options(config: Path) -> dict:
+    """The data options of a run's config (``data.init_args``) that say how it loads, not what."""
+    import yaml
+
+    data = (yaml.safe_load(config.read_text()) or {}).get("data") or {}
+    options = {k: v for k, v in (data.get("init_args") or {}).items() if k not in NOT_FROM_CONFIG}
+    if options.get("image_size") is None:  # follows the image tower, which this benchmark does not build
+        options.pop("image_size", None)
+    return options
 
 
 def describe(name: str, jsonl: Path) -> str:
@@ -289,6 +311,9 @@ def main() -> None:
         "--epoch-images", type=int, default=1024, help="list smaller sets several times to reach this"
     )
     parser.add_argument("--synthetic", action="store_true", help="add generated images as a secondary row")
+    parser.add_argument(
+        "--config", type=Path, help="ours takes this run config's data options (e.g. configs/base.yaml)"
+    )
     parser.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "mm_lightning_real_photos")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -326,12 +351,18 @@ def main() -> None:
 
         sets["SYNTHETIC"] = build_synthetic(args.data / "synthetic", 200)
 
+    options = config_data_options(args.config) if args.config else {}
+    if args.config:
+        print(f"ours: the data options of {args.config}: {options}")
     per_core: dict[str, dict[str, float]] = {}
     with_workers: dict[str, dict[str, float]] = {}
     for name, jsonl in sets.items():
         print(f"set {describe(name, jsonl)}", flush=True)
         bench = Bench(
-            repeated(jsonl, args.epoch_images, args.data / "epochs" / name), tokenizer, args.batch_size
+            repeated(jsonl, args.epoch_images, args.data / "epochs" / name),
+            tokenizer,
+            args.batch_size,
+            options,
         )
         per_core[name] = bench.run(0, args.rounds, args.seconds, "1 core")
         with_workers[name] = bench.run(args.workers, args.rounds, args.seconds, f"{args.workers} workers")
@@ -351,8 +382,13 @@ def main() -> None:
 
     def summary(name: str) -> str:
         w, c = with_workers[name], per_core[name]
+        defaults = (
+            f" (the config's options / the data module's defaults: {w['ours'] / w['ours_defaults']:.3f})"
+            if "ours_defaults" in w
+            else ""
+        )
         return (
-            f"{name}: ours {w['ours']:.0f} vs naive {w['naive']:.0f} samples/s = {w['ours'] / w['naive']:.2f}x"
+            f"{name}: ours {w['ours']:.0f} vs naive {w['naive']:.0f} samples/s = {w['ours'] / w['naive']:.2f}x{defaults}"
             f" (normalized in the workers {w['ours_normalize_in_workers'] / w['naive']:.2f}x), decode-only"
             f" {w['decode_only']:.0f} (ours {w['ours'] / w['decode_only']:.2f} of it); per core"
             f" {c['ours'] / c['naive']:.2f}x, decode-only {c['decode_only']:.0f}/s (ours {c['ours'] / c['decode_only']:.2f} of it)"
