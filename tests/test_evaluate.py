@@ -213,9 +213,10 @@ def test_zero_shot_equals_clip_benchmark(
     for key, value in ours["metrics"].items():
         assert value == pytest.approx(reference[key], abs=1e-6), key
     assert ours["metrics"]["acc1"] != ours["metrics"]["mean_per_class_recall"]  # unequal classes: both count
-    # Control: with one prompt instead of CLIP's 80 the classifier, and its scores, differ.
-    one_prompt = theirs(templates[:1])
-    assert any(abs(one_prompt[key] - value) > 1e-3 for key, value in ours["metrics"].items())
+    # Control: with one prompt instead of CLIP's 80 the classifier, and its scores, differ (24 images score in
+    # steps of 1/24: some single prompts may tie with all 80, so several are tried).
+    single = [theirs([template]) for template in templates[:8]]
+    assert any(abs(one[key] - value) > 1e-3 for one in single for key, value in ours["metrics"].items())
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from lightning.fabric.utilities.seed import pl_worker_init_function
 from torch.utils.data import DataLoader
 
 if TYPE_CHECKING:
-    from mm_lightning.data.torchdata_epoch_end import ResumableDataLoader
+    from torchdata.stateful_dataloader import StatefulDataLoader
 
 STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGUSR1})
 
@@ -53,10 +53,10 @@ class TrainPosition:
     KEY = "train_loader"
 
     def __init__(self) -> None:
-        self.loader: ResumableDataLoader | None = None
+        self.loader: StatefulDataLoader | None = None
         self.pending: dict[str, Any] | None = None
 
-    def track(self, loader: ResumableDataLoader, trainer: Any = None) -> ResumableDataLoader:
+    def track(self, loader: StatefulDataLoader, trainer: Any = None) -> StatefulDataLoader:
         """Remember ``loader``, first giving it the pending position if ``trainer`` resumes a checkpoint."""
         if self.pending is not None and getattr(trainer, "ckpt_path", None) is not None:
             loader.load_state_dict(self.pending)
