@@ -22,7 +22,7 @@ from mm_lightning import PUBLIC_PATHS
 from mm_lightning.data import MultimodalDataModule
 from mm_lightning.models import MultimodalModule
 from mm_lightning.models.towers.contract import tokenizer_of
-from mm_lightning.run_folder import ResumeOverrides, checkpoint_callbacks, folders_of
+from mm_lightning.run_folder import check_resume, checkpoint_callbacks, folders_of
 from mm_lightning.strategies import expand_strategy_name  # (also registers the "ddp_explicit" name)
 
 # Commands with their own small parsers (mm_lightning.<name>.main), listed in ``--help`` with these lines.
@@ -139,11 +139,6 @@ class CheckedParser(LightningArgumentParser):
         return f"{self.prog.replace(' [options]', '')} [options]"
 
     @override
-    def add_subcommands(self, *args: Any, **kwargs: Any) -> Any:
-        self.subcommands_action = super().add_subcommands(*args, **kwargs)
-        return self.subcommands_action
-
-    @override
     def error(self, message: str, ex: Exception | None = None) -> Any:
         if "trainer.strategy" in message and "NestedArg" in message:
             message += (
@@ -165,20 +160,7 @@ class MultimodalCLI(LightningCLI):
         kwargs.setdefault("parser_class", CheckedParser)
         # --optimizer/--lr_scheduler would replace the module's per-tower param groups and schedule
         kwargs.setdefault("auto_configure_optimizers", False)
-        self.resume_overrides = ResumeOverrides()
-        given = sys.argv[1:] if kwargs.get("args") is None else kwargs["args"]
-        # when the first argument names a command, only its parser is built (building them all is slow)
-        commands = LightningCLI.subcommands()
-        self.command = given[0] if isinstance(given, list) and given and given[0] in commands else None
-        if self.command and isinstance(kwargs.get("parser_kwargs"), dict):  # options of parsers not built
-            others = set(commands) - {self.command}
-            kwargs["parser_kwargs"] = {k: v for k, v in kwargs["parser_kwargs"].items() if k not in others}
         super().__init__(*args, **kwargs)
-
-    @override
-    def subcommands(self) -> dict[str, set[str]]:  # type: ignore[override]
-        commands = LightningCLI.subcommands()
-        return {self.command: commands[self.command]} if self.command else commands
 
     @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -191,20 +173,6 @@ class MultimodalCLI(LightningCLI):
         # a checkpoint's dirpath is defaulted in parse_arguments: a link cannot reach into the callbacks list
 
     @override
-    def setup_parser(
-        self, add_subcommands: bool, main_kwargs: dict[str, Any], subparser_kwargs: dict[str, Any]
-    ) -> None:
-        super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
-        action = getattr(self.parser, "subcommands_action", None)
-        if add_subcommands and action is not None:
-            # listed only: main() runs these commands before this parser is built
-            for name, summary in STANDALONE_COMMANDS.items():
-                listed = LightningArgumentParser(
-                    description=f"{summary} Run: python -m mm_lightning {name} --help"
-                )
-                action.add_subcommand(name, listed, help=summary)
-
-    @override
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         if args is None or isinstance(args, list):
             given = sys.argv[1:] if args is None else args
@@ -212,9 +180,10 @@ class MultimodalCLI(LightningCLI):
             if expanded != given:
                 args = expanded
         super().parse_arguments(parser, args)
+        # the one override besides add_arguments_to_parser: these read the parsed config and must act before
+        # LightningCLI reads a checkpoint's hyperparameters (right after parsing)
         self.default_checkpoint_dir()
-        # before LightningCLI reads the checkpoint's hyperparameters (right after parsing)
-        self.resume_overrides.before_checkpoint_hparams(self, parser)
+        check_resume(self.config, parser)
 
     def default_checkpoint_dir(self) -> None:
         """Default a checkpoint callback's ``dirpath`` to last.ckpt's, or else to ``<run dir>/checkpoints``."""
@@ -232,10 +201,6 @@ class MultimodalCLI(LightningCLI):
         for callback in saving:
             if callback.init_args.get("dirpath") is None:
                 callback.init_args.dirpath = folder
-
-    @override
-    def before_instantiate_classes(self) -> None:
-        self.resume_overrides.warn_if_overridden(self)
 
 
 def instantiate_datamodule(spec: object) -> Any:
@@ -290,13 +255,23 @@ def cli_main(
     )
 
 
+def other_commands() -> str:
+    """The commands besides LightningCLI's, a line each, as ``python -m mm_lightning --help`` ends."""
+    lines = [f"  {name:10s}{summary}" for name, summary in STANDALONE_COMMANDS.items()]
+    return "\nother commands (python -m mm_lightning <command> --help):\n" + "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m mm_lightning`` and ``mm-lightning``; returns the exit code."""
     args = sys.argv[1:] if argv is None else argv
     try:
         if args and args[0] in STANDALONE_COMMANDS:  # commands with their own small argument parsers
             return import_module(f"mm_lightning.{args[0]}").main(list(args[1:]))
-        cli_main(argv)
+        try:
+            cli_main(argv)
+        finally:
+            if not args or args[0] in ("-h", "--help"):  # after LightningCLI's own commands
+                print(other_commands(), flush=True)
         return 0
     except Exception as err:
         from mm_lightning.errors import cli_message, show_traceback

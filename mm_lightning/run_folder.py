@@ -1,5 +1,5 @@
 """The run folder: where a parsed config's checkpoint callbacks write, a fresh ``fit`` refused over an earlier
-run, and :class:`ResumeOverrides`, which checks ``--ckpt_path`` before loading (``last``, file, override warnings)."""
+run, and :func:`check_resume`, which checks ``--ckpt_path`` before loading (``last``, file, override warnings)."""
 
 from __future__ import annotations
 
@@ -76,85 +76,80 @@ def refuse_earlier_checkpoints(dirpath: str | None, parser: Any) -> None:
     )
 
 
-class ResumeOverrides:
-    """Checks ``--ckpt_path`` right after parsing; warns, before instantiation, about overridden options."""
+def check_resume(cli_config: Any, parser: Any) -> None:
+    """Right after parsing: resolve ``--ckpt_path last``/``best`` in the run's checkpoint folder (or refuse),
+    refuse a fresh ``fit`` over an earlier run's checkpoints, check the file and what it records, refuse a resume
+    with nothing left to train, and warn about the options the checkpoint replaces or that differ from it."""
+    subcommand = cli_config.get("subcommand")
+    if not subcommand:
+        return
+    config = cli_config[subcommand]
+    ckpt_path = config.get("ckpt_path")
+    folders = folders_of(checkpoint_callbacks(config))
+    wanted, other = ("best", "last") if ckpt_path == "best" else ("last", "best")
+    dirpath = folders[wanted] or folders[other]
+    if subcommand == "fit" and not ckpt_path:
+        refuse_earlier_checkpoints(dirpath, parser)
+    if not ckpt_path:
+        return
+    from mm_lightning.plugins.checkpoint_file import nothing_left_to_train, run_checkpoint
 
-    def __init__(self) -> None:
-        self.given_model: dict[str, Any] = {}
-        self.saved_data: dict[str, Any] = {}
-        self.path: str | None = None
-
-    def before_checkpoint_hparams(self, cli: Any, parser: Any) -> None:
-        """Resolve ``last``/``best`` in the run's checkpoint folder (or refuse), check the file and what it
-        records, refuse a resume with nothing left to train, remember the given model options."""
-        subcommand = cli.config.get("subcommand")
-        if not subcommand:
-            return
-        config = cli.config[subcommand]
-        ckpt_path = config.get("ckpt_path")
-        folders = folders_of(checkpoint_callbacks(config))
-        wanted, other = ("best", "last") if ckpt_path == "best" else ("last", "best")
-        dirpath = folders[wanted] or folders[other]
-        if subcommand == "fit" and not ckpt_path:
-            refuse_earlier_checkpoints(dirpath, parser)
-        if not ckpt_path:
-            return
-        from mm_lightning.plugins.checkpoint_file import nothing_left_to_train, run_checkpoint
-
-        if ckpt_path in ("last", "best") and not os.path.isfile(ckpt_path):
-            if dirpath is None:
-                parser.error(
-                    f"--ckpt_path {ckpt_path}: the run has no checkpoint callback to say where its checkpoints are;"
-                    " name the default ones (trainer.callbacks: configs/callbacks/default.yaml, or callbacks+: for"
-                    " your own) or give the checkpoint's path"
-                )
-            try:
-                found = run_checkpoint(ckpt_path, dirpath, fresh_ok=subcommand == "fit")
-            except ExplainedError as err:
-                parser.error(f"--ckpt_path {ckpt_path}: {err}")
-            if found is None:
-                refuse_earlier_checkpoints(
-                    dirpath, parser
-                )  # other checkpoints there: this run would replace them
-                rank_zero_info(f"--ckpt_path last: no checkpoint in {dirpath} yet; starting a new run")
-                config.ckpt_path = None
-                return
-            config.ckpt_path = ckpt_path = found
-        elif ckpt_path in SPECIAL_CKPT_PATHS and not os.path.isfile(ckpt_path):
-            return  # Lightning resolves it
-        from mm_lightning.models.checkpoints import checked_resume_file
-
-        try:  # before LightningCLI parses what the checkpoint records into the model's options
-            content = checked_resume_file(ckpt_path, config.get("model") or {})
+    if ckpt_path in ("last", "best") and not os.path.isfile(ckpt_path):
+        if dirpath is None:
+            parser.error(
+                f"--ckpt_path {ckpt_path}: the run has no checkpoint callback to say where its checkpoints are;"
+                " name the default ones (trainer.callbacks: configs/callbacks/default.yaml, or callbacks+: for"
+                " your own) or give the checkpoint's path"
+            )
+        try:
+            found = run_checkpoint(ckpt_path, dirpath, fresh_ok=subcommand == "fit")
         except ExplainedError as err:
-            parser.error(f"--ckpt_path: {err}")
-        trainer = config.get("trainer") or {}
-        finished = subcommand == "fit" and nothing_left_to_train(
-            content, trainer.get("max_steps"), trainer.get("max_epochs"), trainer.get("max_time")
-        )
-        if finished:
-            parser.error(f"--ckpt_path {ckpt_path}: {finished}")
-        self.path = str(ckpt_path)
-        self.given_model = _flatten(config.get("model"))
-        self.saved_data = _flatten(content.get("datamodule_hyper_parameters", {}))
+            parser.error(f"--ckpt_path {ckpt_path}: {err}")
+        if found is None:
+            refuse_earlier_checkpoints(
+                dirpath, parser
+            )  # other checkpoints there: this run would replace them
+            rank_zero_info(f"--ckpt_path last: no checkpoint in {dirpath} yet; starting a new run")
+            config.ckpt_path = None
+            return
+        config.ckpt_path = ckpt_path = found
+    elif ckpt_path in SPECIAL_CKPT_PATHS and not os.path.isfile(ckpt_path):
+        return  # Lightning resolves it
+    from mm_lightning.models.checkpoints import checked_resume_file
 
-    def warn_if_overridden(self, cli: Any) -> None:
-        """Warn once, listing the model options the checkpoint replaced and the data options that differ."""
-        if self.path is None:
-            return
-        config = cli.config[cli.config.subcommand]
-        final_model = _flatten(config.get("model"))
-        replaced = _differences(self.given_model, final_model)
-        data = config.get("data")
-        given_data = _flatten(data.get("init_args", data) if data is not None else {})
-        differing_data = _differences(given_data, self.saved_data)
-        if not replaced and not differing_data:
-            return
-        lines = [f"Resuming from {self.path}:"]
-        if replaced:
-            lines.append("  the checkpoint's model options replace the given ones (the weights need them):")
-            lines += [f"    model.{k}: given {g!r}, used {s!r}" for k, g, s in replaced]
-        if differing_data:
-            lines.append("  data options differ from the checkpoint's (the given ones are used):")
-            lines += [f"    data.{k}: given {g!r}, checkpoint {s!r}" for k, g, s in differing_data]
-        rank_zero_warn("\n".join(lines))
+    try:  # before LightningCLI parses what the checkpoint records into the model's options
+        content = checked_resume_file(ckpt_path, config.get("model") or {})
+    except ExplainedError as err:
+        parser.error(f"--ckpt_path: {err}")
+    trainer = config.get("trainer") or {}
+    finished = subcommand == "fit" and nothing_left_to_train(
+        content, trainer.get("max_steps"), trainer.get("max_epochs"), trainer.get("max_time")
+    )
+    if finished:
+        parser.error(f"--ckpt_path {ckpt_path}: {finished}")
+    warn_if_overridden(cli_config, parser, content, str(ckpt_path))
+
+
+def warn_if_overridden(cli_config: Any, parser: Any, content: dict[str, Any], path: str) -> None:
+    """Warn once, listing the model options the checkpoint replaces (as LightningCLI will, right after parsing)
+    and the data options that differ from the checkpoint's."""
+    subcommand = cli_config.subcommand
+    config = cli_config[subcommand]
+    hparams = {k: v for k, v in (content.get("hyper_parameters") or {}).items() if k != "_instantiator"}
+    replaced = []
+    if hparams and "_class_path" not in hparams:
+        final = parser.parse_object({subcommand: {"model": hparams}}, cli_config)
+        replaced = _differences(_flatten(config.get("model")), _flatten(final[subcommand].get("model")))
+    data = config.get("data")
+    given_data = _flatten(data.get("init_args", data) if data is not None else {})
+    differing_data = _differences(given_data, _flatten(content.get("datamodule_hyper_parameters", {})))
+    if not replaced and not differing_data:
+        return
+    lines = [f"Resuming from {path}:"]
+    if replaced:
+        lines.append("  the checkpoint's model options replace the given ones (the weights need them):")
+        lines += [f"    model.{k}: given {g!r}, used {s!r}" for k, g, s in replaced]
+    if differing_data:
+        lines.append("  data options differ from the checkpoint's (the given ones are used):")
+        lines += [f"    data.{k}: given {g!r}, checkpoint {s!r}" for k, g, s in differing_data]
+    rank_zero_warn("\n".join(lines))

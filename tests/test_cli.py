@@ -212,36 +212,3 @@ def test_progress_lines_stay_quiet_on_a_terminal(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
     lines.setup(trainer, None, "fit")  # type: ignore[arg-type]
     assert lines._active
-
-
-class Parsed(Exception):
-    pass
-
-
-class StopAfterParsing(MultimodalCLI):
-    def before_instantiate_classes(self) -> None:
-        raise Parsed(list(self.subcommands()))
-
-
-def test_a_run_builds_the_parser_of_its_command_only(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from mm_lightning.data import MultimodalDataModule
-
-    def commands_built(args: list[str]) -> list[str]:
-        with pytest.raises(Parsed) as parsed:
-            StopAfterParsing(MultimodalModule, MultimodalDataModule, subclass_mode_data=True, args=args)
-        return parsed.value.args[0]
-
-    assert commands_built(["fit", *tiny_demo_args(tmp_path)]) == ["fit"]
-    # control: with no command first (help, or a config before the command) every command's parser is built
-    config = tmp_path / "run.yaml"
-    config.write_text("fit:\n  seed_everything: 3\n")
-    assert commands_built(["--config", str(config), "fit", *tiny_demo_args(tmp_path)])[:4] == [
-        "fit", "validate", "test", "predict",
-    ]  # fmt: skip
-    # another command's parser options are dropped with its parser, not handed to the main parser
-    with pytest.raises(SystemExit) as printed:
-        MultimodalCLI(
-            MultimodalModule, MultimodalDataModule, subclass_mode_data=True, args=["validate", "--print_config"],
-            parser_kwargs={"fit": {"default_env": True}},
-        )  # fmt: skip
-    assert printed.value.code == 0 and "model:" in capsys.readouterr().out
