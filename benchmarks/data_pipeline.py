@@ -278,6 +278,13 @@ def config_data_options(config: Path) -> dict:
     import yaml
 
     data = (yaml.safe_load(config.read_text()) or {}).get("data") or {}
+    if (
+        data.get("class_path", "mm_lightning.data.MultimodalDataModule")
+        != "mm_lightning.data.MultimodalDataModule"
+    ):
+        raise SystemExit(
+            f"{config}: data is {data['class_path']}; this benchmark measures MultimodalDataModule"
+        )
     options = {k: v for k, v in (data.get("init_args") or {}).items() if k not in NOT_FROM_CONFIG}
     if options.get("image_size") is None:  # follows the image tower, which this benchmark does not build
         options.pop("image_size", None)

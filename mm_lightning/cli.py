@@ -119,7 +119,7 @@ BUILT_IN_PARTS = "any nn.Module; built in: mm_lightning.models.{towers,losses}"
 
 
 class CheckedParser(LightningArgumentParser):
-    """The CLI's parser: errors that name the fix, the standalone commands listed, a short ``--help``."""
+    """The CLI's parser: errors that name the fix, a short ``--help``."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", PartsHelpFormatter)
@@ -180,7 +180,8 @@ class MultimodalCLI(LightningCLI):
             if expanded != given:
                 args = expanded
         super().parse_arguments(parser, args)
-        # the one override besides add_arguments_to_parser: these read the parsed config and must act before
+        # the one method override besides add_arguments_to_parser (and __init__'s defaults): these read the
+        # parsed config and must act before
         # LightningCLI reads a checkpoint's hyperparameters (right after parsing)
         self.default_checkpoint_dir()
         check_resume(self.config, parser)

@@ -67,7 +67,7 @@ class ExactResume(Callback):
     ) -> None:
         if self.reseed_every_batch:
             # total_batch_idx is restored from the checkpoint, so the seed of a batch survives a resume.
-            batch_seed = derive_seed(self.seed, trainer.fit_loop.total_batch_idx)
+            batch_seed = derive_seed(self.seed, (trainer.fit_loop.total_batch_idx, trainer.global_rank))
             random.seed(batch_seed)
             np.random.seed(batch_seed)
             reseed_torch(batch_seed)
@@ -88,6 +88,12 @@ class ExactResume(Callback):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict["seed"] != global_seed(state_dict["seed"]):
+            rank_zero_warn(
+                f"Resuming a run seeded {state_dict['seed']} with seed {global_seed()}: the batches from here on"
+                f" draw other crops, captions and dropout than the run would have; to continue it exactly, pass"
+                f" --seed_everything {state_dict['seed']}."
+            )
         self.seed = state_dict["seed"]
         random.setstate(state_dict["python"])
         name, keys, *rest = state_dict["numpy"]

@@ -319,12 +319,13 @@ class MultimodalModule(LightningModule):
 def batch_draws(trainer: Trainer | None, device: torch.device) -> Iterator[None]:
     """Seeds the random draws of a training batch (dropout, hard negatives) from the run's seed, the batch's
     index and the rank, so that a resumed run draws the same as an uninterrupted one; the generators' states
-    are restored on exit, so what the rest of the process draws does not depend on it. No-op without a trainer."""
-    if trainer is None:
+    are restored on exit, so what the rest of the process draws does not depend on it. No-op outside a fit."""
+    fit_loop = getattr(trainer, "fit_loop", None)  # none under Fabric
+    if fit_loop is None or not getattr(trainer, "training", False):  # no fit running: a plain loop
         yield
         return
     # total_batch_idx is restored from a checkpoint: the seed of a batch survives a resume
-    seed = derive_seed(global_seed(), (trainer.fit_loop.total_batch_idx, trainer.global_rank))
+    seed = derive_seed(global_seed(), (fit_loop.total_batch_idx, trainer.global_rank))
     accelerated = device.type != "cpu"
     with torch.random.fork_rng(devices=[device] if accelerated else [], device_type=device.type):
         torch.default_generator.manual_seed(seed)

@@ -12,7 +12,7 @@ from mm_lightning.models.module import batch_draws
 
 
 def trainer_at(batch: int, rank: int = 0) -> SimpleNamespace:
-    return SimpleNamespace(fit_loop=SimpleNamespace(total_batch_idx=batch), global_rank=rank)
+    return SimpleNamespace(fit_loop=SimpleNamespace(total_batch_idx=batch), global_rank=rank, training=True)
 
 
 def drawn(batch: int, rank: int = 0) -> torch.Tensor:
@@ -43,9 +43,13 @@ def test_the_process_generator_is_left_as_it_was() -> None:
     assert not torch.equal(torch.rand(3), expected)
 
 
-def test_without_a_trainer_nothing_is_seeded() -> None:
+@pytest.mark.parametrize(
+    "trainer", [None, SimpleNamespace(fit_loop=SimpleNamespace(total_batch_idx=3), global_rank=0, training=False)],
+    ids=["no-trainer", "not-training"],
+)  # fmt: skip
+def test_outside_a_fit_nothing_is_seeded(trainer: SimpleNamespace | None) -> None:
     torch.manual_seed(0)
     expected = torch.rand(2)
     torch.manual_seed(0)
-    with batch_draws(None, torch.device("cpu")):
+    with batch_draws(trainer, torch.device("cpu")):  # type: ignore[arg-type]
         assert torch.equal(torch.rand(2), expected)

@@ -226,3 +226,16 @@ def test_a_saved_position_goes_only_to_a_fit_resumed_from_a_checkpoint() -> None
         assert position.state_dict()[TrainPosition.KEY]["mm_lightning_batches_yielded"] == (
             2 if applied else 0
         )
+
+
+@pytest.mark.parametrize("seed", ["3", "4"], ids=["same-seed", "control-other-seed"])
+def test_a_resume_with_another_seed_says_how_to_continue_exactly(
+    seed: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = ExactResume(seed=3).state_dict()
+    monkeypatch.setenv("PL_GLOBAL_SEED", seed)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ExactResume().load_state_dict(state)
+    said = [str(w.message) for w in caught if "pass --seed_everything 3" in str(w.message)]
+    assert len(said) == (seed != "3")
