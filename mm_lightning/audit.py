@@ -27,7 +27,7 @@ class AuditOptions:
 
 def main(argv: list[str] | None = None) -> int:
     """Audit the data of a run's config (``--config``, ``--data.*``; ``--audit.*`` for the options above)."""
-    from mm_lightning.cli import read_data_config
+    from mm_lightning.config_parser import read_data_config
     from mm_lightning.data.audit import run_audit
 
     datamodule, given = read_data_config(argv, "audit", AuditOptions, "audit")

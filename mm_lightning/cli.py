@@ -6,23 +6,20 @@ preprocessing the image tower, logs and checkpoints the run directory. The other
 from __future__ import annotations
 
 import logging
-import os
-import re
 import sys
 import warnings
 from importlib import import_module
 from typing import Any
 
-from jsonargparse import DefaultHelpFormatter
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, instantiate_class
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from typing_extensions import override
 
-from mm_lightning import PUBLIC_PATHS
+from mm_lightning.config_parser import CheckedParser, expand_short_names
 from mm_lightning.data import MultimodalDataModule
 from mm_lightning.models import MultimodalModule
 from mm_lightning.models.towers.contract import tokenizer_of
-from mm_lightning.run_folder import check_resume, checkpoint_callbacks, folders_of
+from mm_lightning.run_folder import check_run_folder
 from mm_lightning.strategies import expand_strategy_name  # (also registers the "ddp_explicit" name)
 
 # Commands with their own small parsers (mm_lightning.<name>.main), listed in ``--help`` with these lines.
@@ -68,36 +65,6 @@ def batch_size_of(batch: dict[str, Any]) -> int:
     return int(batch["image"].shape[0])
 
 
-BUILT_IN_PACKAGES = ("mm_lightning.callbacks", "mm_lightning.data", "mm_lightning.models.towers",
-                     "mm_lightning.models.losses", "mm_lightning.strategies")  # fmt: skip
-
-
-def expand_short_names(args: list[str]) -> list[str]:
-    """Replace built-in short class names (``--model.image_tower TimmTower``) by their import paths.
-
-    LightningCLI resolves short names only among loaded classes (config files must give the path)."""
-    for package in BUILT_IN_PACKAGES:  # their exports fill PUBLIC_PATHS (nothing else loads yet)
-        import_module(package)
-    out = list(args)
-    for i, arg in enumerate(args):
-        key, eq, value = arg.partition("=")
-        if eq and takes_a_class(key) and value in PUBLIC_PATHS:
-            out[i] = f"{key}={PUBLIC_PATHS[value]}"
-        elif i and takes_a_class(args[i - 1]) and arg in PUBLIC_PATHS:
-            out[i] = PUBLIC_PATHS[arg]
-    return out
-
-
-CLASS_OPTIONS = {"model.image_tower", "model.text_tower", "model.loss", "trainer.strategy", "trainer.callbacks",
-                 "trainer.plugins", "trainer.logger", "data"}  # fmt: skip
-
-
-def takes_a_class(flag: str) -> bool:
-    """Whether the option ``flag`` takes a class (a part, ``--data``, a callback, a ``class_path``)."""
-    name = flag[2:].rstrip("+") if flag.startswith("--") else ""
-    return name in CLASS_OPTIONS or name.endswith(".class_path")
-
-
 def image_config_of(model: Any) -> dict[str, Any] | None:
     """The image tower's preprocessing (``model.data_config["image"]``), or None for a tower without one."""
     try:
@@ -106,61 +73,8 @@ def image_config_of(model: Any) -> dict[str, Any] | None:
         return None
 
 
-class PartsHelpFormatter(DefaultHelpFormatter):
-    """``--help`` that names the built-in towers and losses instead of every loaded ``nn.Module`` subclass."""
-
-    @override
-    def _get_help_string(self, action: Any) -> str:
-        text = super()._get_help_string(action)
-        return re.sub(r"known subclasses: torch\.nn\.Module, [^)]*", BUILT_IN_PARTS, text, flags=re.S)
-
-
-BUILT_IN_PARTS = "any nn.Module; built in: mm_lightning.models.{towers,losses}"
-
-
-class CheckedParser(LightningArgumentParser):
-    """The CLI's parser: errors that name the fix, a short ``--help``."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("formatter_class", PartsHelpFormatter)
-        super().__init__(*args, **kwargs)
-
-    @override
-    def print_usage(self, file: Any = None) -> None:
-        (file or sys.stdout).write(f"usage: {self.short_usage()}\n")  # shown above a parser error
-
-    @override
-    def format_help(self) -> str:
-        self.usage = self.short_usage()
-        return super().format_help()
-
-    def short_usage(self) -> str:
-        # argparse's own usage would list every option once more
-        return f"{self.prog.replace(' [options]', '')} [options]"
-
-    @override
-    def error(self, message: str, ex: Exception | None = None) -> Any:
-        if "trainer.strategy" in message and "NestedArg" in message:
-            message += (
-                "\nA strategy registry name in a config file (e.g. strategy: ddp_explicit) takes no nested options;"
-                " give the class instead (strategy: {class_path: mm_lightning.strategies.ExplicitAllReduceDDPStrategy,"
-                " init_args: {mode: per_parameter}}, as configs/ddp_explicit.yaml does), or the name on the command line:"
-                " --trainer.strategy ddp_explicit --trainer.strategy.mode per_parameter."
-            )
-        short_name = re.search(r"Expected a dot import path string: (\w+)\b", message)
-        if short_name and short_name.group(1) in PUBLIC_PATHS:  # a built-in class loads when a run names it
-            message += f"\nName the class by its path: {PUBLIC_PATHS[short_name.group(1)]}"
-        return super().error(message, ex)
-
-
 class MultimodalCLI(LightningCLI):
-    """``LightningCLI`` with the project's defaults and linked args."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("parser_class", CheckedParser)
-        # --optimizer/--lr_scheduler would replace the module's per-tower param groups and schedule
-        kwargs.setdefault("auto_configure_optimizers", False)
-        super().__init__(*args, **kwargs)
+    """``LightningCLI`` with the project's linked options and checks of the run folder."""
 
     @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -170,90 +84,34 @@ class MultimodalCLI(LightningCLI):
         parser.link_arguments(
             "model", "data.init_args.image_config", compute_fn=image_config_of, apply_on="instantiate"
         )
-        # a checkpoint's dirpath is defaulted in parse_arguments: a link cannot reach into the callbacks list
 
     @override
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        if args is None or isinstance(args, list):
-            given = sys.argv[1:] if args is None else args
+        # The one more override: the run-folder checks read the parsed config and must act before LightningCLI
+        # reads a checkpoint's hyperparameters (right after parsing); a link cannot reach into trainer.callbacks.
+        given = sys.argv[1:] if args is None else args
+        if isinstance(given, list):  # a dict or namespace of options names its classes itself
             expanded = expand_short_names(expand_strategy_name(given))
-            if expanded != given:
-                args = expanded
+            args = args if expanded == given else expanded
         super().parse_arguments(parser, args)
-        # the one method override besides add_arguments_to_parser (and __init__'s defaults): these read the
-        # parsed config and must act before
-        # LightningCLI reads a checkpoint's hyperparameters (right after parsing)
-        self.default_checkpoint_dir()
-        check_resume(self.config, parser)
-
-    def default_checkpoint_dir(self) -> None:
-        """Default a checkpoint callback's ``dirpath`` to last.ckpt's, or else to ``<run dir>/checkpoints``."""
-        subcommand = self.config.get("subcommand")
-        config = self.config[subcommand] if subcommand else self.config
-        saving = checkpoint_callbacks(config)
-        for callback in saving:
-            if callback.init_args.get("filename") == "last" and callback.init_args.get("monitor") is not None:
-                self.parser.error(
-                    "the ModelCheckpoint that writes last.ckpt has a monitor: last.ckpt would hold the best step,"
-                    " not the latest; set the monitor on the other (best) checkpoint callback instead"
-                )
-        run_dir = config.get("trainer", {}).get("default_root_dir")
-        folder = folders_of(saving)["last"] or (os.path.join(run_dir, "checkpoints") if run_dir else None)
-        for callback in saving:
-            if callback.init_args.get("dirpath") is None:
-                callback.init_args.dirpath = folder
-
-
-def instantiate_datamodule(spec: object) -> Any:
-    """Build a datamodule from the parsed ``data`` section (``class_path`` / ``init_args``) of a config."""
-    init = spec.as_dict() if hasattr(spec, "as_dict") else dict(spec)  # type: ignore[call-overload]
-    return instantiate_class((), init)
-
-
-def data_config_parser(command: str, options: type, nested_key: str | None = None) -> CheckedParser:
-    """The parser of a command that reads a run's data only (``audit``, ``shard``): a config as ``fit`` takes it
-    (``--config``, ``--data.*``, ``--model.*``, ``--trainer.*``), the text tower naming the data's tokenizer, and
-    the dataclass ``options`` as more options (under ``nested_key``)."""
-    from jsonargparse import ActionConfigFile
-    from lightning.pytorch import LightningDataModule, Trainer
-
-    parser = CheckedParser(prog=f"python -m mm_lightning {command}", description=STANDALONE_COMMANDS[command])
-    parser.add_argument("--config", action=ActionConfigFile, help="a run's config (YAML), as fit takes it")
-    parser.add_argument("--seed_everything", type=bool | int, default=True)
-    parser.add_lightning_class_args(Trainer, "trainer")
-    parser.add_lightning_class_args(MultimodalModule, "model")
-    parser.add_lightning_class_args(LightningDataModule, "data", subclass_mode=True)
-    parser.add_class_arguments(options, nested_key)
-    parser.link_arguments("model.text_tower", "data.init_args.tokenizer", compute_fn=tokenizer_of)
-    return parser
-
-
-def read_data_config(
-    argv: list[str] | None, command: str, options: type, nested_key: str | None = None
-) -> tuple[Any, dict[str, Any]]:
-    """The data module of a run's config and the command's options, parsed by :func:`data_config_parser`. The
-    model is checked, not built (its weights may be remote); the trainer section is not used."""
-    parser = data_config_parser(command, options, nested_key)
-    config = parser.parse_args(expand_short_names(list(argv or [])))
-    given = config[nested_key] if nested_key else config
-    return instantiate_datamodule(config.data), {f: given[f] for f in options.__dataclass_fields__}
+        check_run_folder(self.config, parser)
 
 
 def cli_main(
-    args: list[str] | None = None, run: bool = True, cli_class: type = MultimodalCLI
+    args: list[str] | None = None, run: bool = True, cli_class: type = MultimodalCLI, **cli_options: Any
 ) -> MultimodalCLI:
     """Build (and by default run) the CLI; ``args`` replaces ``sys.argv[1:]`` (tests, notebooks)."""
     quiet_lightning_notices()
-    return cli_class(
-        MultimodalModule,
-        MultimodalDataModule,
-        subclass_mode_data=True,
-        trainer_defaults=TRAINER_DEFAULTS,
-        seed_everything_default=42,
-        save_config_kwargs={"overwrite": True},
-        args=args,
-        run=run,
-    )
+    options: dict[str, Any] = {
+        "subclass_mode_data": True,
+        "trainer_defaults": TRAINER_DEFAULTS,
+        "seed_everything_default": 42,
+        "save_config_kwargs": {"overwrite": True},
+        "parser_class": CheckedParser,
+        # --optimizer/--lr_scheduler would replace the module's per-tower param groups and schedule
+        "auto_configure_optimizers": False,
+    }
+    return cli_class(MultimodalModule, MultimodalDataModule, args=args, run=run, **{**options, **cli_options})
 
 
 def other_commands() -> str:

@@ -1,5 +1,6 @@
-"""The run folder: where a parsed config's checkpoint callbacks write, a fresh ``fit`` refused over an earlier
-run, and :func:`check_resume`, which checks ``--ckpt_path`` before loading (``last``, file, override warnings)."""
+"""The run folder, checked right after parsing (:func:`check_run_folder`): where the checkpoint callbacks write,
+a fresh ``fit`` refused over an earlier run, and ``--ckpt_path`` checked before loading (``last``, the file,
+the options it replaces)."""
 
 from __future__ import annotations
 
@@ -74,6 +75,29 @@ def refuse_earlier_checkpoints(dirpath: str | None, parser: Any) -> None:
         f"{dirpath} already holds an earlier run's checkpoints ({shown}); this run would replace them. Resume that"
         f" run with --ckpt_path last, start this one in its own folder with {where}, or delete the folder first."
     )
+
+
+def check_run_folder(cli_config: Any, parser: Any) -> None:
+    """Default the checkpoint folders, then :func:`check_resume` (a parsed config of the CLI, its parser)."""
+    subcommand = cli_config.get("subcommand")
+    default_checkpoint_dirs(cli_config[subcommand] if subcommand else cli_config, parser)
+    check_resume(cli_config, parser)
+
+
+def default_checkpoint_dirs(config: Any, parser: Any) -> None:
+    """Default a checkpoint callback's ``dirpath`` to last.ckpt's, or else to ``<run dir>/checkpoints``."""
+    saving = checkpoint_callbacks(config)
+    for callback in saving:
+        if callback.init_args.get("filename") == "last" and callback.init_args.get("monitor") is not None:
+            parser.error(
+                "the ModelCheckpoint that writes last.ckpt has a monitor: last.ckpt would hold the best step,"
+                " not the latest; set the monitor on the other (best) checkpoint callback instead"
+            )
+    run_dir = config.get("trainer", {}).get("default_root_dir")
+    folder = folders_of(saving)["last"] or (os.path.join(run_dir, "checkpoints") if run_dir else None)
+    for callback in saving:
+        if callback.init_args.get("dirpath") is None:
+            callback.init_args.dirpath = folder
 
 
 def check_resume(cli_config: Any, parser: Any) -> None:

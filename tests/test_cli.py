@@ -14,8 +14,7 @@ import torch
 from lightning.pytorch import Trainer
 
 from mm_lightning.callbacks import ProgressLines
-from mm_lightning.cli import MultimodalCLI, cli_main, main
-from mm_lightning.models import MultimodalModule
+from mm_lightning.cli import cli_main, main
 from tests.conftest import REPO, TinyRun, callback_args, tiny_demo_args
 
 
@@ -176,7 +175,7 @@ def test_module_entry_point_runs(capsys: pytest.CaptureFixture) -> None:
     # no option that would replace the module's optimizer groups and schedule (control: LightningCLI's default)
     assert "--optimizer" not in result.stdout and "--lr_scheduler" not in result.stdout
     with pytest.raises(SystemExit):
-        MultimodalCLI(MultimodalModule, args=["fit", "--help"], auto_configure_optimizers=True)
+        cli_main(["fit", "--help"], auto_configure_optimizers=True)
     assert "--optimizer " in capsys.readouterr().out
     # a callback's own options, as the help says to ask for them (in this process: no second start-up)
     with pytest.raises(SystemExit) as exit_info:

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mm_lightning.cli import CheckedParser, cli_main, expand_short_names
+from mm_lightning.cli import cli_main
+from mm_lightning.config_parser import CheckedParser, expand_short_names
 from tests.conftest import callback_args
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

@@ -13,8 +13,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # today's core, as README's "Where things are" says; lower these as the core shrinks
-MAX_CORE_MODULES = 40  # torchdata's epoch-end workaround in a file of its own: +1
-MAX_CORE_LINES = 6_055
+MAX_CORE_MODULES = 41  # the CLI's parser and short class names in a file of their own: +1
+MAX_CORE_LINES = 6_065
 OPT_IN = {
     "mm_lightning.strategies.explicit_ddp",
     "mm_lightning.strategies.reducers",

@@ -19,10 +19,11 @@ MAX_LINES = 400
 # towers/losses -> data, never back.
 LAYERS = [
     ("mm_lightning.data", ("mm_lightning.models", "mm_lightning.callbacks", "mm_lightning.cli",
-                           "mm_lightning.run_folder", "mm_lightning.strategies")),
-    ("mm_lightning.models", ("mm_lightning.callbacks", "mm_lightning.cli", "mm_lightning.run_folder",
-                             "mm_lightning.strategies")),
-    ("mm_lightning.callbacks", ("mm_lightning.cli", "mm_lightning.run_folder", "mm_lightning.strategies")),
+                           "mm_lightning.config_parser", "mm_lightning.run_folder", "mm_lightning.strategies")),
+    ("mm_lightning.models", ("mm_lightning.callbacks", "mm_lightning.cli", "mm_lightning.config_parser",
+                             "mm_lightning.run_folder", "mm_lightning.strategies")),
+    ("mm_lightning.callbacks", ("mm_lightning.cli", "mm_lightning.config_parser", "mm_lightning.run_folder",
+                                "mm_lightning.strategies")),
 ]  # fmt: skip
 
 

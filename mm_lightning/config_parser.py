@@ -1,0 +1,130 @@
+"""Parsing a run's config (``fit``'s and the data commands'): a parser whose errors name the fix and whose
+``--help`` is short, built-in classes by their short names on the command line, and the data of a config read
+alone (``audit``, ``shard``)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from importlib import import_module
+from typing import Any
+
+from jsonargparse import DefaultHelpFormatter
+from lightning.pytorch.cli import LightningArgumentParser, instantiate_class
+from typing_extensions import override
+
+from mm_lightning import PUBLIC_PATHS
+from mm_lightning.models import MultimodalModule
+from mm_lightning.models.towers.contract import tokenizer_of
+
+BUILT_IN_PACKAGES = ("mm_lightning.callbacks", "mm_lightning.data", "mm_lightning.models.towers",
+                     "mm_lightning.models.losses", "mm_lightning.strategies")  # fmt: skip
+
+
+def expand_short_names(args: list[str]) -> list[str]:
+    """Replace built-in short class names (``--model.image_tower TimmTower``) by their import paths.
+
+    LightningCLI resolves short names only among loaded classes (config files must give the path)."""
+    for package in BUILT_IN_PACKAGES:  # their exports fill PUBLIC_PATHS (nothing else loads yet)
+        import_module(package)
+    out = list(args)
+    for i, arg in enumerate(args):
+        key, eq, value = arg.partition("=")
+        if eq and takes_a_class(key) and value in PUBLIC_PATHS:
+            out[i] = f"{key}={PUBLIC_PATHS[value]}"
+        elif i and takes_a_class(args[i - 1]) and arg in PUBLIC_PATHS:
+            out[i] = PUBLIC_PATHS[arg]
+    return out
+
+
+CLASS_OPTIONS = {"model.image_tower", "model.text_tower", "model.loss", "trainer.strategy", "trainer.callbacks",
+                 "trainer.plugins", "trainer.logger", "data"}  # fmt: skip
+
+
+def takes_a_class(flag: str) -> bool:
+    """Whether the option ``flag`` takes a class (a part, ``--data``, a callback, a ``class_path``)."""
+    name = flag[2:].rstrip("+") if flag.startswith("--") else ""
+    return name in CLASS_OPTIONS or name.endswith(".class_path")
+
+
+class PartsHelpFormatter(DefaultHelpFormatter):
+    """``--help`` that names the built-in towers and losses instead of every loaded ``nn.Module`` subclass."""
+
+    @override
+    def _get_help_string(self, action: Any) -> str:
+        text = super()._get_help_string(action)
+        return re.sub(r"known subclasses: torch\.nn\.Module, [^)]*", BUILT_IN_PARTS, text, flags=re.S)
+
+
+BUILT_IN_PARTS = "any nn.Module; built in: mm_lightning.models.{towers,losses}"
+
+
+class CheckedParser(LightningArgumentParser):
+    """The CLI's parser: errors that name the fix, a short ``--help``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", PartsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    @override
+    def print_usage(self, file: Any = None) -> None:
+        (file or sys.stdout).write(f"usage: {self.short_usage()}\n")  # shown above a parser error
+
+    @override
+    def format_help(self) -> str:
+        self.usage = self.short_usage()
+        return super().format_help()
+
+    def short_usage(self) -> str:
+        # argparse's own usage would list every option once more
+        return f"{self.prog.replace(' [options]', '')} [options]"
+
+    @override
+    def error(self, message: str, ex: Exception | None = None) -> Any:
+        if "trainer.strategy" in message and "NestedArg" in message:
+            message += (
+                "\nA strategy registry name in a config file (e.g. strategy: ddp_explicit) takes no nested options;"
+                " give the class instead (strategy: {class_path: mm_lightning.strategies.ExplicitAllReduceDDPStrategy,"
+                " init_args: {mode: per_parameter}}, as configs/ddp_explicit.yaml does), or the name on the command line:"
+                " --trainer.strategy ddp_explicit --trainer.strategy.mode per_parameter."
+            )
+        short_name = re.search(r"Expected a dot import path string: (\w+)\b", message)
+        if short_name and short_name.group(1) in PUBLIC_PATHS:  # a built-in class loads when a run names it
+            message += f"\nName the class by its path: {PUBLIC_PATHS[short_name.group(1)]}"
+        return super().error(message, ex)
+
+
+def instantiate_datamodule(spec: object) -> Any:
+    """Build a datamodule from the parsed ``data`` section (``class_path`` / ``init_args``) of a config."""
+    init = spec.as_dict() if hasattr(spec, "as_dict") else dict(spec)  # type: ignore[call-overload]
+    return instantiate_class((), init)
+
+
+def data_config_parser(command: str, options: type, nested_key: str | None = None) -> CheckedParser:
+    """The parser of a command that reads a run's data only (``audit``, ``shard``): a config as ``fit`` takes it
+    (``--config``, ``--data.*``, ``--model.*``, ``--trainer.*``), the text tower naming the data's tokenizer, and
+    the dataclass ``options`` as more options (under ``nested_key``)."""
+    from jsonargparse import ActionConfigFile
+    from lightning.pytorch import LightningDataModule, Trainer
+
+    description = import_module(f"mm_lightning.{command}").__doc__  # the command module's own summary
+    parser = CheckedParser(prog=f"python -m mm_lightning {command}", description=description)
+    parser.add_argument("--config", action=ActionConfigFile, help="a run's config (YAML), as fit takes it")
+    parser.add_argument("--seed_everything", type=bool | int, default=True)
+    parser.add_lightning_class_args(Trainer, "trainer")
+    parser.add_lightning_class_args(MultimodalModule, "model")
+    parser.add_lightning_class_args(LightningDataModule, "data", subclass_mode=True)
+    parser.add_class_arguments(options, nested_key)
+    parser.link_arguments("model.text_tower", "data.init_args.tokenizer", compute_fn=tokenizer_of)
+    return parser
+
+
+def read_data_config(
+    argv: list[str] | None, command: str, options: type, nested_key: str | None = None
+) -> tuple[Any, dict[str, Any]]:
+    """The data module of a run's config and the command's options, parsed by :func:`data_config_parser`. The
+    model is checked, not built (its weights may be remote); the trainer section is not used."""
+    parser = data_config_parser(command, options, nested_key)
+    config = parser.parse_args(expand_short_names(list(argv or [])))
+    given = config[nested_key] if nested_key else config
+    return instantiate_datamodule(config.data), {f: given[f] for f in options.__dataclass_fields__}
