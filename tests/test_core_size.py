@@ -13,8 +13,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # today's core, as README's "Where things are" says; lower these as the core shrinks
-MAX_CORE_MODULES = 41  # the CLI's parser and short class names in a file of their own: +1
-MAX_CORE_LINES = 6_065
+MAX_CORE_MODULES = 42  # exact resume and preemption saves in files of their own: +1
+MAX_CORE_LINES = 6_085
 OPT_IN = {
     "mm_lightning.strategies.explicit_ddp",
     "mm_lightning.strategies.reducers",
