@@ -27,10 +27,13 @@ class AuditOptions:
 
 def main(argv: list[str] | None = None) -> int:
     """Audit the data of a run's config (``--config``, ``--data.*``; ``--audit.*`` for the options above)."""
+    from mm_lightning.cli import STANDALONE_COMMANDS
     from mm_lightning.config_parser import read_data_config
     from mm_lightning.data.audit import run_audit
 
-    datamodule, given = read_data_config(argv, "audit", AuditOptions, "audit")
+    datamodule, given = read_data_config(
+        argv, "audit", AuditOptions, "audit", description=STANDALONE_COMMANDS["audit"]
+    )
     options = AuditOptions(**given)
     report = run_audit(
         datamodule, options.output, options.max_error_rate, options.splits, options.workers, options.progress

@@ -74,7 +74,8 @@ def image_config_of(model: Any) -> dict[str, Any] | None:
 
 
 class MultimodalCLI(LightningCLI):
-    """``LightningCLI`` with the project's linked options and checks of the run folder."""
+    """``LightningCLI`` with the project's linked options and checks of the run folder; build it with
+    :func:`cli_main`, which passes the project's defaults."""
 
     @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -100,7 +101,8 @@ class MultimodalCLI(LightningCLI):
 def cli_main(
     args: list[str] | None = None, run: bool = True, cli_class: type = MultimodalCLI, **cli_options: Any
 ) -> MultimodalCLI:
-    """Build (and by default run) the CLI; ``args`` replaces ``sys.argv[1:]`` (tests, notebooks)."""
+    """Build (and by default run) the CLI; ``args`` replaces ``sys.argv[1:]`` (tests, notebooks), ``cli_options``
+    replace LightningCLI options of the project's defaults."""
     quiet_lightning_notices()
     options: dict[str, Any] = {
         "subclass_mode_data": True,

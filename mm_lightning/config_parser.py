@@ -100,14 +100,15 @@ def instantiate_datamodule(spec: object) -> Any:
     return instantiate_class((), init)
 
 
-def data_config_parser(command: str, options: type, nested_key: str | None = None) -> CheckedParser:
+def data_config_parser(
+    command: str, options: type, nested_key: str | None = None, description: str | None = None
+) -> CheckedParser:
     """The parser of a command that reads a run's data only (``audit``, ``shard``): a config as ``fit`` takes it
     (``--config``, ``--data.*``, ``--model.*``, ``--trainer.*``), the text tower naming the data's tokenizer, and
     the dataclass ``options`` as more options (under ``nested_key``)."""
     from jsonargparse import ActionConfigFile
     from lightning.pytorch import LightningDataModule, Trainer
 
-    description = import_module(f"mm_lightning.{command}").__doc__  # the command module's own summary
     parser = CheckedParser(prog=f"python -m mm_lightning {command}", description=description)
     parser.add_argument("--config", action=ActionConfigFile, help="a run's config (YAML), as fit takes it")
     parser.add_argument("--seed_everything", type=bool | int, default=True)
@@ -120,11 +121,15 @@ def data_config_parser(command: str, options: type, nested_key: str | None = Non
 
 
 def read_data_config(
-    argv: list[str] | None, command: str, options: type, nested_key: str | None = None
+    argv: list[str] | None,
+    command: str,
+    options: type,
+    nested_key: str | None = None,
+    description: str | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """The data module of a run's config and the command's options, parsed by :func:`data_config_parser`. The
     model is checked, not built (its weights may be remote); the trainer section is not used."""
-    parser = data_config_parser(command, options, nested_key)
+    parser = data_config_parser(command, options, nested_key, description)
     config = parser.parse_args(expand_short_names(list(argv or [])))
     given = config[nested_key] if nested_key else config
     return instantiate_datamodule(config.data), {f: given[f] for f in options.__dataclass_fields__}

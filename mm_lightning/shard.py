@@ -6,9 +6,12 @@ from __future__ import annotations
 
 def main(argv: list[str] | None = None) -> int:
     """Write the shards of a run's config (``--config``, ``--data.*``, and ``ShardOptions``: ``--out`` ...)."""
+    from mm_lightning.cli import STANDALONE_COMMANDS
     from mm_lightning.config_parser import read_data_config
     from mm_lightning.data.shard_writer import ShardOptions, shard_datamodule
 
-    datamodule, given = read_data_config(argv, "shard", ShardOptions)
+    datamodule, given = read_data_config(
+        argv, "shard", ShardOptions, description=STANDALONE_COMMANDS["shard"]
+    )
     shard_datamodule(datamodule, ShardOptions(**given))
     return 0

@@ -1,11 +1,12 @@
 """Saving when the job is told to stop: ``last.ckpt`` after the current batch on SIGTERM, SIGUSR1 or Ctrl-C, the
 same step on every rank, exit 0 (requeueable).
 
-Lightning's own SIGTERM path does not cover this: it saves nothing (outside SLURM's auto-requeue), handles neither
-SIGUSR1 nor a first Ctrl-C (exit 1, unsaved), its handler runs a collective inside the signal handler, and a signal
-on a rank other than 0 stops that rank alone (Lightning 2.6). This callback replaces that handler during ``fit`` and
-raises Lightning's ``SIGTERMException`` once saved. ``OnExceptionCheckpoint`` saves where an exception stops the
-step, which a resume cannot continue exactly; this one saves between batches, as ``ModelCheckpoint`` does."""
+Lightning's own path does not cover this (2.6): on SIGTERM it saves nothing; only under SLURM's auto-requeue does
+its SIGUSR1 handler save (inside the handler) and requeue; elsewhere SIGUSR1 kills the process and a first Ctrl-C
+exits 1, unsaved. Its SIGTERM handler runs a collective inside the signal handler, and a signal on a rank other than
+0 stops that rank alone. This callback's handlers replace Lightning's from the sanity check on, and it raises
+Lightning's ``SIGTERMException`` once saved. ``OnExceptionCheckpoint`` saves where an exception stops the step,
+which a resume cannot continue exactly; this one saves between batches, as ``ModelCheckpoint`` does."""
 
 from __future__ import annotations
 
@@ -81,8 +82,12 @@ class PreemptionCheckpoint(Callback):
         self._install()  # before Lightning's: loader workers forked later inherit a handler that spares them
 
     @override
+    def on_sanity_check_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._install()  # over Lightning's handler, registered after `setup`
+
+    @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._install()  # Lightning's handler (registered after `setup`) would raise mid-validation
+        self._install()  # also when there is no sanity check; Lightning's would raise mid-validation
 
     @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
