@@ -86,7 +86,7 @@ class GradientReducer(ABC):
 
 
 class PerParameterReducer(GradientReducer):
-    """The seed's loop, faithfully: one ``all_reduce(SUM)`` per parameter, then divide by the world size.
+    """A plain loop: one ``all_reduce(SUM)`` per parameter, then divide by the world size.
 
     Sum-then-divide equals DDP's divide-then-sum bit for bit when the world size is a power of two (the
     division is then exact); other world sizes can differ in the last bit.
