@@ -5,43 +5,56 @@
 Two layouts, picked from the towers:
 
 - both towers from one ``CLIPModel`` / ``SiglipModel`` directory (``CLIPImageTower`` + ``CLIPTextTower``): written
-  back as that class,
-  fine-tuned towers, projections and logit scale (and bias) included, with the source directory's tokenizer and
-  image processor;
+  back as that class, fine-tuned towers, projections and logit scale (and bias) included, with the source
+  directory's tokenizer and image processor;
 - otherwise a ``VisionTextDualEncoderModel``: an image tower from Hugging Face (``HFVisionTower``: ViT, DINOv2,
   CLIP vision, SigLIP vision; or ``CLIPImageTower``) and a Hugging Face text tower (``HFTextTower``: a hub name or
-  local directory such as a BERT; or ``CLIPTextTower``), with the module's projections and logit scale.
-  The data pipeline's tokenizer and image normalization/size are saved next to it as a
-  ``VisionTextDualEncoderProcessor`` (``AutoProcessor.from_pretrained(out)``).
+  local directory such as a BERT; or ``CLIPTextTower``), with the module's projections and logit scale. The data
+  pipeline's tokenizer and image normalization/size are saved next to it as a ``VisionTextDualEncoderProcessor``
+  (``AutoProcessor.from_pretrained(out)``).
 
 Either way ``get_image_features(...).pooler_output`` / ``get_text_features(...).pooler_output`` of the exported
-model equal the checkpoint's projected (pre-normalization) embeddings: export checks this on a small input and
-refuses to write otherwise, naming the half that differs. See :mod:`mm_lightning.export_dual_encoder` for how the
-projections are expressed in ``VisionTextDualEncoderModel``'s bias-free ones, and what cannot be (text
-``pooling: mean``, a DINOv2 tower with a projection bias, timm / torchvision towers).
+model equal the checkpoint's projected (pre-normalization) embeddings: export checks this on a small input
+(:func:`check_same_embeddings`) and refuses to write otherwise, naming the half that differs. Not expressible: text
+``pooling: mean``, a DINOv2 tower with a projection bias, timm / torchvision towers.
+
+How a module becomes a ``VisionTextDualEncoderModel``: the library model computes ``visual_projection(vision_model(x).pooler_output)`` (and the same for
+text) with bias-free projections. The module computes ``proj(tower(x).pooled)`` where ``proj`` is usually a
+Linear *with* bias, and where a BERT or ViT tower's ``pooled`` is the raw first token while the library model's
+``pooler_output`` goes through its pooler (``tanh(dense(first token))``). Each half is expressed exactly:
+
+- models with a first-token pooler (BERT-like text models, ViT): the pooler's dense layer carries the whole
+  projection ``W x + b`` in its first ``embed_dim`` rows (zeros below) and the library projection selects them.
+  ViT's pooler activation is configurable and set to ``linear``. BERT's is a fixed ``tanh``: the dense layer is
+  scaled by ``2**-24`` and the projection by ``2**24`` (powers of two: the scaling itself is exact), where
+  ``tanh(y) == y`` to float32 precision for projection outputs up to ``4096`` in size. Such a model is meant for
+  float32 (or bfloat16); float16 cannot hold the scaled values.
+- models whose ``pooler_output`` already is the tower's pooled vector (CLIP / SigLIP vision and text, DINOv2):
+  the projection weight is copied; a projection bias ``b`` is moved into the last bias that feeds only the pooled
+  vector (CLIP vision's post-LayerNorm, SigLIP's pooling head) as ``c`` with ``W c = b`` (``embed_dim`` at most
+  the tower width). DINOv2's last LayerNorm also feeds the patch tokens, so a projection bias there is refused.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import inspect
 import json
 import logging
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
+from transformers import PreTrainedModel, VisionTextDualEncoderConfig, VisionTextDualEncoderModel
+from transformers.activations import LinearActivation
 
 from mm_lightning.callbacks.run_report import sha256_of
-from mm_lightning.export_dual_encoder import (
-    ExportError,
-    build_dual_encoder,
-    check_same_embeddings,
-    effective_logit_scale,
-    save_processor,
-)
 from mm_lightning.models import DualEncoder
 from mm_lightning.models.towers.clip import CLIPImageTower, CLIPTextTower, load_dual_encoder
+from mm_lightning.models.towers.hf_text import HFTextTower
+from mm_lightning.models.towers.hf_vision import HFVisionTower
 
 log = logging.getLogger(__name__)
 FORMATS = ("hf",)
@@ -169,3 +182,279 @@ def main(argv: list[str] | None = None) -> int:
     (out / SOURCE_FILE).write_text(json.dumps(source, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {out} (from {source['checkpoint']}, SHA-256 {source['checkpoint_sha256']})")
     return 0
+
+
+# A module as a VisionTextDualEncoderModel (the projections expressed exactly, as the docstring says)
+
+# tanh(y) rounds to y in float32 for |y| < 2**-12, so 2**-24 keeps projection outputs up to 2**12 in its linear
+# range; a power of two so that scaling by it and back is exact.
+TANH_SCALE = 2.0**-24
+# relative tolerance of the embedding check (float32 rounding of reordered sums stays far below it)
+TOLERANCE = 1e-5
+# biases that feed only the pooled vector, per model type: where a projection bias can be moved exactly
+POOLED_BIAS = {
+    "clip_vision_model": "post_layernorm.bias",
+    "siglip_vision_model": "head.mlp.fc2.bias",
+    "siglip_text_model": "head.bias",
+}
+SUPPORTED = (
+    "image towers HFVisionTower (ViT, DINOv2, CLIP vision, SigLIP vision) or CLIPImageTower, text towers "
+    "HFTextTower (hub name or local directory, e.g. BERT) or CLIPTextTower"
+)
+
+
+class ExportError(ValueError):
+    """The checkpoint cannot be written in the requested format; the message says which part and why."""
+
+
+def effective_logit_scale(loss: nn.Module) -> Tensor:
+    """The (log) logit scale the loss trains with: its parameter, clamped as the loss clamps it."""
+    scale = torch.as_tensor(loss.logit_scale).detach().float()
+    return scale.clamp(max=getattr(loss, "max_log_scale", float("inf")))
+
+
+def _backbones(module: nn.Module) -> tuple[PreTrainedModel, PreTrainedModel]:
+    image, text = module.image_encoder, module.text_encoder
+    names = tuple(getattr(tower, "name", "(no name)") for tower in (image, text))
+    if not isinstance(image, (HFVisionTower, CLIPImageTower)) or not isinstance(
+        text, (HFTextTower, CLIPTextTower)
+    ):
+        raise ExportError(
+            f"export --format hf supports {SUPPORTED}; this checkpoint has image tower {names[0]!r} "
+            f"({type(image).__name__}) and text tower {names[1]!r} ({type(text).__name__})"
+        )
+    if isinstance(text, HFTextTower) and text.pooling != "cls":
+        raise ExportError(
+            f"text.pooling: {text.pooling} cannot be expressed by VisionTextDualEncoderModel, which pools text "
+            "with the model's own pooler (first token); only text.pooling: cls exports"
+        )
+    for side, backbone in (("image", image.model), ("text", text.model)):
+        if not isinstance(backbone, PreTrainedModel):
+            raise ExportError(
+                f"the {side} tower's model is a {type(backbone).__name__}, not a transformers model"
+            )
+    return image.model, text.model
+
+
+def _projection_parts(projection: nn.Module, width: int) -> tuple[Tensor, Tensor]:
+    """(W, b) of the module's projection; Identity is (I, 0)."""
+    if isinstance(projection, nn.Identity):
+        return torch.eye(width), torch.zeros(width)
+    if not isinstance(projection, nn.Linear):
+        raise ExportError(f"projection {type(projection).__name__} is not a Linear layer")
+    weight = projection.weight.detach().float()
+    bias = projection.bias.detach().float() if projection.bias is not None else torch.zeros(len(weight))
+    return weight, bias
+
+
+def _first_token_pooler(ours: PreTrainedModel, theirs: PreTrainedModel) -> nn.Module | None:
+    """The library model's first-token pooler where our tower dropped it (its pooled is the raw first token)."""
+    pooler = getattr(theirs, "pooler", None)
+    if getattr(ours, "pooler", "absent") is None and isinstance(getattr(pooler, "dense", None), nn.Linear):
+        return pooler
+    return None
+
+
+@torch.no_grad()
+def _place_in_pooler(side: str, pooler: nn.Module, library: nn.Linear, weight: Tensor, bias: Tensor) -> None:
+    """The projection in the pooler's dense rows; the library projection selects (and unscales) them."""
+    embed_dim, width = weight.shape
+    if embed_dim > width:
+        raise ExportError(
+            f"{side}: embed_dim {embed_dim} exceeds the tower width {width}; the {type(pooler).__name__} that "
+            f"carries the projection (with its bias) is {width} wide: train with embed_dim <= {width} to export"
+        )
+    if isinstance(pooler.activation, (LinearActivation, nn.Identity)):
+        scale = 1.0
+    elif isinstance(pooler.activation, nn.Tanh):
+        scale = TANH_SCALE
+    else:
+        raise ExportError(f"{side}: pooler activation {type(pooler.activation).__name__} is not supported")
+    dense = pooler.dense
+    dense.weight.zero_()
+    dense.bias.zero_()
+    dense.weight[:embed_dim] = weight * scale
+    dense.bias[:embed_dim] = bias * scale
+    library.weight.zero_()
+    library.weight[:, :embed_dim] = torch.eye(embed_dim) / scale
+
+
+@torch.no_grad()
+def _place_projection(
+    side: str, model: PreTrainedModel, library: nn.Linear, weight: Tensor, bias: Tensor
+) -> None:
+    """The projection weight copied; its bias moved into a bias that feeds only the pooled vector."""
+    library.weight.copy_(weight)
+    if not bias.any():
+        return
+    model_type = model.config.model_type
+    carrier_name = POOLED_BIAS.get(model_type)
+    if carrier_name is None:
+        raise ExportError(
+            f"{side}: the projection has a bias and {type(model).__name__} has no bias feeding only its pooled "
+            "output to hold it (VisionTextDualEncoderModel's projections have none)"
+        )
+    # W c = b: c moves the bias in front of the projection, which is linear
+    shift = torch.linalg.lstsq(weight.double(), bias.double()[:, None]).solution[:, 0]
+    residual = float((weight.double() @ shift - bias.double()).abs().max())
+    if residual > TOLERANCE * max(1.0, float(bias.abs().max())):
+        raise ExportError(
+            f"{side}: the projection bias is not reachable through its weight (embed_dim {len(weight)} vs "
+            f"tower width {weight.shape[1]}, residual {residual:.2e}); cannot be moved into {carrier_name}"
+        )
+    model.get_parameter(carrier_name).add_(shift.float())
+
+
+def _load_backbone(
+    side: str, ours: PreTrainedModel, theirs: PreTrainedModel, pooler: nn.Module | None
+) -> None:
+    missing, unexpected = theirs.load_state_dict(ours.state_dict(), strict=False)
+    allowed = {name for name, _ in pooler.named_parameters(prefix="pooler")} if pooler is not None else set()
+    problems = sorted(set(missing) - allowed) + sorted(unexpected)
+    if problems:
+        raise ExportError(
+            f"{side}: tower weights do not fit {type(theirs).__name__}: {', '.join(problems[:8])}"
+        )
+
+
+@torch.no_grad()
+def build_dual_encoder(module: nn.Module) -> VisionTextDualEncoderModel:
+    """The module's towers, projections and logit scale as a ``VisionTextDualEncoderModel``.
+
+    Args:
+        module: a ``MultimodalModule`` with supported towers (see the module docstring).
+
+    Raises:
+        ExportError: a tower or projection that the format cannot express.
+    """
+    image, text = _backbones(module)
+    vision_config, text_config = copy.deepcopy(image.config), copy.deepcopy(text.config)
+    if hasattr(vision_config, "pooler_act"):  # ViT: a linear pooler can carry the projection as is
+        vision_config.pooler_act, vision_config.pooler_output_size = "linear", vision_config.hidden_size
+    embed_dim = int(module.embed_dim)  # both projections end there (the module checks it)
+    config = VisionTextDualEncoderConfig.from_vision_text_configs(
+        vision_config,
+        text_config,
+        projection_dim=embed_dim,
+        logit_scale_init_value=float(effective_logit_scale(module.contrastive)),
+    )
+    try:
+        target = VisionTextDualEncoderModel(config).eval()
+    except ValueError as error:  # e.g. SigLIP's text half: transformers' AutoModel cannot build it alone
+        raise ExportError(
+            f"VisionTextDualEncoderModel cannot build its halves from {type(vision_config).__name__} + "
+            f"{type(text_config).__name__}: {str(error).splitlines()[0]}"
+        ) from error
+    halves = (
+        ("image", image, target.vision_model, module.image_proj, target.visual_projection),
+        ("text", text, target.text_model, module.text_proj, target.text_projection),
+    )
+    for side, ours, theirs, projection, library in halves:
+        pooler = _first_token_pooler(ours, theirs)
+        _load_backbone(side, ours, theirs, pooler)
+        weight, bias = _projection_parts(projection, ours.config.hidden_size)
+        if weight.shape[0] != embed_dim:
+            raise ExportError(f"{side}: projection to {weight.shape[0]} dimensions, the other to {embed_dim}")
+        if pooler is not None:
+            _place_in_pooler(side, pooler, library, weight, bias)
+        else:
+            _place_projection(side, theirs, library, weight, bias)
+    target.logit_scale.copy_(effective_logit_scale(module.contrastive))
+    loss_bias = getattr(module.contrastive, "logit_bias", None)
+    if isinstance(loss_bias, Tensor):
+        # the library's forward has no logit bias (a sigmoid loss's): kept in the config, said out loud
+        target.config.logit_bias = float(loss_bias.detach())
+        log.warning(
+            "the loss's logit bias %.4f is stored as config.logit_bias: VisionTextDualEncoderModel's logits "
+            "do not add it (embeddings are unaffected)",
+            target.config.logit_bias,
+        )
+    return target
+
+
+def _dummy_inputs(
+    module: nn.Module, target: PreTrainedModel
+) -> tuple[Tensor, dict[str, Tensor], dict[str, Any]]:
+    generator = torch.Generator().manual_seed(0)
+    side = int(module.data_config["image"]["input_size"][-1])
+    images = torch.randn(2, 3, side, side, generator=generator)
+    vocab = int(target.text_model.config.vocab_size)
+    input_ids = torch.randint(0, vocab, (2, 7), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, 4:] = 0  # padding in one row: both sides must mask it the same way
+    native = getattr(target.vision_model.config, "image_size", None)
+    takes_flag = "interpolate_pos_encoding" in inspect.signature(target.vision_model.forward).parameters
+    resized = takes_flag and isinstance(native, int) and native != side  # DINOv2 always interpolates
+    extra = {"interpolate_pos_encoding": True} if resized else {}
+    if extra:
+        log.warning(
+            "the image tower runs at %d px, its config at %d: call the exported model's "
+            "get_image_features(pixel_values, interpolate_pos_encoding=True)",
+            side,
+            native,
+        )
+    return images, {"input_ids": input_ids, "attention_mask": attention_mask}, extra
+
+
+@torch.no_grad()
+def check_same_embeddings(module: nn.Module, target: PreTrainedModel) -> None:
+    """Raises unless ``target``'s image and text features equal the module's projected embeddings.
+
+    Args:
+        module: the trained module (in eval mode).
+        target: the Hugging Face model about to be written.
+
+    Raises:
+        ExportError: naming the half that differs and by how much.
+    """
+    images, text, extra = _dummy_inputs(module, target)
+    device = next(module.parameters()).device  # the module may sit on a GPU; the export is built on the CPU
+    on_device = {k: v.to(device) for k, v in text.items()}
+    pairs = {
+        "image": (
+            module.encode_images(images.to(device))[1],
+            target.get_image_features(pixel_values=images, **extra),
+        ),
+        "text": (module.encode_text(on_device)[1], target.get_text_features(**text)),
+    }
+    for side, (want, got) in pairs.items():
+        want, got = want.float().cpu(), got.pooler_output.float()
+        difference = float((got - want).abs().max()) if got.shape == want.shape else float("inf")
+        if not difference <= TOLERANCE * max(1.0, float(want.abs().max())):
+            raise ExportError(
+                f"{side}: the exported {type(target).__name__}'s features differ from the checkpoint's "
+                f"embeddings (max difference {difference:.3g}); its {side} model pools or projects differently "
+                f"from the {side} tower {getattr(getattr(module, side + '_encoder'), 'name', '(no name)')!r}"
+            )
+
+
+def save_processor(module: nn.Module, out: Path, data: dict[str, Any]) -> None:
+    """Writes the tokenizer and an image processor with the training data's preprocessing, as one processor.
+
+    The image processor does what the evaluation transform does: resize the shorter side, center crop (bilinear),
+    normalize with the data's mean and std.
+
+    Args:
+        module: the trained module (its towers' preprocessing fills what ``data`` lacks).
+        out: the output directory.
+        data: the data module's hyperparameters (``mean``, ``std``, ``image_size``, ``tokenizer``, ``max_length``).
+    """
+    from PIL import Image
+    from transformers import AutoTokenizer, CLIPImageProcessor, VisionTextDualEncoderProcessor
+
+    from mm_lightning.assets import resolve_pretrained
+
+    towers = module.data_config["image"]
+    side = int(data.get("image_size") or towers["input_size"][-1])
+    image_processor = CLIPImageProcessor(
+        size={"shortest_edge": side},
+        crop_size={"height": side, "width": side},
+        resample=Image.Resampling.BILINEAR,
+        image_mean=[float(m) for m in data.get("mean") or towers["mean"]],
+        image_std=[float(s) for s in data.get("std") or towers["std"]],
+    )
+    tokenizer_name = data.get("tokenizer") or module.data_config["text"]["tokenizer"]
+    tokenizer = AutoTokenizer.from_pretrained(resolve_pretrained(tokenizer_name))
+    if data.get("max_length"):  # the captions were truncated there in training
+        tokenizer.model_max_length = int(data["max_length"])
+    VisionTextDualEncoderProcessor(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(out)

@@ -1,4 +1,4 @@
-"""The package stays readable as a template: no import cycle, no module over 400 lines, one-way layers, no
+"""The package stays readable as a template: no import cycle, one-way layers, no
 deprecation shims, no private Lightning name.
 
 Imports are read from the source (every ``import``, also those inside functions), so a lazy import that
@@ -14,7 +14,6 @@ from pathlib import Path
 from tests.conftest import REPO
 
 PACKAGE = REPO / "mm_lightning"
-MAX_LINES = 400
 # (importer prefix, prefixes it must not import): the read path of ``fit`` goes cli -> module -> model ->
 # towers/losses -> data, never back.
 LAYERS = [
@@ -99,20 +98,8 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def long_modules(root: Path) -> dict[str, int]:
-    return {
-        name: n
-        for name, path in module_files(root).items()
-        if (n := len(path.read_text().splitlines())) > MAX_LINES
-    }
-
-
 def test_no_import_cycle() -> None:
     assert cycles(import_graph(PACKAGE)) == []
-
-
-def test_no_module_over_400_lines() -> None:
-    assert long_modules(PACKAGE) == {}
 
 
 def test_layers_import_one_way() -> None:
@@ -240,19 +227,17 @@ def _write(root: Path, files: dict[str, str]) -> Path:
     return root / "pkg"
 
 
-def test_controls_a_cycle_and_a_long_module_are_found(tmp_path: Path) -> None:
-    # Controls: the checks above can fail (a lazy import closing a cycle; a module one line too long).
+def test_control_a_cycle_is_found(tmp_path: Path) -> None:
+    # Control: the check above can fail (a lazy import closing a cycle).
     pkg = _write(
         tmp_path,
         {
             "pkg/__init__.py": "from pkg import a\n",
             "pkg/a.py": "from pkg.b import f\n",
             "pkg/b.py": "def f():\n    from pkg.a import g\n",
-            "pkg/c.py": "x = 1\n" * (MAX_LINES + 1),
         },
     )
     assert cycles(import_graph(pkg)) == [["pkg.a", "pkg.b"]]
-    assert long_modules(pkg) == {"pkg.c": MAX_LINES + 1}
 
 
 def test_control_package_imports_of_children_are_not_cycles(tmp_path: Path) -> None:
