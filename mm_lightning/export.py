@@ -18,10 +18,11 @@ model equal the checkpoint's projected (pre-normalization) embeddings: export ch
 (:func:`check_same_embeddings`) and refuses to write otherwise, naming the half that differs. Not expressible: text
 ``pooling: mean``, a DINOv2 tower with a projection bias, timm / torchvision towers.
 
-How a module becomes a ``VisionTextDualEncoderModel``: the library model computes ``visual_projection(vision_model(x).pooler_output)`` (and the same for
-text) with bias-free projections. The module computes ``proj(tower(x).pooled)`` where ``proj`` is usually a
-Linear *with* bias, and where a BERT or ViT tower's ``pooled`` is the raw first token while the library model's
-``pooler_output`` goes through its pooler (``tanh(dense(first token))``). Each half is expressed exactly:
+How a module becomes a ``VisionTextDualEncoderModel``: the library model computes
+``visual_projection(vision_model(x).pooler_output)`` (and the same for text) with bias-free projections. The module
+computes ``proj(tower(x).pooled)`` where ``proj`` is usually a Linear *with* bias, and where a BERT or ViT tower's
+``pooled`` is the raw first token while the library model's ``pooler_output`` goes through its pooler
+(``tanh(dense(first token))``). Each half is expressed exactly:
 
 - models with a first-token pooler (BERT-like text models, ViT): the pooler's dense layer carries the whole
   projection ``W x + b`` in its first ``embed_dim`` rows (zeros below) and the library projection selects them.
@@ -59,7 +60,18 @@ from mm_lightning.models.towers.hf_vision import HFVisionTower
 log = logging.getLogger(__name__)
 FORMATS = ("hf",)
 SOURCE_FILE = "source_checkpoint.json"  # the checkpoint an export came from, by path and SHA-256
-__all__ = ["ExportError", "export_hf", "main"]
+# relative tolerance of the embedding check (float32 rounding of reordered sums stays far below it)
+TOLERANCE = 1e-5
+
+
+class ExportError(ValueError):
+    """The checkpoint cannot be written in the requested format; the message says which part and why."""
+
+
+def effective_logit_scale(loss: nn.Module) -> Tensor:
+    """The (log) logit scale the loss trains with: its parameter, clamped as the loss clamps it."""
+    scale = torch.as_tensor(loss.logit_scale).detach().float()
+    return scale.clamp(max=getattr(loss, "max_log_scale", float("inf")))
 
 
 def _single_source_directory(module: DualEncoder) -> str | None:
@@ -119,7 +131,7 @@ def _clip_model(module: DualEncoder, source_dir: str) -> nn.Module:
             raise ExportError(f"{type(target).__name__} has no {name} to hold the trained projection")
     target.logit_scale.copy_(effective_logit_scale(module.contrastive))
     loss_bias = getattr(module.contrastive, "logit_bias", None)
-    if getattr(target, "logit_bias", None) is not None and isinstance(loss_bias, torch.Tensor):
+    if getattr(target, "logit_bias", None) is not None and isinstance(loss_bias, Tensor):
         target.logit_bias.copy_(loss_bias.detach())
     return target
 
@@ -184,13 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-# A module as a VisionTextDualEncoderModel (the projections expressed exactly, as the docstring says)
+# A module as a VisionTextDualEncoderModel (the projections expressed exactly, as the docstring says);
+# check_same_embeddings, below, checks both layouts
 
 # tanh(y) rounds to y in float32 for |y| < 2**-12, so 2**-24 keeps projection outputs up to 2**12 in its linear
 # range; a power of two so that scaling by it and back is exact.
 TANH_SCALE = 2.0**-24
-# relative tolerance of the embedding check (float32 rounding of reordered sums stays far below it)
-TOLERANCE = 1e-5
 # biases that feed only the pooled vector, per model type: where a projection bias can be moved exactly
 POOLED_BIAS = {
     "clip_vision_model": "post_layernorm.bias",
@@ -201,16 +212,6 @@ SUPPORTED = (
     "image towers HFVisionTower (ViT, DINOv2, CLIP vision, SigLIP vision) or CLIPImageTower, text towers "
     "HFTextTower (hub name or local directory, e.g. BERT) or CLIPTextTower"
 )
-
-
-class ExportError(ValueError):
-    """The checkpoint cannot be written in the requested format; the message says which part and why."""
-
-
-def effective_logit_scale(loss: nn.Module) -> Tensor:
-    """The (log) logit scale the loss trains with: its parameter, clamped as the loss clamps it."""
-    scale = torch.as_tensor(loss.logit_scale).detach().float()
-    return scale.clamp(max=getattr(loss, "max_log_scale", float("inf")))
 
 
 def _backbones(module: nn.Module) -> tuple[PreTrainedModel, PreTrainedModel]:

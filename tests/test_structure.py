@@ -1,5 +1,5 @@
-"""The package stays readable as a template: no import cycle, one-way layers, no
-deprecation shims, no private Lightning name.
+"""The package stays readable as a template: no import cycle, one-way layers, the explicit all-reduce off the
+read path, no private name imported across modules, no deprecation shims, no private Lightning name.
 
 Imports are read from the source (every ``import``, also those inside functions), so a lazy import that
 would close a cycle counts too.
