@@ -5,7 +5,7 @@ projections (to 256 dimensions) and the CLIP temperature trained with the contra
 set as one batch (AdamW), from 5 initializations; the step and the initialization are picked on validation
 text-to-image R@1. Each recipe (``configs/<name>.yaml``: its model, optimizer, trainer
 and data options) trains on the same files, same towers and image size, its checkpoint picked on validation
-``val/r1_t2i``. Both are scored on the test split under the multi-caption protocol (``mm_lightning.metrics``).
+``val/r1_t2i``. Both are scored on the test split under the multi-caption protocol (``mm_lightning.evaluation.metrics``).
 Each run has a process of its own, so its peak memory (resident set) is its own; the table also gives the
 trainable parameters and the wall time.
 
@@ -49,7 +49,7 @@ from lightning.pytorch.cli import instantiate_class
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from mm_lightning.data import MultimodalDataModule
-from mm_lightning.metrics import retrieval_metrics
+from mm_lightning.evaluation.metrics import retrieval_metrics
 from mm_lightning.models import MultimodalModule
 from mm_lightning.models.losses import ContrastiveLoss
 from mm_lightning.models.towers.contract import tokenizer_of

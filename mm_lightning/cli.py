@@ -22,7 +22,7 @@ from mm_lightning.models.towers.contract import tokenizer_of
 from mm_lightning.run_folder import check_run_folder
 from mm_lightning.strategies import expand_strategy_name  # (also registers the "ddp_explicit" name)
 
-# Commands with their own small parsers (mm_lightning.<name>.main), listed in ``--help`` with these lines.
+# Commands with their own small parsers (mm_lightning.commands.<name>.main), listed in ``--help`` with these lines.
 STANDALONE_COMMANDS = {
     "audit": "Check every record, image and caption of a config's data; JSON report (options: audit --help).",
     "shard": "Convert a config's JSONL splits and images into WebDataset shards (options: shard --help).",
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     try:
         if args and args[0] in STANDALONE_COMMANDS:  # commands with their own small argument parsers
-            return import_module(f"mm_lightning.{args[0]}").main(list(args[1:]))
+            return import_module(f"mm_lightning.commands.{args[0]}").main(list(args[1:]))
         try:
             cli_main(argv)
         finally:

@@ -12,10 +12,10 @@ import torch
 from clip_benchmark.metrics import zeroshot_classification, zeroshot_retrieval
 
 from mm_lightning.cli import cli_main, main
+from mm_lightning.commands.evaluate import markdown_tables, prompt_templates, read_list
 from mm_lightning.data.collate import load_tokenizer
 from mm_lightning.data.images import decode_image_file
 from mm_lightning.data.transforms import Normalize, eval_transform
-from mm_lightning.evaluate import markdown_tables, prompt_templates, read_list
 from mm_lightning.models import DualEncoder
 from tests.conftest import DEMO_CONFIG, TinyRun, callback_args, tiny_demo_args
 from tests.test_process_exit import run_or_report_hang

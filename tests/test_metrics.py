@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mm_lightning.metrics import (
+from mm_lightning.evaluation.metrics import (
     RetrievalMetrics,
     dedup_images,
     retrieval_metrics,
@@ -173,7 +173,7 @@ def test_metric_refuses_captions_of_images_never_added() -> None:
 
 def test_eval_rows_count_each_valid_record_once_per_epoch() -> None:
     """Stand-ins never count; a record counts at its first genuine row, even after a stand-in copy of it."""
-    from mm_lightning.models.evaluation import EvalRows
+    from mm_lightning.evaluation.validation import EvalRows
 
     rows = EvalRows()
     keep = rows.keep(torch.tensor([5, 3, 5, 7]), torch.tensor([False, False, False, True]))

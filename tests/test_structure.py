@@ -15,14 +15,19 @@ from tests.conftest import REPO
 
 PACKAGE = REPO / "mm_lightning"
 # (importer prefix, prefixes it must not import): the read path of ``fit`` goes cli -> module -> model ->
-# towers/losses -> data, never back.
+# towers/losses -> data, never back; evaluation is the module's, the commands sit on top.
+COMMAND_LINE = (
+    "mm_lightning.cli",
+    "mm_lightning.config_parser",
+    "mm_lightning.run_folder",
+    "mm_lightning.commands",
+)
 LAYERS = [
-    ("mm_lightning.data", ("mm_lightning.models", "mm_lightning.callbacks", "mm_lightning.cli",
-                           "mm_lightning.config_parser", "mm_lightning.run_folder", "mm_lightning.strategies")),
-    ("mm_lightning.models", ("mm_lightning.callbacks", "mm_lightning.cli", "mm_lightning.config_parser",
-                             "mm_lightning.run_folder", "mm_lightning.strategies")),
-    ("mm_lightning.callbacks", ("mm_lightning.cli", "mm_lightning.config_parser", "mm_lightning.run_folder",
-                                "mm_lightning.strategies")),
+    ("mm_lightning.data", ("mm_lightning.models", "mm_lightning.evaluation", "mm_lightning.callbacks",
+                           "mm_lightning.strategies", *COMMAND_LINE)),
+    ("mm_lightning.models", ("mm_lightning.callbacks", "mm_lightning.strategies", *COMMAND_LINE)),
+    ("mm_lightning.evaluation", ("mm_lightning.callbacks", "mm_lightning.strategies", *COMMAND_LINE)),
+    ("mm_lightning.callbacks", ("mm_lightning.strategies", *COMMAND_LINE)),
 ]  # fmt: skip
 
 

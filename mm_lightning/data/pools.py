@@ -11,8 +11,7 @@ from concurrent.futures import ProcessPoolExecutor
 from mm_lightning import ExplainedError
 
 PRELOAD = (
-    "mm_lightning.data.audit",
-    "mm_lightning.data.sources.shard_audit",
+    "mm_lightning.commands.audit",
     "mm_lightning.data.shard_writer",
 )
 

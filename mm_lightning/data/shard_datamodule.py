@@ -109,23 +109,6 @@ class ShardDataModule(MultimodalDataModule):
             raise ValueError(f"{split} shards {spec!r}: 0 samples listed; there is nothing to read.")
         return dataset
 
-    def audit_shards(self, split: str, workers: int, progress: bool) -> dict[str, Any] | None:
-        """The audit report of ``split`` when it is read from shards (``None`` otherwise): every sample checked
-        as training reads it, at full size, one process per shard."""
-        from mm_lightning.data.audit import caption_report
-        from mm_lightning.data.sources.shard_audit import audit_shard_split
-
-        hp, spec = self.hparams, self.shard_specs.get(split)
-        if spec is None:
-            return None
-        shards = list_shards(spec, hp.storage_options, hp.cache_dir)
-        dataset = ShardDataset(
-            shards, self.sample_builder(split, full_size=True), hp.text_key, "random", self.bad_record_policy(),
-            hp.storage_options, hp.cache_dir, open_shards=1,
-        )  # fmt: skip
-        report, captions = audit_shard_split(dataset, spec, workers, progress)
-        return {**report, **caption_report(captions, hp.tokenizer, hp.max_length)}
-
     def _train_mix(self) -> MixedDataset | None:
         if self.sources:
             parts: list[Dataset] = []

@@ -242,7 +242,7 @@ class MultimodalModule(LightningModule):
 
     def _evaluation(self) -> Any:
         if self.evaluation is None:  # the evaluation code loads only when a run evaluates
-            from mm_lightning.models.evaluation import Evaluation
+            from mm_lightning.evaluation.validation import Evaluation
 
             self.evaluation = Evaluation.of(self)
         return self.evaluation

@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch import Trainer
 from torch.utils.data import DataLoader, Dataset
 
-from mm_lightning.metrics import retrieval_metrics
+from mm_lightning.evaluation.metrics import retrieval_metrics
 from tests.models.helpers import make_batch, tiny_module
 
 ROWS, CAPTIONS = 24, 3  # 8 images, 3 captions each, consecutive rows
@@ -85,7 +85,7 @@ def test_skipped_records_change_no_metric_on_one_device(tmp_path: Path) -> None:
     """Under on_bad_record=skip, undecodable images are replaced by valid samples (which then appear twice):
     the metrics must equal those of the valid records alone."""
     from mm_lightning.data import MultimodalDataModule
-    from mm_lightning.models.evaluation import Evaluation
+    from mm_lightning.evaluation.validation import Evaluation
     from tests.data.helpers import coco_style, write_jsonl
 
     clean = coco_style(tmp_path, num_images=6, captions_per_image=2)
@@ -186,7 +186,7 @@ def test_val_loss_control_batch_by_batch_depends_on_skips(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Control: scored batch by batch (each batch's valid rows a chunk of their own), the skips change the value."""
-    from mm_lightning.models.evaluation import ChunkedLoss
+    from mm_lightning.evaluation.validation import ChunkedLoss
 
     clean, with_broken = _records_with_broken_images(tmp_path)
     add = ChunkedLoss.add

@@ -131,7 +131,7 @@ def test_embedding_writer_writes_loadable_file(trained, tmp_path: Path, file_for
 
 def test_readme_text_to_image_search(trained, tmp_path: Path) -> None:
     """The README's search snippet over a predict file: a caption's top image is its own."""
-    from mm_lightning.metrics import first_occurrence
+    from mm_lightning.evaluation.metrics import first_occurrence
 
     model, _, _ = trained
     model.eval()

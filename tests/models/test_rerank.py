@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mm_lightning.metrics import retrieval_metrics
+from mm_lightning.evaluation.metrics import retrieval_metrics
+from mm_lightning.evaluation.rerank import Reranker
 from mm_lightning.models.itm import ImageTextMatching
 from mm_lightning.models.losses.base import l2_normalize
-from mm_lightning.models.rerank import Reranker
 
 IMAGES, CAPTIONS, K = 12, 2, 4
 
@@ -111,7 +111,7 @@ def test_validation_reports_reranked_recall_and_needs_the_head(tmp_path, precisi
     """Under bf16 autocast too: the re-ranking runs at the epoch's end, outside the steps' autocast."""
     from lightning.pytorch import Trainer
 
-    from mm_lightning.models.rerank import NoMatchingHead
+    from mm_lightning.evaluation.rerank import NoMatchingHead
     from tests.models.helpers import make_batch, tiny_module
 
     batch = make_batch(size=12, captions_per_image=2, seed=3)

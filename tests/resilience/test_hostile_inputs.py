@@ -22,8 +22,8 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from mm_lightning.cli import cli_main, main
+from mm_lightning.commands.audit import audit
 from mm_lightning.data import EmptySplitError, MultimodalDataModule, NoTrainingBatch, RecordError, SkipLog
-from mm_lightning.data.audit import audit
 from tests.conftest import DEFAULT_CALLBACKS, DEMO_CONFIG, REPO, callback_args
 from tests.data.helpers import TOKENIZER
 from tests.data.hostile import CASES, Case, good_line, write_case_file
@@ -319,7 +319,7 @@ def test_cli_validation_loss_under_skip_equals_the_valid_records_alone(
     assert "val/loss" in clean_metrics and hostile_metrics == pytest.approx(clean_metrics, abs=1e-6)
 
     # control: counting every row (as the loss did before) gives another val/loss
-    from mm_lightning.models.evaluation import EvalRows
+    from mm_lightning.evaluation.validation import EvalRows
 
     monkeypatch.setattr(
         EvalRows, "keep", lambda self, index, stand_in: torch.ones_like(index, dtype=torch.bool)

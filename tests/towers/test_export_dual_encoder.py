@@ -14,8 +14,8 @@ from PIL import Image
 
 from mm_lightning.assets import DEMO_BERT, resolve_pretrained
 from mm_lightning.cli import main
+from mm_lightning.commands.export import ExportError, build_dual_encoder, check_same_embeddings, export_hf
 from mm_lightning.data.transforms import Normalize
-from mm_lightning.export import ExportError, build_dual_encoder, check_same_embeddings, export_hf
 from mm_lightning.models import MultimodalModule
 from mm_lightning.models.towers import CLIPTextTower, HFTextTower, HFVisionTower, TorchvisionTower
 from tests.towers.dual_encoders import save_tiny

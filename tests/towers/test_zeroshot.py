@@ -14,7 +14,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from mm_lightning.assets import DEMO_BERT
 from mm_lightning.data.collate import load_tokenizer
 from mm_lightning.data.transforms import Normalize
-from mm_lightning.zeroshot import ZeroShotEvaluation, evaluate, load_labeled_images
+from mm_lightning.evaluation.zeroshot import ZeroShotEvaluation, evaluate, load_labeled_images
 
 COLORS = {"red": (220, 20, 20), "green": (20, 200, 20), "blue": (20, 20, 220)}
 

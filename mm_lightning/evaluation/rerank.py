@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mm_lightning import ExplainedError
-from mm_lightning.metrics import Ranks
+from mm_lightning.evaluation.metrics import Ranks
 from mm_lightning.models.itm import ImageTextMatching
 from mm_lightning.models.losses.base import l2_normalize
 

@@ -23,7 +23,7 @@ from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 
 from mm_lightning import ExplainedError
 from mm_lightning.callbacks.run_report import sha256_of
-from mm_lightning.metrics import DEFAULT_KS, Ranks
+from mm_lightning.evaluation.metrics import DEFAULT_KS, Ranks
 
 RETRIEVAL = "zeroshot_retrieval"
 CLASSIFICATION = "zeroshot_classification"
@@ -53,7 +53,7 @@ def prompt_templates(templates: list[str] | None) -> list[str]:
     """``None`` or ``["openai"]``: CLIP's 80 ImageNet templates; a ``.json``/``.txt`` file; else the templates."""
     templates = templates or ["openai"]
     if len(templates) == 1 and templates[0] in TEMPLATE_SETS:
-        return read_list([str(Path(__file__).parent / "assets" / TEMPLATE_SETS[templates[0]])])
+        return read_list([str(Path(__file__).parents[1] / "assets" / TEMPLATE_SETS[templates[0]])])
     return read_list(templates)
 
 
@@ -135,7 +135,7 @@ def run_evaluation(
         )
     classifier = None
     if options.zeroshot is not None:
-        from mm_lightning.zeroshot import ZeroShotEvaluation
+        from mm_lightning.evaluation.zeroshot import ZeroShotEvaluation
 
         data = Path(options.zeroshot)
         name = data.stem if data.is_file() else data.name
@@ -144,7 +144,7 @@ def run_evaluation(
         classifier = ZeroShotEvaluation(name, options.zeroshot, classnames, templates)
         trainer.callbacks.append(classifier)
     if options.rerank_k is not None:  # else the checkpoint's fusion.rerank_k
-        from mm_lightning.models.evaluation import Evaluation
+        from mm_lightning.evaluation.validation import Evaluation
 
         model.evaluation = Evaluation(options.rerank_k)
     trainer.test(model, datamodule=datamodule, ckpt_path=ckpt_path, verbose=False)

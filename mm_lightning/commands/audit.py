@@ -18,7 +18,7 @@ import json
 import os
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from PIL import Image
@@ -31,6 +31,9 @@ from mm_lightning.data.jsonl import check_utf8
 from mm_lightning.data.pools import process_pool, splits_with_files
 from mm_lightning.data.records import Record, RecordError
 from mm_lightning.data.samples import SampleBuilder
+
+if TYPE_CHECKING:
+    from mm_lightning.data.sources.shard_dataset import ShardDataset
 
 SIZE_BUCKETS = (0, 32, 64, 128, 224, 384, 512, 1024, 2048)
 TOKEN_BUCKETS = (0, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512)
@@ -150,7 +153,7 @@ def _image_report(scan: SplitScan, results: dict[str, dict[str, Any]]) -> dict[s
 def audit(dm: MultimodalDataModule, splits: list[str], workers: int, progress: bool) -> dict[str, Any]:
     """Scan ``splits`` of ``dm`` and return the report (a JSON-able dict)."""
     hp = dm.hparams
-    # Splits read from WebDataset shards have their own scan (mm_lightning.data.sources.shard_audit).
+    # Splits read from WebDataset shards have their own scan (audit_shards).
     shard_splits = [s for s in splits if getattr(dm, "shard_specs", {}).get(s) is not None]
     jsonl_splits = splits_with_files(dm.files, [s for s in splits if s not in shard_splits], "audit")
     scans = {s: scan_lines(dm, s) for s in jsonl_splits}
@@ -185,7 +188,7 @@ def audit(dm: MultimodalDataModule, splits: list[str], workers: int, progress: b
         }
         total_records, total_errors = total_records + scan.records, total_errors + errors
     for split in shard_splits:
-        rep = report["splits"][split] = dm.audit_shards(split, workers, progress)  # type: ignore[attr-defined]
+        rep = report["splits"][split] = audit_shards(dm, split, workers, progress)
         total_records, total_errors = total_records + rep["records"], total_errors + rep["errors"]
         if rep["records"] == rep["errors"]:
             empty.append(split)
@@ -235,3 +238,117 @@ def run_audit(
     for split in report["splits_without_valid_records"]:
         print(f"  {split}: 0 valid records in {report['splits'][split]['file']}: training would stop")
     return report
+
+
+def check_shard(dataset: ShardDataset, shard: int) -> dict[str, Any]:
+    """Check every sample of one shard as training reads it (record, decode, transform)."""
+    from mm_lightning.data.sources.shards import ShardError
+
+    first, stop = int(dataset.sample_starts[shard]), int(dataset.sample_starts[shard + 1])
+    out: dict[str, Any] = {"ok": [], "bad": []}
+    for sample in range(first, stop):
+        try:
+            record = dataset.record(sample)
+            image = dataset.builder.decode(record)
+            dataset.builder.apply_transform(record, image)
+        except RecordError as err:
+            out["bad"].append((err.sample or str(sample), err.kind, str(err)))
+            continue
+        except ShardError as err:  # missing: every sample of the shard is lost
+            out["bad"].extend((f"#{n - first + 1}", "missing_image", str(err)) for n in range(first, stop))
+            break
+        digest = hashlib.blake2b(record.image, digest_size=16).hexdigest()  # type: ignore[arg-type]
+        side = min(int(image.shape[-2]), int(image.shape[-1]))
+        out["ok"].append((record.image_name, digest, side, record.captions))
+    dataset.cache.close()
+    return out
+
+
+def audit_shards(dm: Any, split: str, workers: int, progress: bool) -> dict[str, Any]:
+    """The report of a split that ``dm`` (a ``ShardDataModule``) reads from WebDataset shards: every sample
+    checked as training reads it, at full size, one process per shard; the same fields as a JSONL split's."""
+    from mm_lightning.data.sources.shard_dataset import ShardDataset
+    from mm_lightning.data.sources.shards import list_shards
+
+    hp, spec = dm.hparams, dm.shard_specs[split]
+    dataset = ShardDataset(
+        list_shards(spec, hp.storage_options, hp.cache_dir), dm.sample_builder(split, full_size=True), hp.text_key,
+        "random", dm.bad_record_policy(), hp.storage_options, hp.cache_dir, open_shards=1,
+    )  # fmt: skip
+    bad_lines: Counter = Counter()
+    examples: dict[str, list[str]] = defaultdict(list)
+    bad_records: list[tuple[str, str]] = []
+    by_hash: dict[str, list[str]] = defaultdict(list)
+    sides: list[int] = []
+    captions: list[str] = []
+    shards = range(len(dataset.shards))
+    with process_pool(workers) as pool:
+        results = tqdm(
+            pool.map(check_shard, [dataset] * len(shards), shards),
+            total=len(shards),
+            desc="audit: reading shards",
+            disable=not progress,
+        )
+        for shard, result in zip(shards, results, strict=True):
+            for key, kind, message in result["bad"]:
+                bad_lines[kind] += 1
+                bad_records.append((f"{dataset.shards[shard].url} {key}", kind))
+                if len(examples[kind]) < EXAMPLES:
+                    examples[kind].append(message)
+            for name, digest, side, caps in result["ok"]:
+                by_hash[digest].append(f"{dataset.shards[shard].url}:{name}")
+                sides.append(side)
+                captions.extend(caps)
+    errors = sum(bad_lines.values())
+    report = {
+        "file": str(spec),
+        "shards": len(dataset.shards),
+        "records": dataset.num_samples,
+        "valid_records": dataset.num_samples - errors,
+        "errors": errors,
+        "bad_lines": dict(bad_lines),
+        "examples": dict(examples),
+        "bad_records": sorted(bad_records),
+        "images": dataset.num_samples,
+        "missing_images": bad_lines["missing_image"],
+        "undecodable_images": bad_lines["undecodable_image"],
+        "duplicate_images_by_content": sum(len(v) - 1 for v in by_hash.values() if len(v) > 1),
+        "duplicate_image_examples": [v for v in by_hash.values() if len(v) > 1][:EXAMPLES],
+        "image_short_side_histogram": histogram(sides, SIZE_BUCKETS),
+    }
+    return {**report, **caption_report(captions, hp.tokenizer, hp.max_length)}
+
+
+@dataclass
+class AuditOptions:
+    """Options of ``audit``.
+
+    Args:
+        output: Path of the JSON report.
+        splits: Splits to scan (those without a file are skipped).
+        workers: Image-decoding processes.
+        max_error_rate: Exit with status 1 when (bad records / records) exceeds this.
+        progress: Show a progress bar while decoding images."""
+
+    output: str = "audit_report.json"
+    splits: list[str] = field(default_factory=lambda: ["train", "val", "test"])
+    workers: int = os.cpu_count() or 1
+    max_error_rate: float = 0.0
+    progress: bool = True
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Audit the data of a run's config (``--config``, ``--data.*``; ``--audit.*`` for the options above)."""
+    from mm_lightning.cli import STANDALONE_COMMANDS
+    from mm_lightning.config_parser import read_data_config
+
+    datamodule, given = read_data_config(
+        argv, "audit", AuditOptions, "audit", description=STANDALONE_COMMANDS["audit"]
+    )
+    options = AuditOptions(**given)
+    report = run_audit(
+        datamodule, options.output, options.max_error_rate, options.splits, options.workers, options.progress
+    )
+    if report["exit_code"]:
+        print("audit: too many bad records or a split without a valid record: exit status 1", flush=True)
+    return report["exit_code"]

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from mm_lightning.data.records import STAND_IN_KEY
 from mm_lightning.distributed import gather_rows, pad_to_global_length, single_process, world
-from mm_lightning.metrics import Ranks, RetrievalMetrics, first_occurrence
+from mm_lightning.evaluation.metrics import Ranks, RetrievalMetrics, first_occurrence
 from mm_lightning.models.config import DEFAULT_FUSION, FusionConfig, as_config
 from mm_lightning.models.losses.base import l2_normalize, weighted_sum
 from mm_lightning.models.towers.base import EncoderOutput
@@ -179,7 +179,7 @@ class Evaluation(nn.Module):
         self.loss = ChunkedLoss()
         self.reranker: Any = None
         if rerank_k:
-            from mm_lightning.models.rerank import Reranker
+            from mm_lightning.evaluation.rerank import Reranker
 
             self.reranker = Reranker(rerank_k)
         # the last epoch's, for a report (``evaluate``)

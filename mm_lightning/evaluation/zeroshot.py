@@ -6,7 +6,7 @@ in a config::
 
     trainer:
       callbacks+:                          # + adds to the recipe's callbacks
-        - class_path: mm_lightning.zeroshot.ZeroShotEvaluation
+        - class_path: mm_lightning.evaluation.zeroshot.ZeroShotEvaluation
           init_args:
             name: pets
             data: data/pets/val            # ImageFolder layout (one folder per class) or a JSONL of
@@ -20,7 +20,6 @@ Each rank scores its share of the images; ``torchmetrics`` sums the counts over 
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -254,43 +253,3 @@ def evaluate(
     scores = {k: metric.compute() for k, metric in metrics.items()}  # sums the counts over ranks
     module.train(was_training)
     return scores
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The command's options (also used by the tests that check the documented commands parse)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m mm_lightning zeroshot", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("--ckpt_path", required=True)
-    parser.add_argument("--data", required=True, help="ImageFolder directory or JSONL of {image, label}")
-    parser.add_argument("--classnames", nargs="*", default=None)
-    parser.add_argument("--templates", nargs="*", default=list(DEFAULT_TEMPLATES))
-    parser.add_argument("--batch_size", type=int, default=64)
-    parser.add_argument("--max_length", type=int, default=77)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m mm_lightning zeroshot --ckpt_path CKPT --data DIR_OR_JSONL [--templates ...]``."""
-    from mm_lightning.data.collate import load_tokenizer
-    from mm_lightning.export import parse_checkpoint_command
-
-    args, module = parse_checkpoint_command(build_parser(), argv)
-    tokenizer = load_tokenizer(module.data_config["text"]["tokenizer"])
-    config = module.data_config["image"]
-    images = load_labeled_images(args.data, args.classnames)
-    metrics = classification_metrics(len(images.classnames))
-    scores = evaluate(
-        module,
-        images,
-        args.templates,
-        tokenizer,
-        Normalize(tuple(config["mean"]), tuple(config["std"])),
-        config["input_size"][-1],
-        args.max_length,
-        args.batch_size,
-        metrics,
-        interpolation=config.get("interpolation", "bilinear"),
-    )
-    print(" ".join(f"{k}={float(v):.4f}" for k, v in scores.items()), f"images={len(images.paths)}")
-    return 0

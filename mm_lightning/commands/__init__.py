@@ -1,0 +1,2 @@
+"""The commands besides LightningCLI's (``python -m mm_lightning <command> --help``): ``audit``, ``shard``,
+``evaluate``, ``export``, ``zeroshot``, each a module with ``main(argv)``."""
