@@ -31,8 +31,8 @@ from lightning.pytorch.strategies import DDPStrategy, Strategy
 from torch.utils.data import DataLoader, Dataset
 from typing_extensions import override
 
+from mm_lightning.extras import ExplicitAllReduceDDPStrategy
 from mm_lightning.models import MultimodalModule
-from mm_lightning.strategies import ExplicitAllReduceDDPStrategy
 
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = ("ddp", "bucketed", "bucketed_overlap", "per_parameter")

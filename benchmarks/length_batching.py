@@ -21,8 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from data_pipeline import caption, coco_like_lengths  # noqa: E402
 
-from mm_lightning.data import DemoDataModule, LengthGroupedSampler, MultimodalDataModule  # noqa: E402
+from mm_lightning.data import DemoDataModule, MultimodalDataModule  # noqa: E402
 from mm_lightning.data.collate import load_tokenizer  # noqa: E402
+from mm_lightning.extras import LengthGroupedSampler
 
 
 def token_lengths(dm: MultimodalDataModule) -> tuple[np.ndarray, np.ndarray]:

@@ -23,7 +23,7 @@ import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
 from recipes import CACHE, DEV_SET, build_module, datamodule, recipe_config, split_dev_set
 
-from mm_lightning.callbacks import LockedImageFeatures
+from mm_lightning.extras import LockedImageFeatures
 
 
 class StepClock(Callback):

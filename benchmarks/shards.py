@@ -37,7 +37,7 @@ from mm_lightning.data import (
     ShardDataModule,  # noqa: E402
 )
 from mm_lightning.data.jsonl import RecordParser  # noqa: E402
-from mm_lightning.data.shard_writer import write_shards  # noqa: E402
+from mm_lightning.extras.shards.writer import write_shards  # noqa: E402
 from tests.shards.servers import CREDENTIALS, s3_server, upload  # noqa: E402
 
 TOKENIZER = "mm-lightning/demo-bert"

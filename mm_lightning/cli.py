@@ -15,12 +15,11 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from typing_extensions import override
 
-from mm_lightning.config_parser import CheckedParser, expand_short_names
+from mm_lightning.config_parser import CheckedParser, expand_short_names, expand_strategy_name
 from mm_lightning.data import MultimodalDataModule
 from mm_lightning.models import MultimodalModule
 from mm_lightning.models.towers.contract import tokenizer_of
 from mm_lightning.run_folder import check_run_folder
-from mm_lightning.strategies import expand_strategy_name  # (also registers the "ddp_explicit" name)
 
 # Commands with their own small parsers (mm_lightning.commands.<name>.main), listed in ``--help`` with these lines.
 STANDALONE_COMMANDS = {

@@ -4,6 +4,7 @@ alone (``audit``, ``shard``)."""
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from importlib import import_module
@@ -11,6 +12,7 @@ from typing import Any
 
 from jsonargparse import DefaultHelpFormatter
 from lightning.pytorch.cli import LightningArgumentParser, instantiate_class
+from lightning.pytorch.strategies import StrategyRegistry
 from typing_extensions import override
 
 from mm_lightning import PUBLIC_PATHS
@@ -18,23 +20,79 @@ from mm_lightning.models import MultimodalModule
 from mm_lightning.models.towers.contract import tokenizer_of
 
 BUILT_IN_PACKAGES = ("mm_lightning.callbacks", "mm_lightning.data", "mm_lightning.models.towers",
-                     "mm_lightning.models.losses", "mm_lightning.strategies")  # fmt: skip
+                     "mm_lightning.models.losses", "mm_lightning.extras")  # fmt: skip
+EXPLICIT_ALL_REDUCE = "mm_lightning.extras.ExplicitAllReduceDDPStrategy"
+
+
+def explicit_all_reduce(**init_params: Any) -> Any:
+    """The registry's constructor for ``ddp_explicit``: imports the strategy (an extra) when a run names it."""
+    from mm_lightning.extras import ExplicitAllReduceDDPStrategy
+
+    return ExplicitAllReduceDDPStrategy(**init_params)
+
+
+explicit_all_reduce.class_path = EXPLICIT_ALL_REDUCE  # type: ignore[attr-defined]  (what the CLI expands the name to)
+
+for _name, _start_method in (("ddp_explicit", "popen"), ("ddp_explicit_spawn", "spawn")):
+    StrategyRegistry.register(
+        _name,
+        explicit_all_reduce,
+        description=f"DDP with an explicit gradient all-reduce, start_method '{_start_method}'",
+        override=True,
+        start_method=_start_method,
+    )
+
+
+def expand_strategy_name(args: list[str]) -> list[str]:
+    """With ``--trainer.strategy.<option>`` given, turn ``--trainer.strategy <registry name>`` into its class
+    (plus the registry entry's options): jsonargparse takes nested options only under a class."""
+    if not any(a.startswith("--trainer.strategy.") for a in args):
+        return args
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg, name = args[i], None
+        if arg == "--trainer.strategy" and i + 1 < len(args):
+            name, i = args[i + 1], i + 2
+        elif arg.startswith("--trainer.strategy="):
+            name, i = arg.split("=", 1)[1], i + 1
+        else:
+            out.append(arg)
+            i += 1
+            continue
+        if name not in StrategyRegistry:
+            out += ["--trainer.strategy", name]
+            continue
+        entry = StrategyRegistry[name]
+        build = entry["strategy"]  # a class, or a constructor naming its class
+        class_path = getattr(build, "class_path", f"{build.__module__}.{build.__qualname__}")
+        out += ["--trainer.strategy", class_path]
+        for key, value in entry["init_params"].items():
+            out += [f"--trainer.strategy.{key}", value if isinstance(value, str) else json.dumps(value)]
+    return out
 
 
 def expand_short_names(args: list[str]) -> list[str]:
     """Replace built-in short class names (``--model.image_tower TimmTower``) by their import paths.
 
     LightningCLI resolves short names only among loaded classes (config files must give the path)."""
-    for package in BUILT_IN_PACKAGES:  # their exports fill PUBLIC_PATHS (nothing else loads yet)
-        import_module(package)
     out = list(args)
     for i, arg in enumerate(args):
         key, eq, value = arg.partition("=")
-        if eq and takes_a_class(key) and value in PUBLIC_PATHS:
-            out[i] = f"{key}={PUBLIC_PATHS[value]}"
-        elif i and takes_a_class(args[i - 1]) and arg in PUBLIC_PATHS:
-            out[i] = PUBLIC_PATHS[arg]
+        if eq and takes_a_class(key) and value.isidentifier():
+            out[i] = f"{key}={public_path(value)}"
+        elif i and takes_a_class(args[i - 1]) and arg.isidentifier():
+            out[i] = public_path(arg)
     return out
+
+
+def public_path(name: str) -> str:
+    """The import path of a built-in class by its short name (``name`` itself if none is built in)."""
+    for (
+        package
+    ) in BUILT_IN_PACKAGES:  # their exports fill PUBLIC_PATHS; loaded only when a short name is given
+        import_module(package)
+    return PUBLIC_PATHS.get(name, name)
 
 
 CLASS_OPTIONS = {"model.image_tower", "model.text_tower", "model.loss", "trainer.strategy", "trainer.callbacks",
@@ -84,7 +142,7 @@ class CheckedParser(LightningArgumentParser):
         if "trainer.strategy" in message and "NestedArg" in message:
             message += (
                 "\nA strategy registry name in a config file (e.g. strategy: ddp_explicit) takes no nested options;"
-                " give the class instead (strategy: {class_path: mm_lightning.strategies.ExplicitAllReduceDDPStrategy,"
+                " give the class instead (strategy: {class_path: mm_lightning.extras.ExplicitAllReduceDDPStrategy,"
                 " init_args: {mode: per_parameter}}, as configs/ddp_explicit.yaml does), or the name on the command line:"
                 " --trainer.strategy ddp_explicit --trainer.strategy.mode per_parameter."
             )

@@ -105,6 +105,6 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> TinyRun:
         "FlopCounter",
         "RetrievalGridLogger",
     ]
-    opt_in = [f"--trainer.callbacks+=mm_lightning.callbacks.{name}" for name in monitors]
+    opt_in = [f"--trainer.callbacks+=mm_lightning.extras.{name}" for name in monitors]
     cli = cli_main(["fit", *tiny_demo_args(root), *opt_in])
     return TinyRun(root=root, log_dir=Path(cli.trainer.logger.log_dir), checkpoint_dir=root / "checkpoints")

@@ -45,8 +45,7 @@ def test_config_parses_and_has_header(name: str, capsys: pytest.CaptureFixture[s
     assert "image_size" in config["model"]["image_tower"]["init_args"]
     if name == "ddp_explicit.yaml":
         assert (
-            config["trainer"]["strategy"]["class_path"]
-            == "mm_lightning.strategies.ExplicitAllReduceDDPStrategy"
+            config["trainer"]["strategy"]["class_path"] == "mm_lightning.extras.ExplicitAllReduceDDPStrategy"
         )
         assert config["trainer"]["precision"] == "bf16-mixed"  # the base recipe is kept under the overlay
 
@@ -113,9 +112,7 @@ def test_strategy_shorthand_and_nested_override(capsys: pytest.CaptureFixture[st
         "--trainer.strategy.mode",
         "per_parameter",
     )
-    assert (
-        config["trainer"]["strategy"]["class_path"] == "mm_lightning.strategies.ExplicitAllReduceDDPStrategy"
-    )
+    assert config["trainer"]["strategy"]["class_path"] == "mm_lightning.extras.ExplicitAllReduceDDPStrategy"
     assert config["trainer"]["strategy"]["init_args"]["mode"] == "per_parameter"
 
 
@@ -132,7 +129,7 @@ def test_nested_options_under_a_strategy_name_say_how_to_fix(
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert (
-        "class_path: mm_lightning.strategies.ExplicitAllReduceDDPStrategy" in err
+        "class_path: mm_lightning.extras.ExplicitAllReduceDDPStrategy" in err
         and "configs/ddp_explicit.yaml" in err
     )
 

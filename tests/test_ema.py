@@ -1,4 +1,4 @@
-"""EMA of the weights (``mm_lightning.callbacks.EMA``, Lightning's ``WeightAveraging``) from YAML: validation scores
+"""EMA of the weights (``mm_lightning.extras.EMA``, Lightning's ``WeightAveraging``) from YAML: validation scores
 the average (the module's epoch-end loss included), checkpoints carry both weights, a resume is bit-equal."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from lightning.pytorch.callbacks import EMAWeightAveraging
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.optim.swa_utils import get_ema_avg_fn
 
-from mm_lightning.callbacks import EMA
 from mm_lightning.cli import main
+from mm_lightning.extras import EMA
 from tests.conftest import DEFAULT_CALLBACKS, tiny_demo_args
 
-OURS = {"class_path": "mm_lightning.callbacks.EMA", "init_args": {"decay": 0.5, "warmup": False}}
+OURS = {"class_path": "mm_lightning.extras.EMA", "init_args": {"decay": 0.5, "warmup": False}}
 STOCK = {"class_path": "lightning.pytorch.callbacks.EMAWeightAveraging", "init_args": {"decay": 0.5}}
 
 

@@ -17,7 +17,7 @@ from mm_lightning.cli import STANDALONE_COMMANDS, cli_main, main
 from mm_lightning.commands import evaluate, export, zeroshot
 from mm_lightning.commands.audit import AuditOptions
 from mm_lightning.config_parser import data_config_parser
-from mm_lightning.data.shard_writer import ShardOptions
+from mm_lightning.extras.shards.writer import ShardOptions
 from tests.conftest import REPO
 
 STANDALONE_PARSERS = {

@@ -15,8 +15,8 @@ import pytest
 import torch
 from lightning.pytorch.strategies import StrategyRegistry
 
-from mm_lightning.strategies import ExplicitAllReduceDDPStrategy
-from mm_lightning.strategies.reducers import assign_buckets
+from mm_lightning.extras import ExplicitAllReduceDDPStrategy
+from mm_lightning.extras.explicit_allreduce.reducers import assign_buckets
 from tests.strategies.launch import run_ranks
 from tests.strategies.parity_worker import CASES, CONTROL_CASE
 

@@ -22,7 +22,7 @@ STRATEGY_ARGS = {
     # A string strategy name takes no nested options; the class does (as in configs/ddp_explicit.yaml).
     "per_parameter": [
         "--trainer.strategy",
-        "mm_lightning.strategies.ExplicitAllReduceDDPStrategy",
+        "mm_lightning.extras.ExplicitAllReduceDDPStrategy",
         "--trainer.strategy.mode",
         "per_parameter",
     ],

@@ -24,10 +24,10 @@ COMMAND_LINE = (
 )
 LAYERS = [
     ("mm_lightning.data", ("mm_lightning.models", "mm_lightning.evaluation", "mm_lightning.callbacks",
-                           "mm_lightning.strategies", *COMMAND_LINE)),
-    ("mm_lightning.models", ("mm_lightning.callbacks", "mm_lightning.strategies", *COMMAND_LINE)),
-    ("mm_lightning.evaluation", ("mm_lightning.callbacks", "mm_lightning.strategies", *COMMAND_LINE)),
-    ("mm_lightning.callbacks", ("mm_lightning.strategies", *COMMAND_LINE)),
+                           "mm_lightning.extras.explicit_allreduce", *COMMAND_LINE)),
+    ("mm_lightning.models", ("mm_lightning.callbacks", "mm_lightning.extras.explicit_allreduce", *COMMAND_LINE)),
+    ("mm_lightning.evaluation", ("mm_lightning.callbacks", "mm_lightning.extras.explicit_allreduce", *COMMAND_LINE)),
+    ("mm_lightning.callbacks", ("mm_lightning.extras.explicit_allreduce", *COMMAND_LINE)),
 ]  # fmt: skip
 
 
@@ -120,17 +120,48 @@ def test_layers_import_one_way() -> None:
     assert wrong == []
 
 
-def test_explicit_all_reduce_is_off_the_read_path() -> None:
-    # The explicit all-reduce strategy and its reducers are an extra: only the CLI imports the package (to
-    # register the ``ddp_explicit`` name); nothing on the way through ``fit`` needs to be read to use them.
-    graph = import_graph(PACKAGE)
-    importers = {
-        m
-        for m, targets in graph.items()
-        if not m.startswith("mm_lightning.strategies")
-        and any(t.startswith("mm_lightning.strategies") for t in targets)
-    }
-    assert importers == {"mm_lightning.cli"}
+def imports_at_load(path: Path, top: str) -> set[str]:
+    """Dotted names the module at ``path`` imports from ``top`` when it loads (not inside a function, not for type
+    checkers only)."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            node = ast.Module(body=node.orelse, type_ignores=[])
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith(top):
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith(top))
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    return found
+
+
+def extras_loaded_by_the_core(root: Path) -> list[str]:
+    """``module -> name`` for each extra a module outside ``extras``/``commands`` imports when it loads."""
+    extras, outside = f"{root.name}.extras", (f"{root.name}.extras", f"{root.name}.commands")
+    return [
+        f"{name} -> {target}"
+        for name, path in module_files(root).items()
+        if not name.startswith(outside)
+        for target in sorted(imports_at_load(path, root.name))
+        if target == extras or target.startswith(extras + ".")
+    ]
+
+
+def test_the_core_loads_no_extra() -> None:
+    # The opt-in parts load when a config names them: the core imports them inside the function that uses them.
+    assert extras_loaded_by_the_core(PACKAGE) == []
+
+
+def test_control_an_extra_imported_at_load_is_found(tmp_path: Path) -> None:
+    pkg = _write(tmp_path, {"pkg/__init__.py": "", "pkg/extras/__init__.py": "", "pkg/extras/x.py": "",
+                            "pkg/core.py": "from pkg.extras.x import y\n\ndef f():\n    from pkg.extras import z\n"})  # fmt: skip
+    assert extras_loaded_by_the_core(pkg) == ["pkg.core -> pkg.extras.x.y"]
 
 
 def private_imports(root: Path) -> list[str]:

@@ -33,7 +33,7 @@ from mm_lightning.data.records import Record, RecordError
 from mm_lightning.data.samples import SampleBuilder
 
 if TYPE_CHECKING:
-    from mm_lightning.data.sources.shard_dataset import ShardDataset
+    from mm_lightning.extras.shards.dataset import ShardDataset
 
 SIZE_BUCKETS = (0, 32, 64, 128, 224, 384, 512, 1024, 2048)
 TOKEN_BUCKETS = (0, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512)
@@ -242,7 +242,7 @@ def run_audit(
 
 def check_shard(dataset: ShardDataset, shard: int) -> dict[str, Any]:
     """Check every sample of one shard as training reads it (record, decode, transform)."""
-    from mm_lightning.data.sources.shards import ShardError
+    from mm_lightning.extras.shards.files import ShardError
 
     first, stop = int(dataset.sample_starts[shard]), int(dataset.sample_starts[shard + 1])
     out: dict[str, Any] = {"ok": [], "bad": []}
@@ -267,8 +267,8 @@ def check_shard(dataset: ShardDataset, shard: int) -> dict[str, Any]:
 def audit_shards(dm: Any, split: str, workers: int, progress: bool) -> dict[str, Any]:
     """The report of a split that ``dm`` (a ``ShardDataModule``) reads from WebDataset shards: every sample
     checked as training reads it, at full size, one process per shard; the same fields as a JSONL split's."""
-    from mm_lightning.data.sources.shard_dataset import ShardDataset
-    from mm_lightning.data.sources.shards import list_shards
+    from mm_lightning.extras.shards.dataset import ShardDataset
+    from mm_lightning.extras.shards.files import list_shards
 
     hp, spec = dm.hparams, dm.shard_specs[split]
     dataset = ShardDataset(

@@ -8,7 +8,7 @@ def main(argv: list[str] | None = None) -> int:
     """Write the shards of a run's config (``--config``, ``--data.*``, and ``ShardOptions``: ``--out`` ...)."""
     from mm_lightning.cli import STANDALONE_COMMANDS
     from mm_lightning.config_parser import read_data_config
-    from mm_lightning.data.shard_writer import ShardOptions, shard_datamodule
+    from mm_lightning.extras.shards.writer import ShardOptions, shard_datamodule
 
     datamodule, given = read_data_config(
         argv, "shard", ShardOptions, description=STANDALONE_COMMANDS["shard"]

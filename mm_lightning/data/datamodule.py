@@ -326,7 +326,7 @@ class MultimodalDataModule(pl.LightningDataModule):
         # one process: shuffle=True (a checkpointable RandomSampler); several: the sampler Lightning would add
         sampler = DistributedSampler(dataset, world, rank, seed=global_seed()) if world > 1 else None
         if hp.length_grouping:
-            from mm_lightning.data.samplers import LengthGroupedSampler
+            from mm_lightning.extras.length_grouping import LengthGroupedSampler
 
             lengths, seed = dataset.lengths(), global_seed()
             sampler = LengthGroupedSampler(lengths, hp.batch_size, world, rank, seed, hp.length_window)

@@ -12,7 +12,7 @@ from mm_lightning import ExplainedError
 
 PRELOAD = (
     "mm_lightning.commands.audit",
-    "mm_lightning.data.shard_writer",
+    "mm_lightning.extras.shards.writer",
 )
 
 

@@ -297,7 +297,7 @@ def network_from_checkpoint(
     }
     model.load_state_dict(state)
     if model.image_config.adapter is not None or model.text_config.adapter is not None:
-        from mm_lightning.models.adapters import merge_adapters
+        from mm_lightning.extras.adapters import merge_adapters
 
         merge_adapters(model)  # plain towers with the adapted weights, as export and inference want them
     return model

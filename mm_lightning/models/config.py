@@ -78,7 +78,7 @@ class ObjectiveConfig:
 
 @dataclass(frozen=True)
 class GradCacheConfig:
-    """Exact gradient caching (:mod:`mm_lightning.models.gradcache`).
+    """Exact gradient caching (:mod:`mm_lightning.extras.gradient_caching`).
 
     Args:
         chunks: embed batches in N chunks (the same gradient, BatchNorm towers with ``freeze_batchnorm``; one chunk's

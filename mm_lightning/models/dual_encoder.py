@@ -41,7 +41,7 @@ from mm_lightning.models.towers.contract import (
 )
 
 if TYPE_CHECKING:
-    from mm_lightning.models.chunked_embedding import GradientCaching
+    from mm_lightning.extras.gradient_caching import GradientCaching
 
 
 # named by path so a run imports only the loss it uses
@@ -123,7 +123,7 @@ class DualEncoder(nn.Module):
                     )
                 train_last_groups(kind, tower, config.train_last)
             if config.adapter is not None:
-                from mm_lightning.models.adapters import add_adapter
+                from mm_lightning.extras.adapters import add_adapter
 
                 add_adapter(kind, tower, config)
         # Lightning keeps each submodule's mode as found, so frozen towers must start in eval mode
@@ -270,7 +270,7 @@ def batch_embedding(chunks: int) -> WholeBatch | GradientCaching:
         raise ValueError(f"grad_cache.chunks must be >= 1, got {chunks}")
     if chunks == 1:
         return WholeBatch()
-    from mm_lightning.models.chunked_embedding import GradientCaching
+    from mm_lightning.extras.gradient_caching import GradientCaching
 
     return GradientCaching(chunks)
 

@@ -286,7 +286,7 @@ class MultimodalModule(LightningModule):
         towers: dict[str, tuple[Any, float | None]] = {}
         for kind, config in (("image", self.image_config), ("text", self.text_config)):
             if config.layer_decay is not None:  # before the whole towers: a parameter joins its first group
-                from mm_lightning.models.layer_decay import decayed_layer_rates
+                from mm_lightning.extras.layer_decay import decayed_layer_rates
 
                 lr = self.optim_config.lr if config.lr is None else config.lr
                 towers |= decayed_layer_rates(

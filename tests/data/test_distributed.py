@@ -12,7 +12,8 @@ import torch
 
 from mm_lightning import gloo_exit_abort
 from mm_lightning.callbacks.bad_records import BadRecordLogger
-from mm_lightning.data import LengthGroupedSampler, MultimodalDataModule
+from mm_lightning.data import MultimodalDataModule
+from mm_lightning.extras import LengthGroupedSampler
 from tests.data.helpers import TOKENIZER, coco_style, one_bad_image_with_five_captions
 
 SEED = 123

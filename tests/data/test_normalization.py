@@ -8,8 +8,9 @@ import pytest
 import torch
 from lightning.pytorch import Trainer
 
-from mm_lightning.data import MultimodalDataModule, ShardDataModule
+from mm_lightning.data import MultimodalDataModule
 from mm_lightning.data.transforms import IMAGENET_MEAN
+from mm_lightning.extras import ShardDataModule
 from mm_lightning.models import MultimodalModule
 from mm_lightning.models.towers import TimmTower, TorchvisionTower
 from tests.data.helpers import TOKENIZER

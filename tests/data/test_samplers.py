@@ -10,7 +10,8 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from mm_lightning.data import LengthGroupedSampler, MultimodalDataModule
+from mm_lightning.data import MultimodalDataModule
+from mm_lightning.extras import LengthGroupedSampler
 from tests.data.helpers import TOKENIZER, coco_style
 
 

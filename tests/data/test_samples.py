@@ -11,14 +11,9 @@ import pytest
 import torch
 from PIL import Image
 
-from mm_lightning.data import (
-    MultimodalDataModule,
-    Record,
-    RecordError,
-    SampleBuilder,
-    ShardDataModule,
-)
+from mm_lightning.data import MultimodalDataModule, Record, RecordError, SampleBuilder
 from mm_lightning.data.records import record_errors
+from mm_lightning.extras import ShardDataModule
 from tests.data.helpers import natural_array
 
 

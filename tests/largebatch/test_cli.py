@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mm_lightning.cli import cli_main
-from mm_lightning.models.chunked_embedding import GradientCaching
+from mm_lightning.extras.gradient_caching import GradientCaching
 from mm_lightning.models.losses.siglip import SigLipLoss
 from tests.conftest import tiny_demo_args
 

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mm_lightning.models import gradcache
-from mm_lightning.models.gradcache import GradientCache, split_batch
+from mm_lightning.extras import gradient_caching as gradcache
+from mm_lightning.extras.gradient_caching import GradientCache, split_batch
 from tests.largebatch.toy import ToyModel, grads, max_diff, toy_batch
 
 BATCH, CHUNKS = 16, 4
@@ -130,10 +130,10 @@ def test_backward_without_embed_and_bad_chunks_are_errors() -> None:
 def test_strategies_that_cannot_run_gradient_caching_are_refused() -> None:
     from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 
-    import mm_lightning.strategies  # noqa: F401
+    import mm_lightning.extras.explicit_allreduce  # noqa: F401
 
     gradcache.check_strategy(DDPStrategy())
-    gradcache.check_strategy(mm_lightning.strategies.ExplicitAllReduceDDPStrategy())
+    gradcache.check_strategy(mm_lightning.extras.ExplicitAllReduceDDPStrategy())
     # once DDP wraps the model: its options as DistributedDataParallel keeps them
     gradcache.check_ddp_wrapper(SimpleNamespace(find_unused_parameters=False, static_graph=False))
     gradcache.check_ddp_wrapper(torch.nn.Linear(1, 1))  # not wrapped (one process, ddp_explicit)

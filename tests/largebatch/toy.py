@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from mm_lightning.models.gradcache import GradientCache
+from mm_lightning.extras.gradient_caching import GradientCache
 from mm_lightning.models.losses import ContrastiveLoss
 
 IN_DIM, EMBED_DIM = 12, 8

@@ -11,10 +11,10 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Subset
 
-from mm_lightning.models import gradcache
+from mm_lightning.extras import ExplicitAllReduceDDPStrategy
+from mm_lightning.extras import gradient_caching as gradcache
 from mm_lightning.models.losses import siglip
 from mm_lightning.models.losses.siglip import SigLipLoss
-from mm_lightning.strategies import ExplicitAllReduceDDPStrategy
 from tests.largebatch.lightning_helpers import Rows, SGDModule, fit_one_step
 from tests.largebatch.toy import ToyModel, grads, toy_batch
 from tests.models.helpers import EXACT_MODEL, tiny_config, tiny_kwargs

@@ -13,8 +13,8 @@ import transformers as hf
 import yaml
 
 from mm_lightning.cli import cli_main, main
+from mm_lightning.extras.adapters import default_targets, merge_adapters
 from mm_lightning.models import DualEncoder, MultimodalModule
-from mm_lightning.models.adapters import default_targets, merge_adapters
 from mm_lightning.models.towers import TorchvisionTower
 from mm_lightning.models.towers.contract import TowerContractError
 from tests.conftest import REPO, tiny_demo_args

@@ -13,7 +13,7 @@ from lightning.pytorch.callbacks import ThroughputMonitor
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
-from mm_lightning.callbacks import FlopCounter
+from mm_lightning.extras import FlopCounter
 from tests.models.helpers import pair_loader, tiny_module
 
 BATCH, IN, OUT = 8, 32, 16

@@ -11,10 +11,10 @@ import pytest
 import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
 
-from mm_lightning.callbacks import LockedImageFeatures
 from mm_lightning.cli import main
 from mm_lightning.data import MultimodalDataModule
-from mm_lightning.data.features import FeatureTable, build_rows, image_key, view_seed
+from mm_lightning.extras import LockedImageFeatures
+from mm_lightning.extras.feature_cache import FeatureTable, build_rows, image_key, view_seed
 from mm_lightning.models import MultimodalModule
 from tests.conftest import DEFAULT_CALLBACKS, REPO, TinyRun
 from tests.data.helpers import TOKENIZER, save_image, write_jsonl
@@ -215,7 +215,7 @@ def test_two_processes_compute_a_share_each_and_a_restart_none(tmp_path: Path) -
 
     extra = tmp_path / "cache.yaml"
     extra.write_text(
-        "trainer:\n  callbacks:\n    - class_path: mm_lightning.callbacks.LockedImageFeatures\n"
+        "trainer:\n  callbacks:\n    - class_path: mm_lightning.extras.LockedImageFeatures\n"
         f"      init_args: {{cache_dir: {tmp_path / 'cache'}}}\n"
     )
 
@@ -261,7 +261,7 @@ def test_lit_on_the_shards_its_config_writes_says_how_to_train(
     lit = ["--config", str(REPO / "configs" / "lit.yaml")]
     assert main(["shard", *lit, *files, "--out", str(shards), "--progress", "false", "--workers", "1"]) == 0
     fit = [
-        "fit", *lit, "--data.class_path", "mm_lightning.data.ShardDataModule",
+        "fit", *lit, "--data.class_path", "mm_lightning.extras.ShardDataModule",
         "--data.init_args.train_shards", str(shards / "train" / "shards.json"),
         "--data.init_args.val_shards", str(shards / "val" / "shards.json"),
         "--data.init_args.batch_size", "16", "--data.init_args.num_workers", "0",

@@ -138,7 +138,7 @@ def run_args(data: Path, run: Path, workers: int, shards: bool = False) -> list[
         files = {
             f"{split}_shards": str(data / "shards" / split / "shards.json") for split in ("train", "val")
         }
-        data_class = "mm_lightning.data.ShardDataModule"
+        data_class = "mm_lightning.extras.ShardDataModule"
     else:
         files = {f"{split}_file": str(data / f"{split}.jsonl") for split in ("train", "val")}
         data_class = "mm_lightning.data.MultimodalDataModule"

@@ -16,7 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.utils.data import DataLoader, Dataset
 from typing_extensions import override
 
-from mm_lightning.callbacks import GradNormMonitor, RetrievalGridLogger, StepTimeMonitor
+from mm_lightning.extras import GradNormMonitor, RetrievalGridLogger, StepTimeMonitor
 from tests.resilience.helpers import TinyModule, random_loader
 
 

@@ -12,8 +12,8 @@ from webdataset import TarWriter
 
 from mm_lightning.data.images import decode_image_bytes
 from mm_lightning.data.samples import BadRecordPolicy, SampleBuilder
-from mm_lightning.data.sources.shard_dataset import ShardDataset
-from mm_lightning.data.sources.shards import list_shards
+from mm_lightning.extras.shards.dataset import ShardDataset
+from mm_lightning.extras.shards.files import list_shards
 from tests.conftest import REPO, tiny_demo_args
 from tests.data.helpers import natural_array
 

@@ -48,7 +48,7 @@ def test_audit_reads_shards_and_names_bad_samples(tmp_path: Path) -> None:
     write_shard(tmp_path / "s" / "00000.tar", 0, 3, broken={1: b"<html>not an image</html>"})
     write_shard(tmp_path / "s" / "00001.tar", 3, 2)
     data = {
-        "class_path": "mm_lightning.data.ShardDataModule",
+        "class_path": "mm_lightning.extras.ShardDataModule",
         "init_args": {"train_shards": str(tmp_path / "s" / "{00000..00001}.tar"), "max_length": 16},
     }
     out = tmp_path / "report.json"

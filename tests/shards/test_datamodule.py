@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from mm_lightning.data import ShardDataModule, Source
+from mm_lightning.extras import ShardDataModule, Source
 from tests.data.helpers import TOKENIZER, coco_style
 from tests.shards.helpers import uneven_shards
 

@@ -11,8 +11,8 @@ import fsspec
 import pytest
 import torch
 
-from mm_lightning.data.sources.shards import ShardError, list_shards
 from mm_lightning.data.transforms import eval_transform
+from mm_lightning.extras.shards.files import ShardError, list_shards
 from tests.conftest import REPO
 from tests.shards.helpers import large_jpeg_bytes, shard_dataset, shard_demo_args, uneven_shards, write_shard
 from tests.shards.servers import plain_http_server

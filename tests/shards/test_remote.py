@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mm_lightning.data.sources.shards import list_shards
 from mm_lightning.data.transforms import eval_transform
+from mm_lightning.extras.shards.files import list_shards
 from tests.conftest import REPO
 from tests.shards.helpers import shard_dataset, shard_demo_args, uneven_shards
 from tests.shards.servers import CREDENTIALS, http_server, s3_server, upload
@@ -59,7 +59,7 @@ def test_s3_http_and_pipe_read_the_same_samples_as_local(
 def test_two_processes_train_from_s3_with_uneven_shards_and_validate_over_http(
     tmp_path: Path, s3_env: None
 ) -> None:
-    from mm_lightning.data import DemoShardDataModule
+    from mm_lightning.extras import DemoShardDataModule
 
     demo = tmp_path / "demo"
     shard_args = {"render_size": 32, "train_renders": 1, "num_val": 24, "num_test": 24}

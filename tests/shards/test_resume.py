@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from mm_lightning.cli import main
-from mm_lightning.data import DemoShardDataModule
+from mm_lightning.extras import DemoShardDataModule
 from tests.conftest import REPO
 from tests.shards.helpers import shard_demo_args
 

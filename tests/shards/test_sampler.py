@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from mm_lightning.data.sources.mixing import ShardOrderSampler, SourcePlan, epoch_counts
+from mm_lightning.extras.shards.mixing import ShardOrderSampler, SourcePlan, epoch_counts
 
 SIZES = (7, 3, 11, 5, 1, 9)  # 36 items in uneven shards
 

@@ -10,7 +10,7 @@ import torch
 
 from mm_lightning.data.images import decode_image_file
 from mm_lightning.data.records import RecordError
-from mm_lightning.data.sources.shards import ShardError, list_shards
+from mm_lightning.extras.shards.files import ShardError, list_shards
 from tests.shards.helpers import CAPTIONS_PER_SAMPLE, caption, jpeg_bytes, uneven_shards, write_shard
 from tests.shards.helpers import shard_dataset as dataset
 

@@ -13,8 +13,8 @@ from mm_lightning.data.dataset import ImageTextDataset
 from mm_lightning.data.jsonl import JsonlIndex, RecordParser
 from mm_lightning.data.records import RecordError
 from mm_lightning.data.samples import SampleBuilder
-from mm_lightning.data.shard_writer import write_shards
 from mm_lightning.data.transforms import eval_transform
+from mm_lightning.extras.shards.writer import write_shards
 from tests.data.helpers import coco_style, save_image, write_jsonl
 from tests.shards.helpers import shard_dataset
 
@@ -102,7 +102,7 @@ def test_concurrent_writers_of_one_json_file_never_collide(tmp_path: Path) -> No
     complete temporary file (a shared .tmp name made one rename fail with FileNotFoundError)."""
     import threading
 
-    from mm_lightning.data.shard_writer import write_json_atomically
+    from mm_lightning.extras.shards.writer import write_json_atomically
 
     path, errors = tmp_path / "shards.json", []
 

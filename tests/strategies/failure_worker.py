@@ -16,7 +16,7 @@ from typing import Any
 import lightning.pytorch as pl
 from typing_extensions import override
 
-from mm_lightning.strategies import ExplicitAllReduceDDPStrategy
+from mm_lightning.extras import ExplicitAllReduceDDPStrategy
 from tests.strategies.tiny import TinyNet, tiny_loader
 
 

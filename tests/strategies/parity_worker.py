@@ -19,7 +19,7 @@ from lightning.pytorch.strategies import DDPStrategy, Strategy
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from mm_lightning.strategies import ExplicitAllReduceDDPStrategy
+from mm_lightning.extras import ExplicitAllReduceDDPStrategy
 from tests.strategies.tiny import TinyNet, tiny_loader
 
 CASES: dict[str, dict[str, Any]] = {

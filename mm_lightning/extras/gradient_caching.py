@@ -15,7 +15,8 @@ objective and its exact gradient:
 Peak activation memory is one chunk's; the price is one extra forward of the towers.
 
 ``MultimodalModule`` embeds its training batches through :mod:`mm_lightning.models.dual_encoder`: in one
-forward, or with ``model.grad_cache.chunks > 1`` through this module; the training step is the same either way.
+forward, or with ``model.grad_cache.chunks > 1`` through :class:`GradientCaching` here; the training step is the
+same either way.
 
 Under ``DistributedDataParallel`` the gradient must be all-reduced once, after all chunks: chunks 1..k-1 are
 back-propagated with :func:`torch.autograd.grad` (which does not run the parameters' gradient-accumulation
@@ -34,7 +35,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import get_device_states, set_device_states
 
-from mm_lightning.models.towers.base import batchnorm_layers
+from mm_lightning.models.towers.base import EncoderOutput, batchnorm_layers
 
 Batch = Mapping[str, Any]
 Encode = Callable[[Batch], dict[str, Tensor]]
@@ -211,7 +212,7 @@ def _batch_size(batch: Batch) -> int:
 class GradientCache:
     """Runs towers in chunks without keeping their graphs, then back-propagates a full-batch loss exactly.
 
-    Usage (what :class:`~mm_lightning.models.chunked_embedding.GradientCaching` does for ``MultimodalModule``)::
+    Usage (what :class:`~mm_lightning.extras.gradient_caching.GradientCaching` does for ``MultimodalModule``)::
 
         cache = GradientCache([image_tower, text_tower], chunks=4)
         outputs = cache.embed(encode, batch)   # pass 1: full-batch outputs, leaves that require grad
@@ -316,3 +317,87 @@ def _accumulate_quietly(
     for param, grad in zip(params, chunk_grads, strict=True):
         if grad is not None:
             param.grad = grad if param.grad is None else param.grad.add_(grad)
+
+
+Embedded = tuple[EncoderOutput, Tensor, EncoderOutput, Tensor]
+
+
+class GradientCaching:
+    """Embeds a training batch in ``chunks`` chunks with exact gradient caching .
+
+    Args:
+        chunks: chunks per batch (> 1).
+    """
+
+    def __init__(self, chunks: int) -> None:
+        if chunks < 2:
+            raise ValueError(f"gradient caching needs grad_cache.chunks >= 2, got {chunks}")
+        self.chunks = chunks
+        self.cache: GradientCache | None = None
+
+    def _cache(self, model: Any) -> GradientCache:
+        if self.cache is None:
+            parts = [model.image_encoder, model.text_encoder, model.image_proj, model.text_proj]
+            self.cache = GradientCache(parts, self.chunks)
+        return self.cache
+
+    def setup(self, trainer_strategy: object, model: Any) -> None:
+        """Refuses a strategy it cannot be exact under; names the towers' layers that make it inexact."""
+        check_strategy(trainer_strategy)
+        warn_if_inexact(
+            self.chunks,
+            {
+                "image_encoder": (model.image_encoder, model.image_config),
+                "text_encoder": (model.text_encoder, model.text_config),
+            },
+        )
+
+    def check_wrapper(self, wrapped: object) -> None:
+        """Refuses a DDP wrapper that would reduce the towers' gradients before pass 2 computes them."""
+        check_ddp_wrapper(wrapped)
+
+    def embed(self, model: Any, batch: Batch) -> Embedded:
+        """Pass 1: the whole batch's outputs, chunk by chunk without graph."""
+        return embed_in_chunks(
+            self._cache(model), model.encode_images, model.encode_text, batch, tokens=model.itm is not None
+        )
+
+    def backward(self, loss: Tensor) -> bool:
+        """The heads' backward, then pass 2 into the towers."""
+        if self.cache is None or not self.cache.pending:
+            return False
+        self.cache.backward(loss)
+        return True
+
+
+def embed_in_chunks(
+    cache: GradientCache,
+    encode_images: Callable[[Tensor], tuple[EncoderOutput, Tensor]],
+    encode_text: Callable[[Batch], tuple[EncoderOutput, Tensor]],
+    batch: Batch,
+    tokens: bool,
+) -> tuple[EncoderOutput, Tensor, EncoderOutput, Tensor]:
+    """Pass 1 for a two-tower model: ``(image_out, image_emb, text_out, text_emb)`` of the whole batch.
+
+    Args:
+        cache: the gradient cache (its ``backward`` then runs pass 2).
+        encode_images: images -> (tower output, projected embedding).
+        encode_text: batch -> (tower output, projected embedding).
+        batch: the whole batch.
+        tokens: keep the token sequences (an ITM head reads them); without, only the embeddings are kept.
+    """
+
+    def encode(chunk: Batch) -> dict[str, Tensor]:
+        image_out, image_emb = encode_images(chunk["image"])
+        text_out, text_emb = encode_text(chunk)
+        out = {"image_emb": image_emb, "text_emb": text_emb}
+        if tokens:
+            out |= {"image_tokens": image_out.tokens, "image_mask": image_out.mask}
+            out |= {"text_tokens": text_out.tokens, "text_mask": text_out.mask}
+        return out
+
+    out = cache.embed(encode, batch)
+    none = out["image_emb"].new_empty(0)  # placeholders where no head reads tokens
+    image_out = EncoderOutput(out["image_emb"], out.get("image_tokens", none), out.get("image_mask", none))
+    text_out = EncoderOutput(out["text_emb"], out.get("text_tokens", none), out.get("text_mask", none))
+    return image_out, out["image_emb"], text_out, out["text_emb"]

@@ -17,7 +17,7 @@ from torch.utils.data import Dataset
 from mm_lightning.data.loader import derive_seed, global_seed
 from mm_lightning.data.records import Record, RecordError, record_errors, validate_captions
 from mm_lightning.data.samples import BadRecordPolicy, SampleBuilder, TooManyBadRecords
-from mm_lightning.data.sources.shards import ShardCache, ShardError, ShardInfo
+from mm_lightning.extras.shards.files import ShardCache, ShardError, ShardInfo
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif")
 

@@ -1,7 +1,7 @@
 """``ExplicitAllReduceDDPStrategy``: DDP's process group and launcher, with gradients reduced by hand.
 
-Select it with ``Trainer(strategy="ddp_explicit")`` or ``--trainer.strategy ddp_explicit`` on the CLI (the name
-is registered when ``mm_lightning.strategies`` is imported). The model is *not* wrapped in
+Select it with ``--trainer.strategy ddp_explicit`` on the CLI (the name is registered by
+:mod:`mm_lightning.config_parser`), or ``Trainer(strategy=ExplicitAllReduceDDPStrategy(...))`` in Python. The model is *not* wrapped in
 ``DistributedDataParallel``; the strategy does DDP's duties itself:
 
 * parameters and buffers are broadcast from rank 0 when fitting starts;
@@ -31,7 +31,7 @@ from typing_extensions import override
 
 from mm_lightning import gloo_exit_abort
 from mm_lightning.distributed import CollectiveError
-from mm_lightning.strategies.reducers import (
+from mm_lightning.extras.explicit_allreduce.reducers import (
     BucketedReducer,
     GradientReducer,
     OverlappingBucketedReducer,

@@ -1,7 +1,7 @@
 """ShardDataModule: train (and evaluate) from WebDataset shards, JSONL files, or a weighted mix of both.
 
     python -m mm_lightning fit --config configs/base.yaml \\
-        --data.class_path mm_lightning.data.ShardDataModule \\
+        --data.class_path mm_lightning.extras.ShardDataModule \\
         --data.init_args.train_shards 's3://bucket/laion/{00000..00127}.tar' \\
         --data.init_args.storage_options '{"endpoint_url": "http://127.0.0.1:9000"}'
 
@@ -21,11 +21,11 @@ from mm_lightning.data.datamodule import MultimodalDataModule
 from mm_lightning.data.dataset import Split
 from mm_lightning.data.demo import demo_generator_args, generate_demo_dataset
 from mm_lightning.data.loader import global_seed
-from mm_lightning.data.shard_writer import DESCRIPTOR, write_shards
-from mm_lightning.data.sources.mixing import MixedDataset, ShardOrderSampler, SourcePlan
-from mm_lightning.data.sources.shard_dataset import ShardDataset
-from mm_lightning.data.sources.shards import list_shards
 from mm_lightning.data.torchdata_epoch_end import ResumableDataLoader
+from mm_lightning.extras.shards.dataset import ShardDataset
+from mm_lightning.extras.shards.files import list_shards
+from mm_lightning.extras.shards.mixing import MixedDataset, ShardOrderSampler, SourcePlan
+from mm_lightning.extras.shards.writer import DESCRIPTOR, write_shards
 
 ShardSpec = str | list[str]
 
