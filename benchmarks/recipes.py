@@ -130,9 +130,9 @@ def recipe_config(name: str, image_size: int, overrides: list[str] | None = None
     if isinstance(
         callbacks, str
     ):  # a callbacks file: the recipe's own entries (its checkpoint is this script's)
-        default = yaml.safe_load((REPO / "configs" / "callbacks" / "default.yaml").read_text())
+        long_run = yaml.safe_load((REPO / "configs" / "callbacks" / "long_run.yaml").read_text())
         listed = yaml.safe_load((REPO / "configs" / callbacks).read_text())
-        config["trainer"]["callbacks"] = [entry for entry in listed if entry not in default]
+        config["trainer"]["callbacks"] = [entry for entry in listed if entry not in long_run]
     config["model"]["image_tower"].setdefault("init_args", {})["image_size"] = image_size
     for item in overrides or []:
         key, _, value = item.partition("=")

@@ -12,7 +12,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_CONFIG = REPO / "configs" / "demo.yaml"
-DEFAULT_CALLBACKS = REPO / "configs" / "callbacks" / "default.yaml"
+LONG_RUN_CALLBACKS = REPO / "configs" / "callbacks" / "long_run.yaml"  # every recipe's but the demo's
 
 
 def _role(entry: dict) -> str:
@@ -23,12 +23,13 @@ def _role(entry: dict) -> str:
 
 
 def callback_args(root: Path, **changes: dict | None) -> list[str]:
-    """``--trainer.callbacks <file>``: a copy of the default callbacks written under ``root``, with ``changes``
+    """``--trainer.callbacks <file>``: a copy of the long-run callbacks (the demo's, then
+    the NaN guard, preemption saves and exact resume) written under ``root``, with ``changes``
     keyed by class name (``checkpoint``/``best_checkpoint`` for the two ModelCheckpoints): new init_args, or
     None to drop one; the way a user tunes them."""
     import yaml
 
-    entries = yaml.safe_load(DEFAULT_CALLBACKS.read_text())
+    entries = yaml.safe_load(LONG_RUN_CALLBACKS.read_text())
     unknown = set(changes) - {_role(e) for e in entries}
     assert not unknown, unknown
     kept = []

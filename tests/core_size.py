@@ -1,5 +1,6 @@
-"""Runs a one-step demo ``fit`` (no validation) and prints, as JSON, the package modules it loaded with their
-lines; then a second step that names gradient caching and the SigLIP loss, and what that loaded on top.
+"""Runs a one-step demo ``fit`` as shipped (its callbacks, its worker, a validation batch; smaller renders) and
+prints, as JSON, the package modules it loaded with their lines; then a second step that names gradient caching and
+the SigLIP loss, and what that loaded on top.
 
     python tests/core_size.py <run folder>
 """
@@ -11,7 +12,7 @@ import sys
 from pathlib import Path
 
 from mm_lightning.cli import main
-from tests.conftest import tiny_demo_args
+from tests.conftest import DEMO_CONFIG
 
 
 def package_modules() -> dict[str, int]:
@@ -25,7 +26,21 @@ def package_modules() -> dict[str, int]:
 
 
 def one_step(root: Path, *extra: str) -> None:
-    args = tiny_demo_args(root, "--trainer.limit_val_batches", "0", *extra, max_steps=1)
+    args = [
+        "--config", str(DEMO_CONFIG),
+        "--data.init_args.data_dir", str(root / "demo"),
+        "--data.init_args.render_size", "32",
+        "--model.image_tower.init_args.image_size", "32",
+        "--data.init_args.train_renders", "1",
+        "--data.init_args.num_val", "24",
+        "--data.init_args.num_test", "24",
+        "--data.init_args.batch_size", "16",
+        "--trainer.max_steps", "1",
+        "--trainer.limit_val_batches", "1",
+        "--trainer.val_check_interval", "1",
+        "--trainer.default_root_dir", str(root),
+        *extra,
+    ]  # fmt: skip
     if main(["fit", *args]) != 0:
         raise SystemExit(f"the one-step fit failed: {args}")
 

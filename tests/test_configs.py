@@ -190,11 +190,10 @@ def test_a_short_name_the_parser_cannot_resolve_gets_its_path(capsys: pytest.Cap
 
 
 def test_saved_configs_name_callbacks_by_their_package(capsys: pytest.CaptureFixture[str]) -> None:
-    config = _print_config(capsys, "--config", str(CONFIGS / "demo.yaml"))
+    long_run = str(CONFIGS / "callbacks" / "long_run.yaml")
+    config = _print_config(capsys, "--config", str(CONFIGS / "demo.yaml"), "--trainer.callbacks", long_run)
     names = [c["class_path"] for c in config["trainer"]["callbacks"]]
-    assert (
-        "mm_lightning.callbacks.NaNGuard" in names and "lightning.pytorch.callbacks.ModelCheckpoint" in names
-    )
+    assert "mm_lightning.extras.NaNGuard" in names and "lightning.pytorch.callbacks.ModelCheckpoint" in names
 
 
 # what Lightning adds itself: the CLI's config writer and the progress bar of trainer.enable_progress_bar
@@ -214,7 +213,7 @@ def test_every_callback_of_a_demo_run_is_in_its_printed_config(capsys: pytest.Ca
     printed = _print_config(capsys, "--config", str(CONFIGS / "demo.yaml"))
     trainer = cli_main(["--config", str(CONFIGS / "demo.yaml")], run=False).trainer
     assert _not_in_config(trainer.callbacks, printed) == []
-    assert len(printed["trainer"]["callbacks"]) == 12
+    assert len(printed["trainer"]["callbacks"]) == 9
     # control: a callback the config does not name is found
     from lightning.pytorch.callbacks import EarlyStopping
 
@@ -223,9 +222,20 @@ def test_every_callback_of_a_demo_run_is_in_its_printed_config(capsys: pytest.Ca
 
 
 @pytest.mark.parametrize(("name", "extras"), [("locked_features.yaml", 1), ("monitored.yaml", 5)])
-def test_callback_files_are_the_default_list_after_their_extras(name: str, extras: int) -> None:
+def test_callback_files_are_the_long_run_list_after_their_extras(name: str, extras: int) -> None:
+    long_run = yaml.safe_load((CONFIGS / "callbacks" / "long_run.yaml").read_text())
+    assert yaml.safe_load((CONFIGS / "callbacks" / name).read_text())[extras:] == long_run
+
+
+def test_the_long_run_list_is_the_default_list_then_three_extras() -> None:
     default = yaml.safe_load((CONFIGS / "callbacks" / "default.yaml").read_text())
-    assert yaml.safe_load((CONFIGS / "callbacks" / name).read_text())[extras:] == default
+    long_run = yaml.safe_load((CONFIGS / "callbacks" / "long_run.yaml").read_text())
+    assert long_run[: len(default)] == default
+    assert [entry["class_path"] for entry in long_run[len(default) :]] == [
+        "mm_lightning.extras.NaNGuard",
+        "mm_lightning.extras.PreemptionCheckpoint",
+        "mm_lightning.extras.ExactResume",
+    ]
 
 
 def test_a_monitor_on_the_last_checkpoint_is_refused(

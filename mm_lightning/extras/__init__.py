@@ -1,6 +1,7 @@
 """The opt-in parts, each loaded only when a config or a command names it: the explicit all-reduce strategy,
-gradient caching, the locked-feature cache, WebDataset shards and weighted mixes, length-grouped batches, the
-monitors and FLOP counter, EMA, layer-wise learning-rate decay and peft adapters. The training core never imports
+gradient caching, the locked-feature cache, WebDataset shards and weighted mixes, length-grouped batches, what a
+long run adds to the callbacks (NaN guard, preemption saves, exact resume), the monitors and FLOP counter, EMA,
+layer-wise learning-rate decay and peft adapters. The training core never imports
 them at load time (``tests/test_core_size.py``)."""
 
 from mm_lightning import lazy_exports
@@ -10,15 +11,19 @@ _EXPORTS = {
     "CollectiveError": "mm_lightning.extras.explicit_allreduce.strategy",
     "DemoShardDataModule": "mm_lightning.extras.shards.datamodule",
     "EMA": "mm_lightning.extras.ema",
+    "ExactResume": "mm_lightning.extras.exact_resume",
     "ExplicitAllReduceDDPStrategy": "mm_lightning.extras.explicit_allreduce.strategy",
     "FlopCounter": "mm_lightning.extras.flops",
     "GradNormMonitor": "mm_lightning.extras.monitors",
     "GradientReducer": "mm_lightning.extras.explicit_allreduce.reducers",
     "LengthGroupedSampler": "mm_lightning.extras.length_grouping",
     "LockedImageFeatures": "mm_lightning.extras.feature_cache",
+    "NaNGuard": "mm_lightning.extras.nan_guard",
+    "NonFiniteTrainingError": "mm_lightning.extras.nan_guard",
     "OverlappingBucketedReducer": "mm_lightning.extras.explicit_allreduce.reducers",
     "PeakMemoryMonitor": "mm_lightning.extras.monitors",
     "PerParameterReducer": "mm_lightning.extras.explicit_allreduce.reducers",
+    "PreemptionCheckpoint": "mm_lightning.extras.preemption",
     "RetrievalGridLogger": "mm_lightning.extras.monitors",
     "ShardDataModule": "mm_lightning.extras.shards.datamodule",
     "Source": "mm_lightning.extras.shards.datamodule",

@@ -31,8 +31,8 @@ from torchvision.utils import make_grid
 from typing_extensions import override
 
 from mm_lightning.callbacks.logger_media import log_image, takes_images
-from mm_lightning.callbacks.nan_guard import step_grad_norms
 from mm_lightning.data.collate import load_tokenizer
+from mm_lightning.extras.nan_guard import step_grad_norms
 
 
 def _log(trainer: Trainer, metrics: dict[str, float]) -> None:
@@ -120,7 +120,7 @@ class GradNormMonitor(Callback):
 
     Runs in ``on_before_optimizer_step``: after every backward of the step, after DDP's all-reduce (and
     ``ddp_explicit``'s, which wraps the closure) and after AMP unscaling, i.e. the gradients the optimizer uses,
-    before clipping. The norms come from :func:`~mm_lightning.callbacks.nan_guard.step_grad_norms`, shared with the NaN
+    before clipping. The norms come from :func:`~mm_lightning.extras.nan_guard.step_grad_norms`, shared with the NaN
     guard, and are computed and copied to the host on logging steps only (one sync per logging step).
     """
 

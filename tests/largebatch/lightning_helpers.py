@@ -9,7 +9,7 @@ from lightning.pytorch import Trainer
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from mm_lightning.callbacks import NaNGuard
+from mm_lightning.extras import NaNGuard
 from mm_lightning.models import MultimodalModule
 from tests.models.helpers import make_batch
 

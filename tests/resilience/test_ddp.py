@@ -15,8 +15,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
-from mm_lightning.callbacks import PreemptionCheckpoint
-from mm_lightning.callbacks.nan_guard import NaNGuard, NonFiniteTrainingError
+from mm_lightning.extras import PreemptionCheckpoint
+from mm_lightning.extras.nan_guard import NaNGuard, NonFiniteTrainingError
 from tests.resilience.helpers import SaveParamsAtEnd, TinyModule, UnsyncedNaNGuard, fit_tiny, run_on_two_ranks
 
 

@@ -15,7 +15,7 @@ import psutil
 import pytest
 import torch
 
-from mm_lightning.callbacks import PreemptionCheckpoint
+from mm_lightning.extras import PreemptionCheckpoint
 from tests.conftest import REPO, tiny_demo_args
 from tests.resilience.test_checkpointing import wait_for
 

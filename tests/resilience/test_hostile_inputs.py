@@ -24,7 +24,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from mm_lightning.cli import cli_main, main
 from mm_lightning.commands.audit import audit
 from mm_lightning.data import EmptySplitError, MultimodalDataModule, NoTrainingBatch, RecordError, SkipLog
-from tests.conftest import DEFAULT_CALLBACKS, DEMO_CONFIG, REPO, callback_args
+from tests.conftest import DEMO_CONFIG, LONG_RUN_CALLBACKS, REPO, callback_args
 from tests.data.helpers import TOKENIZER
 from tests.data.hostile import CASES, Case, good_line, write_case_file
 
@@ -180,7 +180,7 @@ def _split(root: Path, name: str, good: int, bad: list[str], first: int = 0) -> 
 def _cli_config(tmp_path: Path, mode: str, **files: Path) -> list[str]:
     """The demo model on tiny hostile splits: ``fit``/``validate``/... arguments after the subcommand."""
     config = yaml.safe_load(DEMO_CONFIG.read_text())
-    config["trainer"]["callbacks"] = str(DEFAULT_CALLBACKS)  # the demo's callbacks file, from this copy
+    config["trainer"]["callbacks"] = str(LONG_RUN_CALLBACKS)  # the tests' callbacks file, from this copy
     config["data"] = {
         "class_path": "mm_lightning.data.MultimodalDataModule",
         "init_args": {

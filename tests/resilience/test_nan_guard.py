@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from typing_extensions import override
 
-from mm_lightning.callbacks.nan_guard import NaNGuard, NonFiniteTrainingError
+from mm_lightning.extras.nan_guard import NaNGuard, NonFiniteTrainingError
 from tests.resilience.helpers import TinyModule, fit_tiny, flat_params
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from lightning.pytorch import Trainer
 
-from mm_lightning.callbacks import PreemptionCheckpoint
+from mm_lightning.extras import PreemptionCheckpoint
 from tests.resilience import train_script
 from tests.resilience.helpers import TinyModule, random_loader
 from tests.resilience.test_checkpointing import REPO, wait_for

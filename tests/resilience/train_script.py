@@ -19,8 +19,8 @@ from torch.utils.data import TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 from typing_extensions import override
 
-from mm_lightning.callbacks import ExactResume, PreemptionCheckpoint
-from mm_lightning.callbacks.nan_guard import NaNGuard
+from mm_lightning.extras import ExactResume, PreemptionCheckpoint
+from mm_lightning.extras.nan_guard import NaNGuard
 from mm_lightning.plugins import AtomicCheckpointIO
 from tests.resilience.helpers import TinyModule, flat_params
 
