@@ -15,11 +15,11 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from typing_extensions import override
 
+from mm_lightning.checkpoints.run_folder import check_run_folder
 from mm_lightning.config_parser import CheckedParser, expand_short_names, expand_strategy_name
 from mm_lightning.data import MultimodalDataModule
 from mm_lightning.models import MultimodalModule
 from mm_lightning.models.towers.contract import tokenizer_of
-from mm_lightning.run_folder import check_run_folder
 
 # Commands with their own small parsers (mm_lightning.commands.<name>.main), listed in ``--help`` with these lines.
 STANDALONE_COMMANDS = {
@@ -35,7 +35,8 @@ TRAINER_DEFAULTS: dict[str, Any] = {
         "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
         "init_args": {"save_dir": "logs/mm_lightning", "name": "", "default_hp_metric": False},
     },
-    "plugins": [{"class_path": "mm_lightning.plugins.AtomicCheckpointIO"}],  # atomic saves; clear load errors
+    # atomic saves; clear load errors
+    "plugins": [{"class_path": "mm_lightning.checkpoints.AtomicCheckpointIO"}],
     "log_every_n_steps": 10,
 }
 

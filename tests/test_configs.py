@@ -143,7 +143,7 @@ def test_run_dir_moves_logs_and_checkpoints(capsys: pytest.CaptureFixture[str]) 
     saving = [c for c in config["trainer"]["callbacks"] if c["class_path"].endswith(".ModelCheckpoint")]
     assert len(saving) == 2 and all(c["init_args"]["dirpath"] is None for c in saving)
     assert "save_dir" not in config["trainer"]["logger"]["init_args"]
-    assert config["trainer"]["plugins"][0]["class_path"] == "mm_lightning.plugins.AtomicCheckpointIO"
+    assert config["trainer"]["plugins"][0]["class_path"] == "mm_lightning.checkpoints.AtomicCheckpointIO"
 
 
 def _checkpoint_dir(*args: str) -> str:

@@ -19,15 +19,16 @@ PACKAGE = REPO / "mm_lightning"
 COMMAND_LINE = (
     "mm_lightning.cli",
     "mm_lightning.config_parser",
-    "mm_lightning.run_folder",
+    "mm_lightning.checkpoints.run_folder",
     "mm_lightning.commands",
 )
 LAYERS = [
     ("mm_lightning.data", ("mm_lightning.models", "mm_lightning.evaluation", "mm_lightning.callbacks",
-                           "mm_lightning.extras.explicit_allreduce", *COMMAND_LINE)),
-    ("mm_lightning.models", ("mm_lightning.callbacks", "mm_lightning.extras.explicit_allreduce", *COMMAND_LINE)),
-    ("mm_lightning.evaluation", ("mm_lightning.callbacks", "mm_lightning.extras.explicit_allreduce", *COMMAND_LINE)),
-    ("mm_lightning.callbacks", ("mm_lightning.extras.explicit_allreduce", *COMMAND_LINE)),
+                           "mm_lightning.checkpoints", *COMMAND_LINE)),
+    ("mm_lightning.models", ("mm_lightning.callbacks", *COMMAND_LINE)),
+    ("mm_lightning.evaluation", ("mm_lightning.callbacks", "mm_lightning.checkpoints", *COMMAND_LINE)),
+    ("mm_lightning.callbacks", COMMAND_LINE),
+    ("mm_lightning.checkpoints", ("mm_lightning.cli", "mm_lightning.config_parser", "mm_lightning.commands")),
 ]  # fmt: skip
 
 

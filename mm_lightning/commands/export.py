@@ -175,7 +175,7 @@ def parse_checkpoint_command(
     """
     args = parser.parse_args(argv)
     if not Path(args.ckpt_path).is_file():
-        from mm_lightning.plugins.checkpoint_file import checkpoints_nearby
+        from mm_lightning.checkpoints.files import checkpoints_nearby
 
         # no run config here to find a run's last or best by: the file's path
         parser.error(f"--ckpt_path {args.ckpt_path!r} does not exist; {checkpoints_nearby(None)}")

@@ -137,7 +137,7 @@ class DualEncoder(nn.Module):
 
         A module built in Python records no parts: pass them (``image_tower=..., text_tower=..., loss=...``).
         """
-        from mm_lightning.models.checkpoints import network_from_checkpoint
+        from mm_lightning.checkpoints.loading import network_from_checkpoint
 
         return network_from_checkpoint(cls, path, map_location, parts)
 

@@ -127,8 +127,8 @@ class MultimodalModule(LightningModule):
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> MultimodalModule:  # type: ignore[override]
-        """Lightning's, once what the checkpoint records is checked (:mod:`mm_lightning.models.checkpoints`)."""
-        from mm_lightning.models.checkpoints import checked_for_loading
+        """Lightning's, once what the checkpoint records is checked (:mod:`mm_lightning.checkpoints.loading`)."""
+        from mm_lightning.checkpoints.loading import checked_for_loading
 
         checked = checked_for_loading(cls, checkpoint_path, *args, **kwargs)
         return super().load_from_checkpoint(checked, *args, **kwargs)

@@ -15,9 +15,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 from typing_extensions import override
 
+from mm_lightning.checkpoints import AtomicCheckpointIO
 from mm_lightning.extras.nan_guard import NaNGuard
 from mm_lightning.models.optim import warmup_cosine
-from mm_lightning.plugins import AtomicCheckpointIO
 
 
 class TinyModule(LightningModule):

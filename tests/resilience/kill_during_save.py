@@ -1,7 +1,7 @@
 """Save checkpoint A, then hang halfway through writing checkpoint B to the same path (a test SIGKILLs us).
 
 ``python -m tests.resilience.kill_during_save TARGET {atomic,direct}``: ``atomic`` saves through
-:class:`~mm_lightning.plugins.AtomicCheckpointIO`; ``direct`` (the control) writes B straight into TARGET
+:class:`~mm_lightning.checkpoints.AtomicCheckpointIO`; ``direct`` (the control) writes B straight into TARGET
 as a naive ``torch.save(checkpoint, path)`` would. ``TARGET.writing`` appears once half of B is on disk.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from mm_lightning.plugins import AtomicCheckpointIO
+from mm_lightning.checkpoints import AtomicCheckpointIO
 
 _real_save = torch.save
 

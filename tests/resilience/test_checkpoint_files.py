@@ -8,8 +8,8 @@ import pytest
 import torch
 from lightning.pytorch import Trainer
 
+from mm_lightning.checkpoints import AtomicCheckpointIO, CheckpointFileError, check_checkpoint_file
 from mm_lightning.cli import cli_main
-from mm_lightning.plugins import AtomicCheckpointIO, CheckpointFileError, check_checkpoint_file
 from tests.conftest import TinyRun, tiny_demo_args
 from tests.resilience.helpers import TinyModule, random_loader
 

@@ -21,10 +21,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import TensorDataset
 from typing_extensions import override
 
+from mm_lightning.checkpoints import AtomicCheckpointIO
 from mm_lightning.data.loader import TrainPosition
 from mm_lightning.data.torchdata_epoch_end import ResumableDataLoader
 from mm_lightning.extras import ExactResume, PreemptionCheckpoint
-from mm_lightning.plugins import AtomicCheckpointIO
 from tests.resilience.helpers import TinyModule, random_loader
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,9 +17,9 @@ from lightning.pytorch.cli import instantiate_class
 from lightning.pytorch.core.saving import save_hparams_to_yaml
 from PIL import Image
 
+from mm_lightning.checkpoints.loading import UnsafeCheckpointError
 from mm_lightning.cli import cli_main, main
 from mm_lightning.models import DualEncoder, MultimodalModule
-from mm_lightning.models.checkpoints import UnsafeCheckpointError
 from tests.conftest import TinyRun, tiny_demo_args
 from tests.models.helpers import make_batch, save_checkpoint
 from tests.template import user_parts

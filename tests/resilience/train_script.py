@@ -19,9 +19,9 @@ from torch.utils.data import TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 from typing_extensions import override
 
+from mm_lightning.checkpoints import AtomicCheckpointIO
 from mm_lightning.extras import ExactResume, PreemptionCheckpoint
 from mm_lightning.extras.nan_guard import NaNGuard
-from mm_lightning.plugins import AtomicCheckpointIO
 from tests.resilience.helpers import TinyModule, flat_params
 
 

@@ -249,7 +249,7 @@ def checked_for_loading(
 def checked_resume_file(path: str | os.PathLike, model: Mapping[str, Any]) -> dict[str, Any]:
     """A ``--ckpt_path`` checkpoint, loaded once its file and ``hyper_parameters`` are checked; ``model`` is the
     user's own model config, which alone can let a tower run its model's code."""
-    from mm_lightning.plugins.checkpoint_file import check_checkpoint_file
+    from mm_lightning.checkpoints.files import check_checkpoint_file
 
     content = check_checkpoint_file(path)
     allowed = {

@@ -62,7 +62,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         """Load ``path`` after checking it is a readable Lightning checkpoint (CheckpointFileError if not)."""
         if not is_local_path(path):
             return super().load_checkpoint(path, map_location, weights_only)
-        from mm_lightning.plugins.checkpoint_file import CheckpointFileError, check_checkpoint_file
+        from mm_lightning.checkpoints.files import CheckpointFileError, check_checkpoint_file
 
         check_checkpoint_file(path, weights_only=weights_only is not False)
         try:

@@ -116,7 +116,7 @@ def check_resume(cli_config: Any, parser: Any) -> None:
         refuse_earlier_checkpoints(dirpath, parser)
     if not ckpt_path:
         return
-    from mm_lightning.plugins.checkpoint_file import nothing_left_to_train, run_checkpoint
+    from mm_lightning.checkpoints.files import nothing_left_to_train, run_checkpoint
 
     if ckpt_path in ("last", "best") and not os.path.isfile(ckpt_path):
         if dirpath is None:
@@ -139,7 +139,7 @@ def check_resume(cli_config: Any, parser: Any) -> None:
         config.ckpt_path = ckpt_path = found
     elif ckpt_path in SPECIAL_CKPT_PATHS and not os.path.isfile(ckpt_path):
         return  # Lightning resolves it
-    from mm_lightning.models.checkpoints import checked_resume_file
+    from mm_lightning.checkpoints.loading import checked_resume_file
 
     try:  # before LightningCLI parses what the checkpoint records into the model's options
         content = checked_resume_file(ckpt_path, config.get("model") or {})
