@@ -44,11 +44,8 @@ def callback_args(root: Path, **changes: dict | None) -> list[str]:
     return ["--trainer.callbacks", str(path)]
 
 
-def tiny_demo_args(
-    root: Path, *extra: str, max_steps: int = 6, callbacks: dict[str, dict | None] | None = None
-) -> list[str]:
-    """CLI arguments for a seconds-long demo run whose files all live under ``root``; ``callbacks`` tunes
-    the default callbacks (see :func:`callback_args`)."""
+def small_demo_args(root: Path) -> list[str]:
+    """The demo config with its data under ``root``, rendered small (32 px, 24 validation and test images)."""
     return [
         "--config", str(DEMO_CONFIG),
         "--data.init_args.data_dir", str(root / "demo"),
@@ -58,6 +55,16 @@ def tiny_demo_args(
         "--data.init_args.num_val", "24",
         "--data.init_args.num_test", "24",
         "--data.init_args.batch_size", "16",
+    ]  # fmt: skip
+
+
+def tiny_demo_args(
+    root: Path, *extra: str, max_steps: int = 6, callbacks: dict[str, dict | None] | None = None
+) -> list[str]:
+    """CLI arguments for a seconds-long demo run whose files all live under ``root``, with the long-run callbacks
+    (``callbacks`` tunes them, see :func:`callback_args`)."""
+    return [
+        *small_demo_args(root),
         "--data.init_args.num_workers", "0",
         "--trainer.max_steps", str(max_steps),
         "--trainer.max_epochs", "1",

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from mm_lightning.cli import main
-from tests.conftest import DEMO_CONFIG
+from tests.conftest import small_demo_args
 
 
 def package_modules() -> dict[str, int]:
@@ -27,14 +27,7 @@ def package_modules() -> dict[str, int]:
 
 def one_step(root: Path, *extra: str) -> None:
     args = [
-        "--config", str(DEMO_CONFIG),
-        "--data.init_args.data_dir", str(root / "demo"),
-        "--data.init_args.render_size", "32",
-        "--model.image_tower.init_args.image_size", "32",
-        "--data.init_args.train_renders", "1",
-        "--data.init_args.num_val", "24",
-        "--data.init_args.num_test", "24",
-        "--data.init_args.batch_size", "16",
+        *small_demo_args(root),
         "--trainer.max_steps", "1",
         "--trainer.limit_val_batches", "1",
         "--trainer.val_check_interval", "1",
