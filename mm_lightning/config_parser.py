@@ -88,9 +88,8 @@ def expand_short_names(args: list[str]) -> list[str]:
 
 def public_path(name: str) -> str:
     """The import path of a built-in class by its short name (``name`` itself if none is built in)."""
-    for (
-        package
-    ) in BUILT_IN_PACKAGES:  # their exports fill PUBLIC_PATHS; loaded only when a short name is given
+    # their exports fill PUBLIC_PATHS; loaded only when a short name is given
+    for package in BUILT_IN_PACKAGES:
         import_module(package)
     return PUBLIC_PATHS.get(name, name)
 
@@ -147,8 +146,8 @@ class CheckedParser(LightningArgumentParser):
                 " --trainer.strategy ddp_explicit --trainer.strategy.mode per_parameter."
             )
         short_name = re.search(r"Expected a dot import path string: (\w+)\b", message)
-        if short_name and short_name.group(1) in PUBLIC_PATHS:  # a built-in class loads when a run names it
-            message += f"\nName the class by its path: {PUBLIC_PATHS[short_name.group(1)]}"
+        if short_name and public_path(short_name.group(1)) != short_name.group(1):  # a built-in class
+            message += f"\nName the class by its path: {public_path(short_name.group(1))}"
         return super().error(message, ex)
 
 

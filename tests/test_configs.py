@@ -184,6 +184,9 @@ def test_a_short_name_the_parser_cannot_resolve_gets_its_path(capsys: pytest.Cap
     with pytest.raises(SystemExit):
         parser.error('Parser key "model.loss": Expected a dot import path string: SigLipLoss')
     assert "Name the class by its path: mm_lightning.models.losses.SigLipLoss" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # an extra, whose package a run loads only when it names one
+        parser.error('Parser key "trainer.callbacks": Expected a dot import path string: NaNGuard')
+    assert "Name the class by its path: mm_lightning.extras.NaNGuard" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parser.error('Parser key "model.loss": Expected a dot import path string: MyLoss')  # control
     assert "Name the class by its path" not in capsys.readouterr().err

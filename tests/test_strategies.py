@@ -15,6 +15,7 @@ import pytest
 import torch
 from lightning.pytorch.strategies import StrategyRegistry
 
+import mm_lightning.config_parser  # noqa: F401  (registers ddp_explicit, ddp_explicit_spawn)
 from mm_lightning.extras import ExplicitAllReduceDDPStrategy
 from mm_lightning.extras.explicit_allreduce.reducers import assign_buckets
 from tests.strategies.launch import run_ranks

@@ -7,8 +7,10 @@ through the same checks as training (:class:`~mm_lightning.data.jsonl.RecordPars
 :class:`~mm_lightning.data.samples.SampleBuilder` for each image, in a process pool), so a record the audit
 passes is one ``fit`` accepts and vice versa. Tokenizes every caption and writes a JSON report with bad records
 by kind (with examples naming file, line and reason), missing/undecodable images, empty and overlong captions,
-duplicate images and captions, and histograms of image size/mode and caption length. Exits 1 when errors exceed
-``--audit.max_error_rate`` or a split has no valid record. :func:`run_audit` is the audit; the command line's ``audit`` subcommand calls it.
+duplicate images and captions, and histograms of image size/mode and caption length. Splits read from WebDataset
+shards are scanned one process per shard (:func:`audit_shards`), with the same fields but the image modes. Exits 1
+when errors exceed ``--audit.max_error_rate`` or a split has no valid record. :func:`run_audit` is the audit,
+:func:`main` the command.
 """
 
 from __future__ import annotations

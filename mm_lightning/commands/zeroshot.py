@@ -1,5 +1,7 @@
-"""``python -m mm_lightning zeroshot --ckpt_path CKPT --data DIR_OR_JSONL``: zero-shot top-1 / top-5 of a checkpoint
-on labeled images (the classifier and metrics: :mod:`mm_lightning.evaluation.zeroshot`)."""
+"""Zero-shot top-1 / top-5 of a checkpoint on labeled images.
+
+``python -m mm_lightning zeroshot --ckpt_path CKPT --data DIR_OR_JSONL`` (the classifier and metrics:
+:mod:`mm_lightning.evaluation.zeroshot`)."""
 
 from __future__ import annotations
 

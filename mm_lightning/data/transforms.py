@@ -153,9 +153,8 @@ class Normalize(torch.nn.Module):
 
     def forward(self, images: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Normalized float32 images; ``out`` (optional): the tensor to write them into (same shape)."""
-        if (
-            images.dim() == 2
-        ):  # (B, D) cached image-tower features (mm_lightning.extras.feature_cache), not pixels
+        # (B, D) cached image-tower features (mm_lightning.extras.feature_cache), not pixels
+        if images.dim() == 2:
             return images if out is None else out.copy_(images)
         if images.is_floating_point():
             normalized = v2.functional.normalize(images, self.mean, self.std)

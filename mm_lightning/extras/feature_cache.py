@@ -6,10 +6,9 @@ Add it to a LiT run (``model.image.freeze: true``, ``model.objective.itm_weight:
       class_path: mm_lightning.extras.LockedImageFeatures
       init_args: {views: 0}
 
-Before the loaders start it computes every missing row (the keys and the views: below) with the tower, in float32, and switches the JSONL splits of the stage to serve them: an epoch then
-costs the text tower, the projections and the loss, not a decode, a crop and an image tower forward per sample.
-
-A locked image tower's output, computed once per distinct image (and view) and served instead of pixels.
+Before the loaders start it computes every missing row (keys and views: below) with the tower, in float32, and
+switches the JSONL splits of the stage to serve them: an epoch then costs the text tower, the projections and the
+loss, not a decode, a crop and an image tower forward per sample.
 
 A tower whose weights never change gives the same features for the same pixels at every step, so a LiT-style
 run (locked image tower, trained text tower) can compute them once and train on them: the loader then reads a

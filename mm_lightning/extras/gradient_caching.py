@@ -323,7 +323,7 @@ Embedded = tuple[EncoderOutput, Tensor, EncoderOutput, Tensor]
 
 
 class GradientCaching:
-    """Embeds a training batch in ``chunks`` chunks with exact gradient caching .
+    """Embeds a training batch in ``chunks`` chunks with exact gradient caching.
 
     Args:
         chunks: chunks per batch (> 1).

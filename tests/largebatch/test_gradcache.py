@@ -130,10 +130,10 @@ def test_backward_without_embed_and_bad_chunks_are_errors() -> None:
 def test_strategies_that_cannot_run_gradient_caching_are_refused() -> None:
     from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 
-    import mm_lightning.extras.explicit_allreduce  # noqa: F401
+    from mm_lightning.extras import ExplicitAllReduceDDPStrategy
 
     gradcache.check_strategy(DDPStrategy())
-    gradcache.check_strategy(mm_lightning.extras.ExplicitAllReduceDDPStrategy())
+    gradcache.check_strategy(ExplicitAllReduceDDPStrategy())
     # once DDP wraps the model: its options as DistributedDataParallel keeps them
     gradcache.check_ddp_wrapper(SimpleNamespace(find_unused_parameters=False, static_graph=False))
     gradcache.check_ddp_wrapper(torch.nn.Linear(1, 1))  # not wrapped (one process, ddp_explicit)

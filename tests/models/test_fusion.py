@@ -53,7 +53,7 @@ def test_control_without_mask_padding_changes_the_output() -> None:
 
 
 def test_samples_do_not_mix_across_the_batch() -> None:
-    """The seeds fed batch-first tensors to a sequence-first attention, mixing samples; here they are separate."""
+    """Batch-first tensors fed to a sequence-first attention would mix samples; here they stay separate."""
     torch.manual_seed(0)
     fusion = CrossAttentionFusion(16, num_heads=4).eval()
     image, text, mask = _inputs()

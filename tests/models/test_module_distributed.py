@@ -15,7 +15,7 @@ import torch
 from lightning.pytorch import Trainer
 from torch.utils.data import DataLoader, Subset
 
-import mm_lightning.extras.explicit_allreduce  # noqa: F401  (registers ddp_explicit_spawn)
+import mm_lightning.config_parser  # noqa: F401  (registers ddp_explicit_spawn)
 from mm_lightning.models import MultimodalModule
 from tests.models.helpers import EXACT_MODEL as EXACT_MODEL_BASE
 from tests.models.helpers import PairDataset, module_kwargs, tiny_config
