@@ -25,6 +25,7 @@ from mm_lightning.data.dataset import (
 from mm_lightning.data.images import DEFAULT_MAX_PIXELS, decode_image_bytes
 from mm_lightning.data.jsonl import JsonlIndex, RecordParser
 from mm_lightning.data.loader import (
+    ResumableDataLoader,
     TrainPosition,
     WorkerSafeDataLoader,
     global_seed,
@@ -32,7 +33,6 @@ from mm_lightning.data.loader import (
 )
 from mm_lightning.data.records import SkipLog
 from mm_lightning.data.samples import BadRecordPolicy, SampleBuilder
-from mm_lightning.data.torchdata_epoch_end import ResumableDataLoader
 from mm_lightning.data.transforms import (
     DEFAULT_IMAGE_SIZE,
     IMAGENET_MEAN,

@@ -20,7 +20,7 @@ from mm_lightning.distributed import gather_rows, pad_to_global_length, single_p
 from mm_lightning.evaluation.metrics import Ranks, RetrievalMetrics, first_occurrence
 from mm_lightning.models.config import DEFAULT_FUSION, FusionConfig, as_config
 from mm_lightning.models.losses.base import l2_normalize, weighted_sum
-from mm_lightning.models.towers.base import EncoderOutput
+from mm_lightning.models.towers.contract import EncoderOutput
 
 
 def _gather(tensor: Tensor) -> Tensor:

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import get_device_states, set_device_states
 
-from mm_lightning.models.towers.base import EncoderOutput, batchnorm_layers
+from mm_lightning.models.towers.contract import EncoderOutput, batchnorm_layers
 
 Batch = Mapping[str, Any]
 Encode = Callable[[Batch], dict[str, Tensor]]

@@ -23,19 +23,17 @@ from mm_lightning.models.config import (
 from mm_lightning.models.itm import ImageTextMatching
 from mm_lightning.models.losses import ContrastiveLoss, loss_terms
 from mm_lightning.models.losses.base import l2_normalize
-from mm_lightning.models.towers.base import (
+from mm_lightning.models.towers.contract import (
     EncoderOutput,
     Tower,
     batchnorm_layers,
-    projection_for,
-    take_over_logit_scale,
-)
-from mm_lightning.models.towers.contract import (
     call_text_tower,
     data_config_of,
     encoder_output,
     keep_locked_layers_in_eval,
+    projection_for,
     set_gradient_checkpointing,
+    take_over_logit_scale,
     takes_token_type_ids,
     train_last_groups,
 )

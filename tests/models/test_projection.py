@@ -73,7 +73,7 @@ class _TowerWithProjection(nn.Module):
 
 
 def test_a_tower_bringing_its_own_projection_is_refused_with_project_false() -> None:
-    from mm_lightning.models.towers.base import projection_for
+    from mm_lightning.models.towers.contract import projection_for
 
     tower = _TowerWithProjection()
     with pytest.raises(

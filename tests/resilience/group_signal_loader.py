@@ -15,8 +15,7 @@ import psutil
 from torch.utils.data import DataLoader
 
 from mm_lightning.data import loader as loader_module
-from mm_lightning.data.loader import WorkerSafeDataLoader, ignore_stop_signals
-from mm_lightning.data.torchdata_epoch_end import ResumableDataLoader
+from mm_lightning.data.loader import ResumableDataLoader, WorkerSafeDataLoader, ignore_stop_signals
 
 
 class SlowToLeaveTheGroup:

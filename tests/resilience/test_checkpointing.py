@@ -22,8 +22,7 @@ from torch.utils.data import TensorDataset
 from typing_extensions import override
 
 from mm_lightning.checkpoints import AtomicCheckpointIO
-from mm_lightning.data.loader import TrainPosition
-from mm_lightning.data.torchdata_epoch_end import ResumableDataLoader
+from mm_lightning.data.loader import ResumableDataLoader, TrainPosition
 from mm_lightning.extras import ExactResume, PreemptionCheckpoint
 from tests.resilience.helpers import TinyModule, random_loader
 

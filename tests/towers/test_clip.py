@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mm_lightning.models.towers.base import projection_for
 from mm_lightning.models.towers.clip import CLIPImageTower, CLIPTextTower
+from mm_lightning.models.towers.contract import projection_for
 from tests.towers.dual_encoders import save_tiny
 
 

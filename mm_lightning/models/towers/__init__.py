@@ -7,7 +7,7 @@ from mm_lightning import lazy_exports
 _EXPORTS = {
     "CLIPImageTower": "mm_lightning.models.towers.clip",
     "CLIPTextTower": "mm_lightning.models.towers.clip",
-    "EncoderOutput": "mm_lightning.models.towers.base",
+    "EncoderOutput": "mm_lightning.models.towers.contract",
     "HFTextTower": "mm_lightning.models.towers.hf_text",
     "HFVisionTower": "mm_lightning.models.towers.hf_vision",
     "OpenCLIPImageTower": "mm_lightning.models.towers.open_clip",
@@ -15,7 +15,7 @@ _EXPORTS = {
     "SmallResNet": "mm_lightning.models.towers.torchvision",
     "TimmTower": "mm_lightning.models.towers.timm",
     "TorchvisionTower": "mm_lightning.models.towers.torchvision",
-    "Tower": "mm_lightning.models.towers.base",
+    "Tower": "mm_lightning.models.towers.contract",
     "TowerContractError": "mm_lightning.models.towers.contract",
 }
 __all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from transformers import AutoConfig, AutoModel, CLIPModel, PreTrainedModel, SiglipModel
 
 from mm_lightning.assets import resolve_pretrained
-from mm_lightning.models.towers.base import ConfiguredTower, EncoderOutput
+from mm_lightning.models.towers.contract import ConfiguredTower, EncoderOutput
 from mm_lightning.models.towers.hf_text import load_hf, set_hf_gradient_checkpointing
 from mm_lightning.models.towers.hf_vision import image_processor_data_config
 

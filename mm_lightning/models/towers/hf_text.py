@@ -9,7 +9,7 @@ from torch import Tensor
 from transformers import AutoConfig, AutoModel
 
 from mm_lightning.assets import MissingModelFolder, load_pretrained, resolve_pretrained
-from mm_lightning.models.towers.base import EncoderOutput, Tower
+from mm_lightning.models.towers.contract import EncoderOutput, Tower
 
 
 def _looks_like_path(name: str) -> bool:

@@ -20,7 +20,7 @@ from torch import Tensor
 from transformers import AutoConfig, AutoImageProcessor, AutoModel, CLIPVisionModel, SiglipVisionModel
 
 from mm_lightning.assets import resolve_pretrained
-from mm_lightning.models.towers.base import (
+from mm_lightning.models.towers.contract import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     ConfiguredTower,

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mm_lightning.models.towers.base import ConfiguredTower, EncoderOutput
+from mm_lightning.models.towers.contract import ConfiguredTower, EncoderOutput
 from mm_lightning.models.towers.optional import require
 
 FEATURE = "open_clip towers"

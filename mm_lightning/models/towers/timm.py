@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from mm_lightning.assets import PACKAGED, resolve_pretrained
-from mm_lightning.models.towers.base import (
+from mm_lightning.models.towers.contract import (
     ConfiguredTower,
     EncoderOutput,
     check_model_name,

@@ -15,7 +15,7 @@ from torchvision.models.vision_transformer import VisionTransformer
 
 from mm_lightning import ExplainedError
 from mm_lightning.assets import LOCAL_IMAGE, PretrainedUnavailable
-from mm_lightning.models.towers.base import (
+from mm_lightning.models.towers.contract import (
     EncoderOutput,
     Tower,
     check_model_name,

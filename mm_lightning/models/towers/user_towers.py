@@ -8,14 +8,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from mm_lightning.models.towers.base import EncoderOutput, image_data_config
 from mm_lightning.models.towers.contract import (
+    EncoderOutput,
     Kind,
     TowerContractError,
     call_text_tower,
     class_path_of,
     contract_problem,
     encoder_output,
+    image_data_config,
 )
 
 DRY_BATCH = 2  # BatchNorm in a tower's forward needs more than one sample
