@@ -97,6 +97,14 @@ class MultimodalCLI(LightningCLI):
         super().parse_arguments(parser, args)
         check_run_folder(self.config, parser)
 
+    @override
+    def instantiate_classes(self) -> None:
+        super().instantiate_classes()
+        if self.trainer.world_size > 1:  # every process of a distributed run builds its trainer here
+            from mm_lightning import gloo_exit_abort
+
+            gloo_exit_abort.install()  # else gloo ranks can abort at interpreter exit (see gloo_exit_abort.py)
+
 
 def cli_main(
     args: list[str] | None = None, run: bool = True, cli_class: type = MultimodalCLI, **cli_options: Any

@@ -15,7 +15,8 @@ thread inside a ``noexcept`` destructor and ``std::terminate`` aborts the proces
 
 Workaround: destroy the default process group from an exit hook, which joins those threads while the interpreter
 is still whole. Lightning registers this only for NCCL, so it is done here, in every process of a distributed run:
-by ``MultimodalModule.setup`` (any strategy, any launcher) and by ``ExplicitAllReduceDDPStrategy`` (any module).
+by the CLI once it has built a trainer of more than one process (any strategy, any launcher) and by
+``ExplicitAllReduceDDPStrategy`` (any module).
 Importing the package installs nothing.
 
 Bounded: a group whose collective is stuck (a peer died) would make the destroy wait for gloo's own timeout

@@ -160,24 +160,21 @@ def test_the_hook_destroys_the_group_at_exit(install: bool) -> None:
     assert f"initialized at exit: {not install}" in result.stdout, result.stdout + result.stderr
 
 
-def test_the_module_installs_it_in_a_distributed_run() -> None:
-    """``MultimodalModule.setup`` installs the hook once a process group exists (any strategy, any launcher)."""
-    code = """
-import atexit, torch.distributed as dist
+def test_the_cli_installs_it_for_a_run_of_more_than_one_process(tmp_path: Path) -> None:
+    """Every process of a distributed CLI run builds its trainer, whatever the launcher: the hook goes in there."""
+    code = f"""
 from mm_lightning import gloo_exit_abort
-from mm_lightning.models import MultimodalModule
-print("before:", atexit._ncallbacks(), flush=True)
-MultimodalModule.setup(MultimodalModule.__new__(MultimodalModule), "validate")  # no group yet: nothing
-print("no group:", atexit._ncallbacks(), flush=True)
-dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-MultimodalModule.setup(MultimodalModule.__new__(MultimodalModule), "validate")
-print("module:", gloo_exit_abort._installed, atexit._ncallbacks(), flush=True)
+from mm_lightning.cli import cli_main
+base = ["--config", "configs/demo.yaml", "--trainer.default_root_dir", {str(tmp_path)!r}]
+cli_main(base + ["--trainer.devices", "1"], run=False)
+print("one process:", gloo_exit_abort._installed, flush=True)
+cli_main(base + ["--trainer.devices", "2", "--trainer.strategy", "ddp"], run=False)
+print("two processes:", gloo_exit_abort._installed, flush=True)
 """
     result = python(code)
     assert result.returncode == 0, result.stderr[-3000:]
-    lines = dict(line.split(": ", 1) for line in result.stdout.splitlines())
-    assert lines["no group"] == lines["before"]
-    assert lines["module"] == f"True {int(lines['before']) + 1}"
+    lines = dict(line.split(": ", 1) for line in result.stdout.splitlines() if ": " in line)
+    assert (lines["one process"], lines["two processes"]) == ("False", "True"), result.stdout
 
 
 def test_hook_is_a_no_op_without_a_group() -> None:

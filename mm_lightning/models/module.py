@@ -215,10 +215,6 @@ class MultimodalModule(LightningModule):
 
     @override
     def setup(self, stage: str) -> None:
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            from mm_lightning import gloo_exit_abort
-
-            gloo_exit_abort.install()  # else gloo ranks abort at interpreter exit (see gloo_exit_abort.py)
         if stage == "fit":
             self.batch_embedding.setup(self.trainer.strategy, self.model)
 

@@ -29,7 +29,7 @@ class _ShardRecorder(pl.LightningModule):
         self.seen: dict[int, list[int]] = {}
 
     def setup(self, stage: str) -> None:
-        gloo_exit_abort.install()  # as MultimodalModule does: else a gloo rank can abort at interpreter exit
+        gloo_exit_abort.install()  # as the CLI does: else a gloo rank can abort at interpreter exit
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         self.seen.setdefault(self.current_epoch, []).extend(batch["index"].tolist())

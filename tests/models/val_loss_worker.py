@@ -11,9 +11,11 @@ import os
 import sys
 from pathlib import Path
 
+from mm_lightning import gloo_exit_abort
 from tests.models.test_evaluation import BATCH_SIZES, _val_loss
 
 if __name__ == "__main__":
+    gloo_exit_abort.install()  # as the CLI does for a run of more than one process
     clean, with_broken, out = map(Path, sys.argv[1:4])
     losses = {
         f"{name}/{batch_size}": _val_loss(records, batch_size, 2, out.parent / f"{name}_{batch_size}")
