@@ -12,7 +12,6 @@ from importlib import import_module
 from typing import Any
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from typing_extensions import override
 
 from mm_lightning.checkpoints.run_folder import check_run_folder
@@ -43,9 +42,7 @@ TRAINER_DEFAULTS: dict[str, Any] = {
 
 def quiet_lightning_notices() -> None:
     """Silence Lightning notices a user of this CLI cannot act on (eval-mode towers, litlogger tip, etc.)."""
-    warnings.filterwarnings(
-        "ignore", message=r"Found \d+ module\(s\) in eval mode", category=PossibleUserWarning
-    )
+    warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
     notices = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     if not any(isinstance(f, _DropNotices) for f in notices.filters):
@@ -100,10 +97,8 @@ class MultimodalCLI(LightningCLI):
     @override
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
-        if self.trainer.world_size > 1:  # every process of a distributed run builds its trainer here
-            from mm_lightning import gloo_exit_abort
-
-            gloo_exit_abort.install()  # else gloo ranks can abort at interpreter exit (see gloo_exit_abort.py)
+        if self.trainer.world_size > 1:  # every process builds its trainer here; see gloo_exit_abort.py
+            import_module("mm_lightning.gloo_exit_abort").install()
 
 
 def cli_main(
