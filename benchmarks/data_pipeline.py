@@ -19,7 +19,7 @@ Pipelines (same images, batch size and workers; the model-ready output counted f
          to 512 tokens, stacking collate;
   ours:  MultimodalDataModule's train loader (RandomResizedCrop on, uint8 through the workers, batch-tokenized
          captions padded to the longest), normalized after the handover as a Trainer does (on CPU in the main
-         process, counted here); also normalized in the workers (``normalize_on="worker"``); with ``--config``,
+         process, counted here); also normalized in the workers (``loader={"normalize_on": "worker"}``); with ``--config``,
          built with that run config's data options (all but its files, batch size and workers), beside the
          data module's defaults (``ours_defaults``);
   decode-only: full-size decode of each file with the fastest decoder (simplejpeg), nothing else -- the
@@ -228,11 +228,12 @@ class Bench:
         common = {"batch_size": self.batch_size, "num_workers": workers, "persistent_workers": workers > 0}
 
         def ours(normalize_on: str, options: dict) -> tuple[DataLoader, object]:  # "device": a Trainer's way
+            images = {"size": 224, **options.get("images", {})}
+            loader = {**options.get("loader", {}), "normalize_on": normalize_on}
             dm = MultimodalDataModule(  # its own loader defaults (persistent workers among them)
-                **{"image_size": 224, **options},
+                **{**options, "images": images, "loader": loader},
                 train_file=str(self.jsonl),
                 tokenizer=self.tokenizer,
-                normalize_on=normalize_on,
                 batch_size=self.batch_size,
                 num_workers=workers,
             )
@@ -270,7 +271,7 @@ class Bench:
 
 # set by this benchmark (the same for every pipeline) or naming the config's own files
 NOT_FROM_CONFIG = {"train_file", "val_file", "test_file", "predict_file", "data_dir", "image_root", "tokenizer",
-                   "batch_size", "num_workers", "normalize_on"}  # fmt: skip
+                   "batch_size", "num_workers"}  # fmt: skip
 
 
 def config_data_options(config: Path) -> dict:
@@ -286,8 +287,11 @@ def config_data_options(config: Path) -> dict:
             f"{config}: data is {data['class_path']}; this benchmark measures MultimodalDataModule"
         )
     options = {k: v for k, v in (data.get("init_args") or {}).items() if k not in NOT_FROM_CONFIG}
-    if options.get("image_size") is None:  # follows the image tower, which this benchmark does not build
-        options.pop("image_size", None)
+    # the image size follows the image tower, which this benchmark does not build; normalization is its own
+    options["images"] = {
+        k: v for k, v in (options.get("images") or {}).items() if k != "size" or v is not None
+    }
+    options["loader"] = {k: v for k, v in (options.get("loader") or {}).items() if k != "normalize_on"}
     return options
 
 

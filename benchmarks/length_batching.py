@@ -23,7 +23,7 @@ from data_pipeline import caption, coco_like_lengths  # noqa: E402
 
 from mm_lightning.data import DemoDataModule, MultimodalDataModule  # noqa: E402
 from mm_lightning.data.collate import load_tokenizer  # noqa: E402
-from mm_lightning.extras import LengthGroupedSampler
+from mm_lightning.extras.length_grouping import LengthGroupedSampler, caption_lengths  # noqa: E402
 
 
 def token_lengths(dm: MultimodalDataModule) -> tuple[np.ndarray, np.ndarray]:
@@ -34,7 +34,7 @@ def token_lengths(dm: MultimodalDataModule) -> tuple[np.ndarray, np.ndarray]:
     ]
     tok = load_tokenizer(dm.hparams.tokenizer)
     ids = tok(captions, truncation=True, max_length=dm.hparams.max_length)["input_ids"]
-    return np.array([len(x) for x in ids]), dm.datasets["train"].lengths()
+    return np.array([len(x) for x in ids]), caption_lengths(dm.datasets["train"])
 
 
 def slots(tokens: np.ndarray, batches: np.ndarray) -> int:
@@ -68,7 +68,7 @@ def coco_like(root: Path, tokenizer: str, n: int = 20_000) -> MultimodalDataModu
         for words in coco_like_lengths(n):
             f.write(json.dumps({"image": "x.jpg", "text": caption(int(words), rng)}) + "\n")
     return MultimodalDataModule(
-        train_file=str(root / "train.jsonl"), tokenizer=tokenizer, caption_sampling="all"
+        train_file=str(root / "train.jsonl"), tokenizer=tokenizer, loader={"caption_sampling": "all"}
     )
 
 
@@ -83,7 +83,7 @@ def main() -> None:
     demo = DemoDataModule(
         data_dir=str(tmp / "mm_lightning_bench_demo"),
         tokenizer="mm-lightning/demo-bert",
-        caption_sampling="all",
+        loader={"caption_sampling": "all"},
     )
     demo.prepare_data()
     demo_ratio = compare("demo", demo, args.batch_size, args.window)

@@ -143,11 +143,13 @@ def main() -> None:
         dm = MultimodalDataModule(
             train_file=str(jsonl),
             tokenizer=tokenizer,
-            image_size=224,
+            images={"size": 224},
             batch_size=args.batch_size,
             num_workers=workers,
-            persistent_workers=workers > 0,
-            normalize_on="device",  # what a Trainer does
+            loader={
+                "persistent_workers": workers > 0,
+                "normalize_on": "device",
+            },  # device: what a Trainer does
         )
         dm.setup("fit")
         return dm

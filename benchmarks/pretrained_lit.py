@@ -119,9 +119,7 @@ def run(
         val_file=str(val),
         tokenizer=tokenizer_of(model_args["text_tower"]),
         image_config=config,  # the tower's resize
-        image_size=96,
-        mean=config["mean"],
-        std=config["std"],
+        images={"size": 96, "mean": config["mean"], "std": config["std"]},
         max_length=32,
         batch_size=40,
         num_workers=0,

@@ -163,7 +163,7 @@ def datamodule(
     options = {
         k: v
         for k, v in config["data"].get("init_args", {}).items()
-        if k in ("max_length", "batch_size", "num_workers", "caption_sampling", "train_scale")
+        if k in ("max_length", "batch_size", "num_workers", "images", "loader")
     }
     options.update(overrides)
     return MultimodalDataModule(

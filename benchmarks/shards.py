@@ -105,7 +105,7 @@ def footprint(args: argparse.Namespace) -> None:
     per shuffle window (fewer than either dataset holds): what stays open is bounded by the open shards."""
     dm = ShardDataModule(
         train_shards=args.footprint, open_shards=2, shuffle_shards=1, tokenizer=TOKENIZER,
-        batch_size=args.batch_size, num_workers=args.workers, image_size=args.image_size,
+        batch_size=args.batch_size, num_workers=args.workers, images={"size": args.image_size},
     )  # fmt: skip
     _, samples, (fds, uss) = epoch(dm, limit=max(4, args.images // args.batch_size))
     print(samples, fds, f"{uss:.1f}")
@@ -131,8 +131,8 @@ def main() -> None:
         "tokenizer": TOKENIZER,
         "batch_size": args.batch_size,
         "num_workers": args.workers,
-        "image_size": args.image_size,
-        "persistent_workers": False,
+        "images": {"size": args.image_size},
+        "loader": {"persistent_workers": False},
     }
     files = {c: make_data(root / "jsonl", args.images, args.photos, c) for c in (1, 4)}
     for copies, file in files.items():

@@ -19,8 +19,16 @@ from tests.conftest import REPO, TinyRun, callback_args, tiny_demo_args
 
 
 def test_overrides_reach_the_objects(tmp_path: Path) -> None:
+    groups = ["--data.loader.caption_sampling", "all", "--data.loader.pin_memory", "true"]
     cli = cli_main(
-        [*tiny_demo_args(tmp_path), "--model.fusion.heads", "2", "--data.batch_size", "8"], run=False
+        [*tiny_demo_args(tmp_path), "--model.fusion.heads", "2", "--data.batch_size", "8", *groups], run=False
+    )
+    # keys of one group given one by one add up, over the group's defaults
+    loader = cli.datamodule.hparams.loader
+    assert (loader["caption_sampling"], loader["pin_memory"], loader["persistent_workers"]) == (
+        "all",
+        True,
+        True,
     )
     assert cli.model.hparams.fusion["heads"] == 2
     attention = [m for m in cli.model.modules() if isinstance(m, torch.nn.MultiheadAttention)]
@@ -29,7 +37,7 @@ def test_overrides_reach_the_objects(tmp_path: Path) -> None:
     # The tokenizer follows the text encoder (a link); the image size flows from the image tower to the data.
     text, image = cli.model.hparams.text_tower["init_args"], cli.model.hparams.image_tower["init_args"]
     assert cli.datamodule.hparams.tokenizer == text["name"] == "mm-lightning/demo-bert"
-    assert image["image_size"] == 32 and cli.datamodule.hparams.image_size is None
+    assert image["image_size"] == 32 and cli.datamodule.image_options["size"] is None
     assert cli.datamodule.image_size == 32  # linked when the CLI built the two
 
 
@@ -41,15 +49,15 @@ def test_tokenizer_always_follows_the_text_encoder(tmp_path: Path) -> None:
 
 def test_image_size_flows_from_the_tower_and_a_set_data_size_wins_with_a_warning(tmp_path: Path) -> None:
     with warnings.catch_warnings():
-        warnings.filterwarnings("error", "data.image_size")  # following the tower says nothing
+        warnings.filterwarnings("error", "data.images.size")  # following the tower says nothing
         cli = cli_main(
             [*tiny_demo_args(tmp_path), "--model.image_tower.init_args.image_size", "48"], run=False
         )
     assert cli.datamodule.image_size == 48 == cli.model.data_config["image"]["input_size"][-1]
     assert cli.datamodule.sample_builder("val").transform.size == 48
-    # the user's data.image_size wins, and the run says it differs from the tower's
-    with pytest.warns(UserWarning, match=r"data.image_size 40 differs from the image tower's input size 32"):
-        cli = cli_main([*tiny_demo_args(tmp_path), "--data.init_args.image_size", "40"], run=False)
+    # the user's data.images.size wins, and the run says it differs from the tower's
+    with pytest.warns(UserWarning, match=r"data.images.size 40 differs from the image tower's input size 32"):
+        cli = cli_main([*tiny_demo_args(tmp_path), "--data.init_args.images.size", "40"], run=False)
     # nothing is pushed back into the model
     assert cli.model.hparams.image_tower["init_args"]["image_size"] == 32
     assert cli.datamodule.image_size == 40 and cli.datamodule.sample_builder("val").transform.size == 40
@@ -123,11 +131,13 @@ def test_validate_test_predict_from_checkpoint(tiny_run: TinyRun, tmp_path: Path
 def test_resume_with_other_options_warns_listing_them(tiny_run: TinyRun) -> None:
     ckpt = str(tiny_run.checkpoint_dir / "last.ckpt")
     args = [*tiny_demo_args(tiny_run.root), "--model.fusion.heads", "2", "--data.init_args.batch_size", "8"]
+    args += ["--data.loader.caption_sampling", "all"]  # one key of a group
     with pytest.warns(UserWarning, match="Resuming from") as caught:
         cli = cli_main(["validate", *args, "--ckpt_path", ckpt])
     message = next(str(w.message) for w in caught if "Resuming from" in str(w.message))
     assert "model.fusion.heads: given 2, used 4" in message  # the checkpoint's architecture wins
     assert "data.batch_size: given 8, checkpoint 16" in message  # data options are taken as given
+    assert "data.loader.caption_sampling: given 'all', checkpoint 'random'" in message
     assert cli.model.hparams["fusion"]["heads"] == 4 and cli.datamodule.hparams.batch_size == 8
 
 

@@ -38,9 +38,10 @@ def test_config_parses_and_has_header(name: str, capsys: pytest.CaptureFixture[s
     stack = ["--config", str(CONFIGS / OVERLAY_ON.get(name, "base.yaml"))] if name in OVERLAYS else []
     config = _print_config(capsys, *stack, "--config", str(CONFIGS / name))
     # a linked target (data.tokenizer) is derived, so --print_config leaves it out; the image size flows from the
-    # image tower to the data when the CLI builds them (no config sets data.image_size)
+    # image tower to the data when the CLI builds them (no config sets data.images.size)
     assert (
-        "tokenizer" not in config["data"]["init_args"] and config["data"]["init_args"]["image_size"] is None
+        "tokenizer" not in config["data"]["init_args"]
+        and (config["data"]["init_args"]["images"] or {}).get("size") is None
     )
     assert "image_size" in config["model"]["image_tower"]["init_args"]
     if name == "ddp_explicit.yaml":
@@ -56,9 +57,9 @@ def test_base_recipe_is_the_seeds(capsys: pytest.CaptureFixture[str]) -> None:
     assert image["name"] == "resnet50"
     assert text["name"] == "bert-base-uncased"
     data = config["data"]["init_args"]
-    assert image["image_size"] == 224 and data["image_size"] is None
+    assert image["image_size"] == 224 and (data["images"] or {}).get("size") is None
     assert (data["max_length"], data["batch_size"]) == (128, 32)
-    assert data["pin_memory"] is True and 4 <= data["num_workers"] <= 8
+    assert data["loader"]["pin_memory"] is True and 4 <= data["num_workers"] <= 8
     assert config["trainer"]["strategy"] == "ddp"
 
 

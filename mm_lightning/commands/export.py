@@ -89,8 +89,8 @@ def export_hf(module: DualEncoder, out: str | Path, data: dict[str, Any] | None 
     Args:
         module: a trained module.
         out: output directory (created).
-        data: the data module's hyperparameters the checkpoint was trained with (``mean``, ``std``,
-            ``image_size``, ``tokenizer``, ``max_length``); missing keys follow the towers' own preprocessing.
+        data: the data module's hyperparameters the checkpoint was trained with (``images``
+            with size, mean and std, ``tokenizer``, ``max_length``); missing keys follow the towers' own preprocessing.
 
     Returns:
         The output directory.
@@ -438,7 +438,7 @@ def save_processor(module: nn.Module, out: Path, data: dict[str, Any]) -> None:
     Args:
         module: the trained module (its towers' preprocessing fills what ``data`` lacks).
         out: the output directory.
-        data: the data module's hyperparameters (``mean``, ``std``, ``image_size``, ``tokenizer``, ``max_length``).
+        data: the data module's hyperparameters (``images``' size, mean and std, ``tokenizer``, ``max_length``).
     """
     from PIL import Image
     from transformers import AutoTokenizer, CLIPImageProcessor, VisionTextDualEncoderProcessor
@@ -446,13 +446,19 @@ def save_processor(module: nn.Module, out: Path, data: dict[str, Any]) -> None:
     from mm_lightning.assets import resolve_pretrained
 
     towers = module.data_config["image"]
-    side = int(data.get("image_size") or towers["input_size"][-1])
+    # data.images; a checkpoint from before the options were grouped has them at the top
+    images = data.get("images") or {
+        "size": data.get("image_size"),
+        "mean": data.get("mean"),
+        "std": data.get("std"),
+    }
+    side = int(images.get("size") or towers["input_size"][-1])
     image_processor = CLIPImageProcessor(
         size={"shortest_edge": side},
         crop_size={"height": side, "width": side},
         resample=Image.Resampling.BILINEAR,
-        image_mean=[float(m) for m in data.get("mean") or towers["mean"]],
-        image_std=[float(s) for s in data.get("std") or towers["std"]],
+        image_mean=[float(m) for m in images.get("mean") or towers["mean"]],
+        image_std=[float(s) for s in images.get("std") or towers["std"]],
     )
     tokenizer_name = data.get("tokenizer") or module.data_config["text"]["tokenizer"]
     tokenizer = AutoTokenizer.from_pretrained(resolve_pretrained(tokenizer_name))

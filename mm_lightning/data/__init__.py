@@ -5,11 +5,11 @@ from mm_lightning import lazy_exports
 _EXPORTS = {
     "BadRecordPolicy": "mm_lightning.data.samples",
     "DemoDataModule": "mm_lightning.data.demo",
-    "EmptySplitError": "mm_lightning.data.dataset",
+    "EmptySplitError": "mm_lightning.data.records",
     "JsonlIndex": "mm_lightning.data.jsonl",
     "MultimodalCollate": "mm_lightning.data.collate",
     "MultimodalDataModule": "mm_lightning.data.datamodule",
-    "NoTrainingBatch": "mm_lightning.data.dataset",
+    "NoTrainingBatch": "mm_lightning.data.records",
     "Record": "mm_lightning.data.records",
     "RecordError": "mm_lightning.data.records",
     "SampleBuilder": "mm_lightning.data.samples",

@@ -11,6 +11,7 @@ import multiprocessing
 import os
 import uuid
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -124,10 +125,13 @@ def _lease(token: str, slot: int, rows: int) -> torch.Tensor:
     return slots.lease(slot, rows)
 
 
-def slots_for(hparams: Any, side: int, normalized: bool) -> BatchSlots | None:
-    """Slots for this loader's batches (float32 if ``normalized``), or ``None`` without persistent workers."""
-    if hparams.num_workers < 1 or not hparams.persistent_workers:
+def slots_for(
+    workers: int, batch_size: int, side: int, loader: Mapping[str, Any], normalized: bool
+) -> BatchSlots | None:
+    """Slots for a loader's batches (float32 if ``normalized``), or ``None`` without persistent workers;
+    ``loader`` holds ``persistent_workers`` and ``prefetch_factor`` (``data.loader``)."""
+    if workers < 1 or not loader["persistent_workers"]:
         return None
-    per_worker = (hparams.prefetch_factor or 2) + 2
+    per_worker = (loader["prefetch_factor"] or 2) + 2
     dtype = torch.float32 if normalized else torch.uint8
-    return BatchSlots(hparams.num_workers, per_worker, (hparams.batch_size, 3, side, side), dtype)
+    return BatchSlots(workers, per_worker, (batch_size, 3, side, side), dtype)

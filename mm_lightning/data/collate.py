@@ -43,11 +43,8 @@ class ByValue:
         self.tensor = tensor
 
     def __reduce__(self) -> tuple[Any, tuple[bytes, torch.dtype, tuple[int, ...]]]:
-        return _from_bytes, (
-            self.tensor.contiguous().numpy().tobytes(),
-            self.tensor.dtype,
-            tuple(self.tensor.shape),
-        )
+        tensor = self.tensor.contiguous()
+        return _from_bytes, (tensor.numpy().tobytes(), tensor.dtype, tuple(tensor.shape))
 
 
 def _from_bytes(data: bytes, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
@@ -92,14 +89,8 @@ class MultimodalCollate:
         return other
 
     def _tokenize(self, captions: list[str]) -> Any:
-        return self.tokenizer(
-            captions,
-            padding="longest",
-            truncation=True,
-            max_length=self.max_length,
-            pad_to_multiple_of=self.pad_to_multiple_of,
-            return_tensors="pt",
-        )
+        limits = {"max_length": self.max_length, "pad_to_multiple_of": self.pad_to_multiple_of}
+        return self.tokenizer(captions, padding="longest", truncation=True, return_tensors="pt", **limits)
 
     def _tokenizer_error(self, samples: list[dict[str, Any]], err: Exception) -> Exception:
         """Name the record whose caption the tokenizer rejects (captions are validated first: rare)."""

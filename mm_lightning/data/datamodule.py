@@ -1,10 +1,12 @@
-"""MultimodalDataModule: JSONL image-caption files -> normalized image batches + dynamically padded tokens."""
+"""MultimodalDataModule: JSONL image-caption files -> normalized image batches + dynamically padded tokens;
+its options (``images``, ``loader``) and its map-style dataset, :class:`ImageTextDataset`."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from functools import partial
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import lightning.pytorch as pl
 import torch
@@ -14,24 +16,17 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from typing_extensions import override
 
 from mm_lightning.data.collate import MultimodalCollate
-from mm_lightning.data.dataset import (
-    STAGE_SPLITS,
-    CaptionSampling,
-    EmptySplitError,
-    ImageTextDataset,
-    NoTrainingBatch,
-    Split,
-)
 from mm_lightning.data.images import DEFAULT_MAX_PIXELS, decode_image_bytes
 from mm_lightning.data.jsonl import JsonlIndex, RecordParser
 from mm_lightning.data.loader import (
     ResumableDataLoader,
     TrainPosition,
     WorkerSafeDataLoader,
+    derive_seed,
     global_seed,
     ignore_stop_signals,
 )
-from mm_lightning.data.records import SkipLog
+from mm_lightning.data.records import IMAGE_KINDS, EmptySplitError, NoTrainingBatch, RecordError, SkipLog
 from mm_lightning.data.samples import BadRecordPolicy, SampleBuilder
 from mm_lightning.data.transforms import (
     DEFAULT_IMAGE_SIZE,
@@ -42,6 +37,82 @@ from mm_lightning.data.transforms import (
     eval_transform,
     train_transform,
 )
+
+CaptionSampling = Literal["random", "all"]
+Split = Literal["train", "val", "test", "predict"]
+
+STAGE_SPLITS: dict[str, tuple[str, ...]] = {
+    "fit": ("train", "val"),
+    "validate": ("val",),
+    "test": ("test",),
+    "predict": ("predict",),
+}
+
+
+class ImageOptions(TypedDict, total=False):
+    """``data.images``: how images are read, checked and prepared (unset keys: :data:`IMAGE_DEFAULTS`).
+
+    Args:
+        size: output side; null follows ``image_config`` (else 224); if set, it wins.
+        mean: normalization mean per channel (0-1 units); null: the image tower's, else ImageNet's.
+        std: normalization std per channel; null follows the image tower like ``mean``.
+        train_scale: area range of the training random resized crop (default 0.9-1.0).
+        horizontal_flip: random horizontal flips in training (default off: captions say "left"/"right").
+        max_pixels: refuse images above this many pixels (decompression bombs); null disables.
+        confine_to_root: reject image paths (absolute, ``..``, links) that leave ``image_root`` (default off).
+        reduced_decode: JPEGs decode at 1/2, 1/4 or 1/8 size when the crop needs no upsampling (default on).
+    """
+
+    size: int | None
+    mean: tuple[float, float, float] | None
+    std: tuple[float, float, float] | None
+    train_scale: tuple[float, float]
+    horizontal_flip: bool
+    max_pixels: int | None
+    confine_to_root: bool
+    reduced_decode: bool
+
+
+class LoaderOptions(TypedDict, total=False):
+    """``data.loader``: which pairs make the batches, and how (unset keys: :data:`LOADER_DEFAULTS`).
+
+    Args:
+        caption_sampling: training: ``"random"`` (default: a caption per image per visit) or ``"all"`` pairs.
+        length_grouping: batch training captions of similar length together (less padding; default off).
+        length_window: global batches per length-sorting window when ``length_grouping`` is on (default 32).
+        max_replacements: under ``on_bad_record: skip``, bad candidates tried for one stand-in (default 64).
+        pad_to_multiple_of: pad each batch's token length to a multiple of this (e.g. 8); null: no rounding.
+        normalize_on: "device" (after transfer), "worker" (collate), "auto" (default: device in a Trainer).
+        pin_memory: pin host memory for faster host-to-device copies (default off).
+        persistent_workers: keep workers (and their shared-memory image slots) between epochs (default on).
+        prefetch_factor: batches each worker prepares ahead (with ``num_workers > 0``; null: PyTorch's 2).
+        multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or null (the platform's default).
+    """
+
+    caption_sampling: CaptionSampling
+    length_grouping: bool
+    length_window: int
+    max_replacements: int
+    pad_to_multiple_of: int | None
+    normalize_on: Literal["auto", "device", "worker"]
+    pin_memory: bool
+    persistent_workers: bool
+    prefetch_factor: int | None
+    multiprocessing_context: str | None
+
+
+IMAGE_DEFAULTS = ImageOptions(size=None, mean=None, std=None, train_scale=(0.9, 1.0), horizontal_flip=False,
+    max_pixels=DEFAULT_MAX_PIXELS, confine_to_root=False, reduced_decode=True)  # fmt: skip
+LOADER_DEFAULTS = LoaderOptions(caption_sampling="random", length_grouping=False, length_window=32,
+    max_replacements=64, pad_to_multiple_of=None, normalize_on="auto", pin_memory=False, persistent_workers=True,
+    prefetch_factor=None, multiprocessing_context=None)  # fmt: skip
+
+
+def with_defaults(group: str, given: Mapping[str, Any] | None, defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """``given`` over ``defaults``; an unknown key is an error, not a silently ignored option."""
+    if unknown := sorted(set(given or {}) - set(defaults)):
+        raise TypeError(f"data.{group}: unknown option(s) {unknown}; the options are {sorted(defaults)}")
+    return {**defaults, **(given or {})}
 
 
 class MultimodalDataModule(pl.LightningDataModule):
@@ -57,27 +128,11 @@ class MultimodalDataModule(pl.LightningDataModule):
         text_key: record key of the caption, a string or a list of strings.
         tokenizer: HF tokenizer name or local path (the CLI links it to ``model.text_tower``).
         max_length: truncate captions to this many tokens.
-        pad_to_multiple_of: pad each batch's token length to a multiple of this (e.g. 8), or ``None``.
-        image_size: output image side; null follows ``image_config`` (else 224); if set, it wins.
         batch_size: batch size per device.
         num_workers: DataLoader worker processes per device.
-        pin_memory: pin host memory for faster host-to-device copies.
-        persistent_workers: keep workers (and their shared-memory image slots) alive across epochs.
-        prefetch_factor: batches each worker prepares ahead (only with ``num_workers > 0``).
-        multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or ``None`` (platform default).
         on_bad_record: ``"raise"`` stops with file, line and reason; ``"skip"`` swaps in a valid sample.
-        max_replacements: under ``"skip"``, bad candidates tried for one replacement before the run stops.
-        caption_sampling: training: ``"random"`` (one caption per image per visit) or ``"all"`` (every pair).
-        length_grouping: batch training captions of similar length together (less padding).
-        length_window: global batches per length-sorting window when ``length_grouping`` is on.
-        train_scale: area range of the training random resized crop.
-        horizontal_flip: random horizontal flips in training (off: captions say "left"/"right").
-        mean: normalization mean per channel (0-1 units); null: the image tower's, else ImageNet's.
-        std: normalization std per channel; null follows the image tower like ``mean``.
-        normalize_on: "device" (after transfer), "worker" (collate), "auto" (device in Trainer, else worker).
-        reduced_decode: let JPEGs decode at 1/2, 1/4 or 1/8 size when the crop still needs no upsampling.
-        confine_to_root: reject image paths (absolute, ``..``, links) that leave ``image_root``.
-        max_image_pixels: refuse images above this many pixels (decompression bombs); ``None`` disables.
+        images: image size, normalization, augmentation and checks (:class:`ImageOptions`).
+        loader: caption sampling, batching and DataLoader options (:class:`LoaderOptions`).
         image_config: the image tower's ``data_config``, which unset options follow (the CLI passes it).
     """
 
@@ -92,36 +147,23 @@ class MultimodalDataModule(pl.LightningDataModule):
         text_key: str = "text",
         tokenizer: str = "bert-base-uncased",
         max_length: int = 64,
-        pad_to_multiple_of: int | None = None,
-        image_size: int | None = None,
         batch_size: PositiveInt = 32,
         num_workers: int = 0,
-        pin_memory: bool = False,
-        persistent_workers: bool = True,
-        prefetch_factor: int | None = None,
-        multiprocessing_context: str | None = None,
         on_bad_record: Literal["raise", "skip"] = "raise",
-        max_replacements: int = 64,
-        caption_sampling: CaptionSampling = "random",
-        length_grouping: bool = False,
-        length_window: int = 32,
-        train_scale: tuple[float, float] = (0.9, 1.0),
-        horizontal_flip: bool = False,
-        mean: tuple[float, float, float] | None = None,
-        std: tuple[float, float, float] | None = None,
-        normalize_on: Literal["auto", "device", "worker"] = "auto",
-        reduced_decode: bool = True,
-        confine_to_root: bool = False,
-        max_image_pixels: int | None = DEFAULT_MAX_PIXELS,
+        images: ImageOptions | None = None,
+        loader: LoaderOptions | None = None,
         image_config: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
         files = (train_file, val_file, test_file, predict_file)
         self.files: dict[str, str | None] = dict(zip(("train", "val", "test", "predict"), files, strict=True))
-        self.normalize = Normalize(mean or IMAGENET_MEAN, std or IMAGENET_STD)
-        self.image_size, self.interpolation = image_size or DEFAULT_IMAGE_SIZE, "bilinear"
-        self.collate = MultimodalCollate(tokenizer, max_length, pad_to_multiple_of)
+        self.image_options = image = with_defaults("images", images, IMAGE_DEFAULTS)
+        self.loader_options = with_defaults("loader", loader, LOADER_DEFAULTS)
+        self.hparams.update(images=image, loader=self.loader_options)  # all recorded: a resume compares them
+        self.normalize = Normalize(image["mean"] or IMAGENET_MEAN, image["std"] or IMAGENET_STD)
+        self.image_size, self.interpolation = image["size"] or DEFAULT_IMAGE_SIZE, "bilinear"
+        self.collate = MultimodalCollate(tokenizer, max_length, self.loader_options["pad_to_multiple_of"])
         self.datasets: dict[str, ImageTextDataset] = {}
         self._collates: dict[bool, MultimodalCollate] = {}
         self.train_position = TrainPosition()
@@ -154,7 +196,7 @@ class MultimodalDataModule(pl.LightningDataModule):
         if file is None:
             raise ValueError(f"{split}_file is not set")
         root = image_root or hp.image_root or os.path.dirname(os.path.abspath(file))
-        return RecordParser(file, hp.image_key, hp.text_key, root, hp.confine_to_root)
+        return RecordParser(file, hp.image_key, hp.text_key, root, self.image_options["confine_to_root"])
 
     def build_index(self, parser: RecordParser, label: str) -> JsonlIndex:
         """Indexes one JSONL file, validating every line; ``label`` names the file if none is valid."""
@@ -167,28 +209,26 @@ class MultimodalDataModule(pl.LightningDataModule):
         self, split: Split, confine_root: str | None = None, full_size: bool = False
     ) -> SampleBuilder:
         """Record -> sample for one split and every source (``full_size``: no reduced decode, the audit)."""
-        hp = self.hparams
+        image = self.image_options
         train = split == "train"
-        reduced = hp.reduced_decode and not full_size
+        reduced = image["reduced_decode"] and not full_size
         # Reduced JPEG decoding only down to a size the crop never has to upsample from.
-        scale_min = hp.train_scale[0] if train else 1.0
+        scale_min = image["train_scale"][0] if train else 1.0
         min_side = int(self.image_size / scale_min**0.5) + 1 if reduced else None
-        options = {
-            "reduced_decode": reduced,
-            "max_pixels": hp.max_image_pixels,
-            "interpolation": self.interpolation,
-        }
+        max_pixels = image["max_pixels"]
+        options = {"reduced_decode": reduced, "max_pixels": max_pixels, "interpolation": self.interpolation}
         transform = (
-            train_transform(self.image_size, tuple(hp.train_scale), hp.horizontal_flip, **options)
+            train_transform(self.image_size, tuple(image["train_scale"]), image["horizontal_flip"], **options)
             if train
             else eval_transform(self.image_size, **options)
         )
-        decode = partial(decode_image_bytes, max_pixels=hp.max_image_pixels, min_side=min_side)
-        return SampleBuilder(transform, hp.max_image_pixels, min_side, confine_root, decode_bytes=decode)
+        decode = partial(decode_image_bytes, max_pixels=max_pixels, min_side=min_side)
+        return SampleBuilder(transform, max_pixels, min_side, confine_root, decode_bytes=decode)
 
     def bad_record_policy(self) -> BadRecordPolicy:
         """What a bad record costs (``on_bad_record``), seeded by the run's seed."""
-        return BadRecordPolicy(self.hparams.on_bad_record, self.hparams.max_replacements, global_seed())
+        replacements = self.loader_options["max_replacements"]
+        return BadRecordPolicy(self.hparams.on_bad_record, replacements, global_seed())
 
     def jsonl_dataset(
         self, split: Split, file: str | None = None, image_root: str | None = None
@@ -199,7 +239,7 @@ class MultimodalDataModule(pl.LightningDataModule):
         return ImageTextDataset(
             self.build_index(parser, label),
             self.sample_builder(split, parser.confine_root),
-            caption_sampling=self.hparams.caption_sampling if split == "train" else "all",
+            caption_sampling=self.loader_options["caption_sampling"] if split == "train" else "all",
             policy=self.bad_record_policy(),
             seed=global_seed(),
         )
@@ -209,8 +249,8 @@ class MultimodalDataModule(pl.LightningDataModule):
         return self.jsonl_dataset(split)
 
     def follow_image_tower(self, data_config: dict[str, Any] | None) -> None:
-        """Takes the interpolation and unset ``image_size``/``mean``/``std`` from the tower (before setup)."""
-        hp = self.hparams
+        """Takes the interpolation and unset ``images`` size, mean and std from the tower (before setup)."""
+        image = self.image_options
         if not data_config:
             return
         if self.datasets:
@@ -221,27 +261,24 @@ class MultimodalDataModule(pl.LightningDataModule):
             rank_zero_warn(f"the image tower asks for {interpolation!r} resizing; resizing bilinear instead")
             interpolation = "bilinear"
         self.interpolation = interpolation
-        if hp.image_size is None and side is not None:
+        if image["size"] is None and side is not None:
             self.image_size = side
-        elif side is not None and hp.image_size != side:
+        elif side is not None and image["size"] != side:
             rank_zero_warn(
-                f"data.image_size {hp.image_size} differs from the image tower's input size {side}: images are "
-                f"prepared at {hp.image_size} as set; leave data.image_size unset to follow the tower"
+                f"data.images.size {image['size']} differs from the image tower's input size {side}: images are "
+                f"prepared at {image['size']} as set; leave data.images.size unset to follow the tower"
             )
-        given = {k: tuple(v) for k, v in (("mean", hp.mean), ("std", hp.std)) if v is not None}
-        differ = [k for k, v in given.items() if k in data_config and list(v) != list(data_config[k])]
+        given = {k: tuple(image[k]) for k in ("mean", "std") if image[k] is not None}
+        differ = {k: list(data_config[k]) for k, v in given.items() if list(v) != list(data_config.get(k, v))}
         if differ and data_config.get("pretrained"):
             rank_zero_warn(
-                "data."
-                + " and data.".join(differ)
-                + " differ from what the pretrained image tower's weights expect "
-                f"({', '.join(f'{k} {list(data_config[k])}' for k in differ)}): the set values are used; leave "
-                "them unset to follow the tower"
+                f"data.images {' and '.join(differ)} differ from what the pretrained image tower's weights expect"
+                f" ({differ}): the set values are used; leave them unset to follow the tower"
             )
-        if hp.mean is not None and hp.std is not None:
+        if len(given) == 2:
             return
-        mean = tuple(hp.mean if hp.mean is not None else data_config.get("mean", IMAGENET_MEAN))
-        std = tuple(hp.std if hp.std is not None else data_config.get("std", IMAGENET_STD))
+        mean = tuple(given.get("mean") or data_config.get("mean", IMAGENET_MEAN))
+        std = tuple(given.get("std") or data_config.get("std", IMAGENET_STD))
         if [*mean, *std] != [*self.normalize.mean, *self.normalize.std]:
             self.normalize = Normalize(mean, std)
             rank_zero_info(
@@ -270,8 +307,8 @@ class MultimodalDataModule(pl.LightningDataModule):
 
     def normalizes_in_workers(self) -> bool:
         """Whether the collate normalizes images in the workers (else ``on_after_batch_transfer`` does)."""
-        if self.hparams.normalize_on != "auto":
-            return self.hparams.normalize_on == "worker"
+        if self.loader_options["normalize_on"] != "auto":
+            return self.loader_options["normalize_on"] == "worker"
         # Device even on CPU: float32 (4x uint8) in fresh shared memory page-faults more; no Trainer, no hook.
         return self.trainer is None
 
@@ -282,24 +319,26 @@ class MultimodalDataModule(pl.LightningDataModule):
         return self._collates[in_workers]
 
     def _loader_kwargs(self) -> dict[str, Any]:
-        hp = self.hparams
+        hp, loader = self.hparams, self.loader_options
         slots = None
         if hp.num_workers > 0:  # shared-memory image slots exist for worker processes only: load them then
             from mm_lightning.data.batch_slots import slots_for
 
-            slots = slots_for(hp, self.image_size, self.normalizes_in_workers())
+            in_workers = self.normalizes_in_workers()
+            slots = slots_for(hp.num_workers, hp.batch_size, self.image_size, loader, normalized=in_workers)
         kwargs: dict[str, Any] = {
             "batch_size": hp.batch_size,
             "num_workers": hp.num_workers,
-            "pin_memory": hp.pin_memory and torch.accelerator.is_available(),  # nothing to pin for on a CPU
+            "pin_memory": loader["pin_memory"]
+            and torch.accelerator.is_available(),  # nothing to pin on a CPU
             "collate_fn": self._collate().for_queue(slots),
         }
         if hp.num_workers > 0:
             kwargs["worker_init_fn"] = partial(ignore_stop_signals, rank=self._rank_info()[1])
-            kwargs["persistent_workers"] = hp.persistent_workers
-            kwargs["multiprocessing_context"] = hp.multiprocessing_context
-            if hp.prefetch_factor is not None:
-                kwargs["prefetch_factor"] = hp.prefetch_factor
+            kwargs["persistent_workers"] = loader["persistent_workers"]
+            kwargs["multiprocessing_context"] = loader["multiprocessing_context"]
+            if loader["prefetch_factor"] is not None:
+                kwargs["prefetch_factor"] = loader["prefetch_factor"]
         return kwargs
 
     def _dataset(self, split: str) -> ImageTextDataset:
@@ -318,24 +357,24 @@ class MultimodalDataModule(pl.LightningDataModule):
     @override
     def train_dataloader(self) -> ResumableDataLoader:
         """Shuffled, ``drop_last``; a stateful loader so Lightning checkpoints its position."""
-        dataset, hp = self._dataset("train"), self.hparams
+        dataset, hp, loader = self._dataset("train"), self.hparams, self.loader_options
         world, rank = self._rank_info()
         rows = "images" if dataset.caption_sampling == "random" else "caption rows"
         where = f"{dataset.index.file}: {dataset.index.lines} non-blank lines, {dataset.index.skips.count} dropped"
         where += f" while reading, {len(dataset)} {rows} left"
         # one process: shuffle=True (a checkpointable RandomSampler); several: the sampler Lightning would add
         sampler = DistributedSampler(dataset, world, rank, seed=global_seed()) if world > 1 else None
-        if hp.length_grouping:
-            from mm_lightning.extras.length_grouping import LengthGroupedSampler
+        if loader["length_grouping"]:
+            from mm_lightning.extras.length_grouping import LengthGroupedSampler, caption_lengths
 
-            lengths, seed = dataset.lengths(), global_seed()
-            sampler = LengthGroupedSampler(lengths, hp.batch_size, world, rank, seed, hp.length_window)
+            lengths, seed, window = caption_lengths(dataset), global_seed(), loader["length_window"]
+            sampler = LengthGroupedSampler(lengths, hp.batch_size, world, rank, seed, window)
         self.check_a_batch(len(dataset) if sampler is None else len(sampler), where)
         kwargs = self._loader_kwargs()
-        loader = ResumableDataLoader(
+        batches = ResumableDataLoader(
             dataset, sampler=sampler, shuffle=sampler is None, drop_last=True, **kwargs
         )
-        return self.train_position.track(loader, self.trainer)
+        return self.train_position.track(batches, self.trainer)
 
     @override
     def val_dataloader(self) -> DataLoader | list:
@@ -361,3 +400,59 @@ class MultimodalDataModule(pl.LightningDataModule):
     def normalize_batch(self, batch: dict[str, Any]) -> dict[str, Any]:
         """For use outside a Trainer: the same conversion Lightning applies after transfer."""
         return self.on_after_batch_transfer(batch, 0)
+
+
+class ImageTextDataset(Dataset):
+    """Yields ``{"image": uint8 (3,H,W), "caption", "image_id", "index", "skipped"}``.
+    ``caption_sampling="random"``: one item per image, caption drawn per visit; ``"all"``: one per pair."""
+
+    def __init__(
+        self,
+        index: JsonlIndex,
+        builder: SampleBuilder,
+        caption_sampling: CaptionSampling = "all",
+        policy: BadRecordPolicy | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self.index, self.builder, self.caption_sampling = index, builder, caption_sampling
+        self.seed = global_seed() if seed is None else seed
+        self.policy = policy if policy is not None else BadRecordPolicy(seed=self.seed)
+
+    def __len__(self) -> int:
+        return self.index.num_images if self.caption_sampling == "random" else self.index.num_captions
+
+    def caption_of(self, item: int) -> int:
+        """Pair row that ``item`` reads on this visit."""
+        if self.caption_sampling == "all":
+            return item
+        rows = self.index.pairs_of_image(item)
+        # torch's RNG, seeded per batch by __getitems__ (draws differ across batches and epochs).
+        return int(rows[int(torch.randint(len(rows), ()).item())]) if len(rows) > 1 else int(rows[0])
+
+    def image_records(self) -> list[Any]:
+        """One record per distinct image (its first pair), in index order."""
+        return [self.index.pair(int(row)).record for row in self.index.first_pair_of_images()]
+
+    def serve_features(self, features: Any) -> None:
+        """Serve cached image features in place of the decoded images."""
+        self.builder.features = features
+
+    def load(self, item: int) -> dict[str, Any]:
+        """Load one item or raise :class:`~mm_lightning.data.records.RecordError`."""
+        pair = self.index.pair(self.caption_of(item))
+        try:
+            return self.builder(pair.record, pair.caption, pair.image_id, item)
+        except RecordError as err:
+            if err.kind in IMAGE_KINDS:  # bad for every record that names the image
+                lines = self.index.line_numbers[self.index.cap_line[self.index.pairs_of_image(pair.image_id)]]
+                err.lines = tuple(sorted({int(n) for n in lines}))
+            raise
+
+    def __getitems__(self, items: list[int]) -> list[dict[str, Any]]:
+        """Load a batch; draws (caption, crops) seeded by its indices: same in any worker layout or resume."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(self.seed, items))
+            return self.policy.load_batch(list(items), self.load, len(self))
+
+    def __getitem__(self, item: int) -> dict[str, Any]:
+        return self.policy.load(item, self.load, len(self))

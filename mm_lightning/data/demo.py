@@ -194,12 +194,12 @@ class DemoDataModule(MultimodalDataModule):
 
     Args:
         data_dir: cache directory of the generated files (JSONL + PNG images).
-        render_size: generated image side in pixels (the transforms then resize to ``image_size``).
+        render_size: generated image side in pixels (the transforms then resize to ``images.size``).
         train_renders: renders (random jitter) of each training attribute combination.
         num_val: validation images (held-out attribute combinations, unique captions).
         num_test: test images (held-out attribute combinations, unique captions).
         demo_seed: generator seed (the dataset is a pure function of these arguments).
-        **kwargs: any other :class:`MultimodalDataModule` argument (batch_size, image_size, tokenizer, ...).
+        **kwargs: any other :class:`MultimodalDataModule` argument (batch_size, images, loader, tokenizer, ...).
     """
 
     def __init__(

@@ -91,7 +91,7 @@ class EncodedImage:
             width, height = self._img.size
             if max_pixels is not None and width * height > max_pixels:
                 raise ImageDecodeError(
-                    f"image has {width}x{height}={width * height} pixels, above max_image_pixels={max_pixels} "
+                    f"image has {width}x{height}={width * height} pixels, above data.images.max_pixels={max_pixels} "
                     "(possible decompression bomb)"
                 )
             self.is_jpeg = self._img.format == "JPEG"

@@ -1,4 +1,5 @@
-"""Records of every source (JSONL, shards); any failure becomes a :class:`RecordError`, raised or counted."""
+"""Records of every source (JSONL, shards); any failure becomes a :class:`RecordError`, raised or counted; the
+errors of a split without a valid record or without one training batch."""
 
 from __future__ import annotations
 
@@ -239,3 +240,32 @@ class SkipLog:
         kinds = ", ".join(f"{k} {n}" for k, n in self.by_kind().items())
         head = f"{self.count} bad records skipped ({splits}; by kind: {kinds})."
         return head + " First reasons:\n" + "\n".join(f"- {r}" for r in self.first)
+
+
+class NoTrainingBatch(ExplainedError, ValueError):
+    """The training split holds fewer samples than one batch per device: no training step would run."""
+
+    def __init__(self, where: str, per_rank: int, batch_size: int, world: int) -> None:
+        devices = f" x {world} devices" if world > 1 else ""
+        super().__init__(
+            f"train: {where}: fewer than one batch per device ({per_rank} per device; batch_size {batch_size}"
+            f"{devices}), so not one training step would run (the last incomplete batch is dropped). Their images"
+            " were never loaded, so bad ones among them are not counted either. Lower --data.init_args.batch_size"
+            " or add training records."
+        )
+
+
+class EmptySplitError(ExplainedError, ValueError):
+    """A split's file holds no valid record (empty, or every line bad)."""
+
+    def __init__(self, label: str, index: Any) -> None:  # a JsonlIndex
+        split = label.split(" ")[0].removesuffix("_file")
+        file, skips = index.file, index.skips
+        detail = f"{index.lines} non-blank lines, {skips.count} bad"
+        detail += f"; first: {skips.first[0]}" if skips.first else ""
+        hint = {
+            "val": " Without validation data no metric is computed and no best checkpoint can be kept: fix the "
+            "file, or train without validation (--data.val_file null).",
+            "train": " There is nothing to train on.",
+        }.get(split, "")
+        super().__init__(f"{label} {file}: 0 valid records found ({detail}).{hint}")

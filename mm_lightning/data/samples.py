@@ -173,5 +173,5 @@ class BadRecordPolicy:
         last = f"; last candidate: {tried[-1]}" if tried else ""
         raise TooManyBadRecords(
             f"{err}\nNo valid record found to replace it ({len(tried)} bad candidates{last}). Most of the data "
-            "may be unreadable: check it with `python -m mm_lightning audit`, or raise --data.max_replacements."
+            "may be unreadable: check it with `python -m mm_lightning audit`, or raise --data.loader.max_replacements."
         ) from err

@@ -48,8 +48,7 @@ from tqdm import tqdm
 from typing_extensions import override
 
 from mm_lightning import ExplainedError
-from mm_lightning.data.datamodule import MultimodalDataModule
-from mm_lightning.data.dataset import STAGE_SPLITS
+from mm_lightning.data.datamodule import STAGE_SPLITS, MultimodalDataModule
 from mm_lightning.data.images import ImageDecodeError, read_image_bytes
 from mm_lightning.data.loader import derive_seed, global_seed
 from mm_lightning.data.records import Record, RecordError

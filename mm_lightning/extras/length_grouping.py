@@ -1,13 +1,24 @@
-"""Length-grouped training batches (``data.length_grouping: true``): less padding, loaded only when asked for."""
+"""Length-grouped training batches (``data.loader.length_grouping: true``): less padding, loaded only when asked for."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sized
+from typing import Any
 
 import numpy as np
 from torch.utils.data import DistributedSampler
 
 from mm_lightning.data.loader import derived_rng
+
+
+def caption_lengths(dataset: Any) -> np.ndarray:
+    """Per-item caption length proxy (words) of an :class:`~mm_lightning.data.datamodule.ImageTextDataset`."""
+    index = dataset.index
+    return (
+        index.cap_words
+        if dataset.caption_sampling == "all"
+        else index.cap_words[index.first_pair_of_images()]
+    )
 
 
 class LengthGroupedSampler(DistributedSampler):

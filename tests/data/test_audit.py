@@ -59,7 +59,7 @@ def _config(root: Path, train: Path) -> Path:
         },
         "data": {
             "class_path": "mm_lightning.data.MultimodalDataModule",
-            "init_args": {"train_file": str(train), "max_length": 16, "image_size": 32},
+            "init_args": {"train_file": str(train), "max_length": 16, "images": {"size": 32}},
         },
     }
     path = root / "config.yaml"

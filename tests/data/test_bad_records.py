@@ -60,9 +60,10 @@ def _split_with_defect(root: Path, kind: str) -> Path:
 
 
 def _dm(train: Path, mode: str, batch_size: int = 4) -> MultimodalDataModule:
+    images = {"size": 32, "confine_to_root": True, "max_pixels": 100_000}
     return MultimodalDataModule(
-        train_file=str(train), tokenizer=TOKENIZER, image_size=32, batch_size=batch_size,
-        on_bad_record=mode, caption_sampling="all", confine_to_root=True, max_image_pixels=100_000,
+        train_file=str(train), tokenizer=TOKENIZER, batch_size=batch_size, on_bad_record=mode, images=images,
+        loader={"caption_sampling": "all"},
     )  # fmt: skip
 
 
@@ -123,7 +124,7 @@ def test_symlink_escaping_root_is_rejected(tmp_path: Path) -> None:
     dm.setup("fit")
     with pytest.raises(RecordError, match="escapes image_root"):
         dm.datasets["train"][0]
-    dm_free = MultimodalDataModule(train_file=str(train), tokenizer=TOKENIZER, image_size=32)  # control
+    dm_free = MultimodalDataModule(train_file=str(train), tokenizer=TOKENIZER, images={"size": 32})  # control
     dm_free.setup("fit")
     assert dm_free.datasets["train"][0]["image"].shape == (3, 32, 32)
 
@@ -131,7 +132,7 @@ def test_symlink_escaping_root_is_rejected(tmp_path: Path) -> None:
 def test_absolute_paths_allowed_without_confinement(tmp_path: Path) -> None:
     img = save_image(tmp_path / "elsewhere" / "a.jpg")
     train = write_jsonl(tmp_path / "data" / "train.jsonl", [{"image": str(img), "text": "a cat"}])
-    dm = MultimodalDataModule(train_file=str(train), tokenizer=TOKENIZER, image_size=32)
+    dm = MultimodalDataModule(train_file=str(train), tokenizer=TOKENIZER, images={"size": 32})
     dm.setup("fit")
     assert dm.datasets["train"][0]["image"].shape == (3, 32, 32)
     confined = _dm(train, "raise")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import pickle
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -105,12 +104,12 @@ def test_no_slots_outside_workers_or_without_persistent_workers() -> None:
     assert slots.reserve(BATCH, (3, SIDE, SIDE), torch.uint8) is None  # main process: nothing crosses a queue
     batch = MultimodalCollate(TOKENIZER).for_queue(slots)(_samples(BATCH))
     assert torch.is_tensor(batch["image"]) and not slots.owns(batch["image"])
-    hp = SimpleNamespace(num_workers=2, persistent_workers=False, prefetch_factor=None, batch_size=4)
-    assert slots_for(hp, SIDE, normalized=False) is None  # workers restarted every epoch: no slots
-    hp.persistent_workers = True
-    made = slots_for(hp, SIDE, normalized=False)
+    loader = {"persistent_workers": False, "prefetch_factor": None}
+    assert slots_for(2, 4, SIDE, loader, normalized=False) is None  # workers restarted every epoch: no slots
+    loader["persistent_workers"] = True
+    made = slots_for(2, 4, SIDE, loader, normalized=False)
     assert made is not None and made.shape == (4, 3, SIDE, SIDE) and made.per_worker == 4
-    assert made.dtype == torch.uint8 and slots_for(hp, SIDE, normalized=True).dtype == torch.float32
+    assert made.dtype == torch.uint8 and slots_for(2, 4, SIDE, loader, normalized=True).dtype == torch.float32
 
 
 @pytest.mark.timeout(120)

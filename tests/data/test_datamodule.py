@@ -10,17 +10,26 @@ import pytest
 import torch
 
 from mm_lightning.data import MultimodalDataModule
+from mm_lightning.data.datamodule import IMAGE_DEFAULTS, LOADER_DEFAULTS
 from mm_lightning.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from tests.data.helpers import TOKENIZER, coco_style, save_image, write_jsonl
 
 
-def _dm(train: Path, **kwargs: object) -> MultimodalDataModule:
-    args = {"val_file": str(train), "tokenizer": TOKENIZER, "image_size": 32, "batch_size": 4} | kwargs
-    return MultimodalDataModule(train_file=str(train), **args)
+def _dm(train: Path, images: dict | None = None, **kwargs: object) -> MultimodalDataModule:
+    args = {"val_file": str(train), "tokenizer": TOKENIZER, "batch_size": 4} | kwargs
+    return MultimodalDataModule(train_file=str(train), images={"size": 32, **(images or {})}, **args)
+
+
+def test_option_groups_keep_their_defaults_and_refuse_unknown_keys() -> None:
+    dm = MultimodalDataModule(tokenizer=TOKENIZER, images={"horizontal_flip": True})
+    assert dm.image_options == {**IMAGE_DEFAULTS, "horizontal_flip": True}
+    assert dm.loader_options == LOADER_DEFAULTS and dm.image_size == 224
+    with pytest.raises(TypeError, match=r"data.loader: unknown option\(s\) \['pin_memroy'\]"):
+        MultimodalDataModule(tokenizer=TOKENIZER, loader={"pin_memroy": True})
 
 
 def test_batch_contract(tmp_path: Path) -> None:
-    dm = _dm(coco_style(tmp_path, num_images=4, captions_per_image=2), normalize_on="device")
+    dm = _dm(coco_style(tmp_path, num_images=4, captions_per_image=2), loader={"normalize_on": "device"})
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
     assert batch["image"].shape == (4, 3, 32, 32) and batch["image"].dtype == torch.uint8
@@ -33,7 +42,7 @@ def test_batch_contract(tmp_path: Path) -> None:
 
 def test_padding_multiple_and_truncation(tmp_path: Path) -> None:
     train = coco_style(tmp_path, num_images=4, captions_per_image=1)
-    dm = _dm(train, pad_to_multiple_of=8)
+    dm = _dm(train, loader={"pad_to_multiple_of": 8})
     dm.setup("fit")
     batch = next(iter(dm.val_dataloader()))
     assert batch["input_ids"].shape[1] % 8 == 0
@@ -43,13 +52,13 @@ def test_padding_multiple_and_truncation(tmp_path: Path) -> None:
 
 
 def test_multi_caption_train_draws_one_caption_per_image(tmp_path: Path) -> None:
-    dm = _dm(coco_style(tmp_path, num_images=3, captions_per_image=4), caption_sampling="random")
+    dm = _dm(coco_style(tmp_path, num_images=3, captions_per_image=4), loader={"caption_sampling": "random"})
     dm.setup("fit")
     train, val = dm.datasets["train"], dm.datasets["val"]
     assert len(train) == 3 and len(val) == 12
     seen = {train[0]["caption"] for _ in range(40)}
     assert len(seen) > 1 and all(c.startswith("a red circle number 0 ") for c in seen)
-    expanded = _dm(tmp_path / "split.jsonl", caption_sampling="all")
+    expanded = _dm(tmp_path / "split.jsonl", loader={"caption_sampling": "all"})
     expanded.setup("fit")
     assert len(expanded.datasets["train"]) == 12
 
@@ -73,7 +82,7 @@ def test_same_image_on_several_lines_gets_one_id(tmp_path: Path) -> None:
         {"image_path": "./images/../images/a.jpg", "caption": "second a"},
     ]
     train = write_jsonl(tmp_path / "seeds.jsonl", rows)
-    dm = _dm(train, image_key="image_path", text_key="caption", caption_sampling="random")
+    dm = _dm(train, image_key="image_path", text_key="caption", loader={"caption_sampling": "random"})
     dm.setup("fit")
     ids = dm.datasets["val"].index.image_ids.tolist()
     assert ids[0] == ids[2] != ids[1]
@@ -90,7 +99,10 @@ def test_image_root_option(tmp_path: Path) -> None:
 
 
 def test_eval_transform_is_deterministic_train_is_random(tmp_path: Path) -> None:
-    dm = _dm(coco_style(tmp_path, num_images=1, captions_per_image=1, size=(80, 40)), train_scale=(0.3, 1.0))
+    dm = _dm(
+        coco_style(tmp_path, num_images=1, captions_per_image=1, size=(80, 40)),
+        images={"train_scale": (0.3, 1.0)},
+    )
     dm.setup("fit")
     assert torch.equal(dm.datasets["val"][0]["image"], dm.datasets["val"][0]["image"])
     crops = [dm.datasets["train"][0]["image"] for _ in range(5)]
@@ -114,7 +126,9 @@ class _Recorder(pl.LightningModule):
 @pytest.mark.parametrize("normalize_on", ["device", "worker", "auto"])
 def test_model_receives_normalized_float_images(tmp_path: Path, normalize_on: str) -> None:
     dm = _dm(
-        coco_style(tmp_path, num_images=4, captions_per_image=1), normalize_on=normalize_on, val_file=None
+        coco_style(tmp_path, num_images=4, captions_per_image=1),
+        loader={"normalize_on": normalize_on},
+        val_file=None,
     )
     model = _Recorder()
     trainer = pl.Trainer(
@@ -139,7 +153,7 @@ def test_model_receives_normalized_float_images(tmp_path: Path, normalize_on: st
 
 @pytest.mark.parametrize("normalize_on", ["device", "worker", "auto"])
 def test_from_python_without_trainer(tmp_path: Path, normalize_on: str) -> None:
-    dm = _dm(coco_style(tmp_path, num_images=4, captions_per_image=1), normalize_on=normalize_on)
+    dm = _dm(coco_style(tmp_path, num_images=4, captions_per_image=1), loader={"normalize_on": normalize_on})
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
     # auto outside a Trainer normalizes in the workers, so a plain loop feeds the model float images
@@ -168,10 +182,12 @@ def test_workers_with_each_start_method(tmp_path: Path, context: str) -> None:
     dm = _dm(
         coco_style(tmp_path, num_images=8, captions_per_image=1),
         num_workers=2,
-        multiprocessing_context=context,
-        persistent_workers=True,
-        prefetch_factor=2,
-        normalize_on="device",
+        loader={
+            "multiprocessing_context": context,
+            "persistent_workers": True,
+            "prefetch_factor": 2,
+            "normalize_on": "device",
+        },
     )
     dm.setup("fit")
     loader = dm.val_dataloader()
@@ -183,14 +199,14 @@ def test_workers_with_each_start_method(tmp_path: Path, context: str) -> None:
 
 def test_loaders_with_persistent_workers_have_slots_of_their_own(tmp_path: Path) -> None:
     train = coco_style(tmp_path, num_images=8, captions_per_image=1)
-    dm = _dm(train, num_workers=2, persistent_workers=True, normalize_on="device")
+    dm = _dm(train, num_workers=2, loader={"persistent_workers": True, "normalize_on": "device"})
     dm.setup("fit")
     loader = dm.train_dataloader()
     batches = list(loader)
     assert len(batches) == 2 and all(loader.collate_fn.slots.owns(b["image"]) for b in batches)
     assert dm.val_dataloader().collate_fn.slots is not loader.collate_fn.slots  # workers alive side by side
     # control: workers restarted every epoch get none
-    dm = _dm(train, num_workers=2, persistent_workers=False, normalize_on="device")
+    dm = _dm(train, num_workers=2, loader={"persistent_workers": False, "normalize_on": "device"})
     dm.setup("fit")
     assert dm.train_dataloader().collate_fn.slots is None
 

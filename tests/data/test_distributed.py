@@ -13,7 +13,7 @@ import torch
 from mm_lightning import gloo_exit_abort
 from mm_lightning.callbacks.bad_records import BadRecordLogger
 from mm_lightning.data import MultimodalDataModule
-from mm_lightning.extras import LengthGroupedSampler
+from mm_lightning.extras.length_grouping import LengthGroupedSampler, caption_lengths
 from tests.data.helpers import TOKENIZER, coco_style, one_bad_image_with_five_captions
 
 SEED = 123
@@ -59,10 +59,9 @@ def test_two_ranks_disjoint_cover_and_reshuffle(tmp_path: Path, length_grouping:
     dm = MultimodalDataModule(
         train_file=str(train),
         tokenizer=TOKENIZER,
-        image_size=16,
         batch_size=4,
-        length_grouping=length_grouping,
-        length_window=2,
+        images={"size": 16},
+        loader={"length_grouping": length_grouping, "length_window": 2},
     )
     _two_ranks().fit(_ShardRecorder(str(tmp_path)), datamodule=dm)
     seen = [
@@ -80,7 +79,7 @@ def test_two_ranks_disjoint_cover_and_reshuffle(tmp_path: Path, length_grouping:
         for rank in (0, 1):
             if length_grouping:
                 dm.setup("fit")  # the spawned ranks had their own copy; index here for the lengths
-                lengths = dm.datasets["train"].lengths()
+                lengths = caption_lengths(dm.datasets["train"])
                 sampler = LengthGroupedSampler(
                     lengths, 4, num_replicas=2, rank=rank, seed=SEED, window_batches=2
                 )
@@ -116,10 +115,10 @@ def test_two_ranks_count_a_bad_image_with_five_captions_five_times_an_epoch(tmp_
     dm = MultimodalDataModule(
         train_file=str(train),
         tokenizer=TOKENIZER,
-        image_size=16,
         batch_size=2,
-        caption_sampling="all",
         on_bad_record="skip",
+        images={"size": 16},
+        loader={"caption_sampling": "all"},
     )
     _two_ranks(callbacks=[_SkipCounts(str(tmp_path))]).fit(_ShardRecorder(str(tmp_path)), datamodule=dm)
     ranks = [json.loads((tmp_path / f"skips{r}.json").read_text()) for r in (0, 1)]

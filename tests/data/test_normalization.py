@@ -35,10 +35,12 @@ def test_unset_statistics_follow_the_tower_and_explicit_ones_win() -> None:
     assert follows.normalize.mean == list(IMAGENET_MEAN)  # no model yet
     follows.follow_image_tower({"mean": HALF, "std": HALF})
     assert torch.allclose(_normalized_grey(follows), torch.full((3,), 0.6))  # (0.8 - 0.5) / 0.5
-    explicit = MultimodalDataModule(tokenizer=TOKENIZER, mean=(0.1, 0.2, 0.3), std=(1.0, 1.0, 1.0))
+    explicit = MultimodalDataModule(
+        tokenizer=TOKENIZER, images={"mean": (0.1, 0.2, 0.3), "std": (1.0, 1.0, 1.0)}
+    )
     explicit.follow_image_tower({"mean": HALF, "std": HALF})
     assert explicit.normalize.mean == [0.1, 0.2, 0.3] and explicit.normalize.std == [1.0, 1.0, 1.0]
-    only_mean = MultimodalDataModule(tokenizer=TOKENIZER, mean=(0.1, 0.2, 0.3))
+    only_mean = MultimodalDataModule(tokenizer=TOKENIZER, images={"mean": (0.1, 0.2, 0.3)})
     only_mean.follow_image_tower({"mean": HALF, "std": HALF})
     assert only_mean.normalize.mean == [0.1, 0.2, 0.3] and only_mean.normalize.std == list(HALF)
 
@@ -87,19 +89,21 @@ def test_the_data_follows_the_towers_input_size_and_interpolation(datamodule: ty
 
 def test_set_statistics_that_differ_from_a_pretrained_tower_are_used_with_a_warning() -> None:
     pretrained = {"mean": HALF, "std": HALF, "input_size": (3, 224, 224), "pretrained": True}
-    explicit = MultimodalDataModule(tokenizer=TOKENIZER, mean=(0.1, 0.2, 0.3), std=HALF)
+    explicit = MultimodalDataModule(tokenizer=TOKENIZER, images={"mean": (0.1, 0.2, 0.3), "std": HALF})
     with pytest.warns(
-        UserWarning, match=r"data.mean differ from what the pretrained image tower's weights expect"
+        UserWarning, match=r"data.images mean differ from what the pretrained image tower's weights expect"
     ):
         explicit.follow_image_tower(pretrained)
     assert explicit.normalize.mean == [0.1, 0.2, 0.3]  # the user's values win
     # controls: no warning for a tower whose statistics are only defaults, nor for values that agree
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        MultimodalDataModule(tokenizer=TOKENIZER, mean=(0.1, 0.2, 0.3)).follow_image_tower(
+        MultimodalDataModule(tokenizer=TOKENIZER, images={"mean": (0.1, 0.2, 0.3)}).follow_image_tower(
             {**pretrained, "pretrained": False}
         )
-        MultimodalDataModule(tokenizer=TOKENIZER, mean=HALF, std=HALF).follow_image_tower(pretrained)
+        MultimodalDataModule(tokenizer=TOKENIZER, images={"mean": HALF, "std": HALF}).follow_image_tower(
+            pretrained
+        )
 
 
 def test_the_model_says_whether_its_image_statistics_come_from_trained_weights(tmp_path) -> None:

@@ -99,10 +99,9 @@ def test_mid_epoch_resume_continues_the_same_order(tmp_path: Path, length_groupi
         return MultimodalDataModule(
             train_file=str(train),
             tokenizer=TOKENIZER,
-            image_size=16,
             batch_size=4,
-            length_grouping=length_grouping,
-            length_window=2,
+            images={"size": 16},
+            loader={"length_grouping": length_grouping, "length_window": 2},
         )
 
     full = _fit(dm(), tmp_path, max_steps=5)  # one epoch has 6 batches: resume inside it

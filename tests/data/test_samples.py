@@ -50,11 +50,13 @@ def test_both_data_modules_apply_the_image_options_to_shard_bytes(datamodule: ty
     # One sample builder for JSONL files and shards: the decompression-bomb guard and the reduced decode the
     # user set reach shard members too (a copied builder for shards once dropped both).
     record = Record(_png_bytes(), ["a photo"], "shard-00001.tar", sample="000042", image_name="000042.jpg")
-    guarded = datamodule(tokenizer="mm-lightning/demo-bert", max_image_pixels=400, reduced_decode=False)
+    guarded = datamodule(
+        tokenizer="mm-lightning/demo-bert", images={"max_pixels": 400, "reduced_decode": False}
+    )
     for split in ("train", "val"):
         builder = guarded.sample_builder(split)
         assert builder.transform.max_pixels == 400 and builder.transform.reduced_decode is False
-        with pytest.raises(RecordError, match="above max_image_pixels=400") as info:
+        with pytest.raises(RecordError, match="above data.images.max_pixels=400") as info:
             builder(record, "a photo", 0, 0)
         assert info.value.kind == "undecodable_image"
     # control: with the default guard the same bytes build a sample

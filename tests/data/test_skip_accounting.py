@@ -29,7 +29,7 @@ def _split(root: Path, layout: str) -> Path:
 
 
 def _dm(path: Path, **kwargs: object) -> MultimodalDataModule:
-    args = {"tokenizer": TOKENIZER, "image_size": 16, "batch_size": 4, "on_bad_record": "skip"} | kwargs
+    args = {"tokenizer": TOKENIZER, "images": {"size": 16}, "batch_size": 4, "on_bad_record": "skip"} | kwargs
     return MultimodalDataModule(train_file=str(path), val_file=str(path), **args)
 
 
@@ -53,7 +53,7 @@ def test_a_run_of_bad_records_is_counted_once_each(tmp_path: Path) -> None:
 
 def test_replacements_spread_over_distinct_valid_records(tmp_path: Path) -> None:
     path = _split(tmp_path, "g" * 24 + "b" * 8 + "g" * 8)
-    dm = _dm(path, caption_sampling="random")
+    dm = _dm(path, loader={"caption_sampling": "random"})
     dm.setup("fit")
     train = dm.datasets["train"]
     # One batch holding the whole bad run: stand-ins are distinct and not already in the batch.
@@ -69,11 +69,11 @@ def test_replacements_spread_over_distinct_valid_records(tmp_path: Path) -> None
 
 def test_replacement_limit_is_configurable(tmp_path: Path) -> None:
     path = _split(tmp_path, "b" * 100 + "g" * 10)
-    strict = _dm(path, max_replacements=0)
+    strict = _dm(path, loader={"max_replacements": 0})
     strict.setup("fit")
-    with pytest.raises(TooManyBadRecords, match=r"missing0\.jpg.*\n.*--data\.max_replacements"):
+    with pytest.raises(TooManyBadRecords, match=r"missing0\.jpg.*\n.*--data\.loader\.max_replacements"):
         strict.datasets["val"][0]
-    patient = _dm(path, max_replacements=400)
+    patient = _dm(path, loader={"max_replacements": 400})
     patient.setup("fit")
     samples = _epoch(patient.datasets["val"], 16)
     assert sum(len(s["skipped"]) for s in samples) == 100
@@ -115,7 +115,7 @@ def test_a_bad_image_counts_each_record_that_names_it_once_a_pass(
     tmp_path: Path, caption_sampling: str
 ) -> None:
     path = one_bad_image_with_five_captions(tmp_path)
-    dm = _dm(path, caption_sampling=caption_sampling)
+    dm = _dm(path, loader={"caption_sampling": caption_sampling})
     dm.setup("fit")
     train = dm.datasets["train"]
     # a pass that reads only some of its pairs (as one whose last partial batch is dropped): items 0-5 hold 3 of

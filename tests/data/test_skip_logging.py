@@ -41,10 +41,10 @@ def fit_with_skips(tmp_path: Path, logger: Any) -> tuple[BadRecordLogger, pl.Tra
     dm = MultimodalDataModule(
         train_file=str(train),
         tokenizer=TOKENIZER,
-        image_size=16,
         batch_size=5,
         on_bad_record="skip",
-        caption_sampling="all",
+        images={"size": 16},
+        loader={"caption_sampling": "all"},
     )
     callback = BadRecordLogger()
     trainer = pl.Trainer(

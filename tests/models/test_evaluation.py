@@ -98,9 +98,13 @@ def test_skipped_records_change_no_metric_on_one_device(tmp_path: Path) -> None:
 
     def metrics(val_file: Path, rows: list[int]) -> dict[str, float]:
         dm = MultimodalDataModule(
-            val_file=str(val_file), tokenizer="mm-lightning/demo-bert", image_size=32, max_length=16,
-            batch_size=5, on_bad_record="skip",
-        )  # fmt: skip
+            val_file=str(val_file),
+            tokenizer="mm-lightning/demo-bert",
+            max_length=16,
+            batch_size=5,
+            on_bad_record="skip",
+            images={"size": 32},
+        )
         torch.manual_seed(0)
         model = tiny_module().eval()
         model.evaluation = Evaluation()
@@ -147,9 +151,13 @@ def _val_loss(val_file: Path, batch_size: int, devices: int, root: Path) -> floa
     from mm_lightning.data import MultimodalDataModule
 
     data = MultimodalDataModule(
-        val_file=str(val_file), tokenizer="mm-lightning/demo-bert", image_size=32, max_length=16,
-        batch_size=batch_size, on_bad_record="skip",
-    )  # fmt: skip
+        val_file=str(val_file),
+        tokenizer="mm-lightning/demo-bert",
+        max_length=16,
+        batch_size=batch_size,
+        on_bad_record="skip",
+        images={"size": 32},
+    )
     seed_everything(0)
     model = tiny_module()  # with the ITM head: its loss term samples negatives
     trainer = Trainer(

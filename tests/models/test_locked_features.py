@@ -113,8 +113,11 @@ def test_a_restart_reuses_the_cache_and_changes_recompute_what_they_must(tmp_pat
 
 def test_view_rows_are_the_tower_on_crops_seeded_by_image_and_view(tmp_path: Path) -> None:
     root = _data(tmp_path, images=3)
-    dm = MultimodalDataModule(train_file=str(root / "train.jsonl"), tokenizer=TOKENIZER, image_size=32,
-                              train_scale=(0.3, 1.0))  # fmt: skip
+    dm = MultimodalDataModule(
+        train_file=str(root / "train.jsonl"),
+        tokenizer=TOKENIZER,
+        images={"size": 32, "train_scale": (0.3, 1.0)},
+    )
     dm.setup("fit")
     index = dm.datasets["train"].index
     records = [index.pair(int(r)).record for r in index.first_pair_of_images()]

@@ -32,8 +32,8 @@ BAD_CASES = [c for c in CASES if c.kind is not None]
 
 
 def _dm(path: Path, mode: str, **kwargs: object) -> MultimodalDataModule:
-    args = {"train_file": str(path), "tokenizer": TOKENIZER, "image_size": 16, "batch_size": 3}
-    args |= {"caption_sampling": "random", "confine_to_root": True}
+    args = {"train_file": str(path), "tokenizer": TOKENIZER, "batch_size": 3}
+    args |= {"images": {"size": 16, "confine_to_root": True}, "loader": {"caption_sampling": "random"}}
     return MultimodalDataModule(on_bad_record=mode, **(args | kwargs))
 
 
@@ -185,8 +185,8 @@ def _cli_config(tmp_path: Path, mode: str, **files: Path) -> list[str]:
         "class_path": "mm_lightning.data.MultimodalDataModule",
         "init_args": {
             **{f"{split}_file": str(path) for split, path in files.items()},
-            "image_size": 32, "batch_size": 4, "num_workers": 0, "caption_sampling": "all",
-            "on_bad_record": mode, "confine_to_root": True,
+            "batch_size": 4, "num_workers": 0, "on_bad_record": mode,
+            "images": {"size": 32, "confine_to_root": True}, "loader": {"caption_sampling": "all"},
         },
     }  # fmt: skip
     path = tmp_path / f"config-{mode}.yaml"

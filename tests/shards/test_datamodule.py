@@ -21,8 +21,8 @@ def test_mix_of_shards_and_jsonl_with_weights(tmp_path: Path) -> None:
         sources=[Source(shards=pattern, weight=2.0), Source(file=str(jsonl), weight=1.0)],
         val_file=str(jsonl),
         tokenizer=TOKENIZER,
-        image_size=32,
         batch_size=4,
+        images={"size": 32},
     )
     dm.setup("fit")
     batches = list(dm.train_dataloader())
@@ -42,11 +42,10 @@ def test_shard_batches_in_slots_equal_the_ones_without(tmp_path: Path) -> None:
         dm = ShardDataModule(
             sources=[Source(shards=pattern)],
             tokenizer=TOKENIZER,
-            image_size=32,
             batch_size=3,
             num_workers=2,
-            persistent_workers=persistent,
-            normalize_on="device",
+            images={"size": 32},
+            loader={"persistent_workers": persistent, "normalize_on": "device"},
         )
         dm.setup("fit")
         loader = dm.train_dataloader()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mm_lightning.data.dataset import ImageTextDataset
+from mm_lightning.data.datamodule import ImageTextDataset
 from mm_lightning.data.jsonl import JsonlIndex, RecordParser
 from mm_lightning.data.records import RecordError
 from mm_lightning.data.samples import SampleBuilder

@@ -14,7 +14,13 @@ from PIL import Image
 
 from mm_lightning.assets import DEMO_BERT, resolve_pretrained
 from mm_lightning.cli import main
-from mm_lightning.commands.export import ExportError, build_dual_encoder, check_same_embeddings, export_hf
+from mm_lightning.commands.export import (
+    ExportError,
+    build_dual_encoder,
+    check_same_embeddings,
+    export_hf,
+    save_processor,
+)
 from mm_lightning.data.transforms import Normalize
 from mm_lightning.models import MultimodalModule
 from mm_lightning.models.towers import CLIPTextTower, HFTextTower, HFVisionTower, TorchvisionTower
@@ -91,9 +97,7 @@ def _module(tmp_path: Path, kind: str = "vit", pooling: str = "cls", embed_dim: 
 def _save_checkpoint(module: MultimodalModule, config: dict[str, Any], path: Path) -> Path:
     """A training checkpoint of ``module`` (built from ``config``) as a CLI run writes it."""
     data = {
-        "mean": MEAN,
-        "std": STD,
-        "image_size": 32,
+        "images": {"mean": MEAN, "std": STD, "size": 32},
         "tokenizer": module.model.data_config["text"]["tokenizer"],
         "max_length": 24,
     }
@@ -157,6 +161,15 @@ def test_hf_towers_export_reloads_as_a_vision_text_dual_encoder(tmp_path: Path) 
         assert (
             exported.get_image_features(pixel_values=inputs["pixel_values"]).pooler_output - want_image
         ).abs().max() > 1e-3
+
+
+def test_a_checkpoint_with_ungrouped_data_options_exports_its_preprocessing(tmp_path: Path) -> None:
+    module = _module(tmp_path).model
+    flat = {"mean": MEAN, "std": STD, "image_size": 32, "tokenizer": module.data_config["text"]["tokenizer"]}
+    for data, mean in [(flat, MEAN), ({"tokenizer": flat["tokenizer"]}, module.data_config["image"]["mean"])]:
+        save_processor(module, tmp_path / "processor", data)  # control: without them, the tower's own
+        saved = hf.CLIPImageProcessor.from_pretrained(tmp_path / "processor")
+        assert saved.image_mean == pytest.approx(list(mean)) and saved.crop_size["height"] == 32
 
 
 @pytest.mark.parametrize("kind", ["clip_vision", "siglip_vision"])

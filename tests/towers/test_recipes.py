@@ -24,7 +24,7 @@ def _lit_args(root: Path, *extra: str) -> list[str]:
         "--model.text_tower.init_args.name", "mm-lightning/demo-bert",
         "--model.text_tower.init_args.pretrained", "false",
         "--model.text.lr", "1e-3",
-        "--data.init_args.image_size", "64",
+        "--data.init_args.images.size", "64",
         "--data.init_args.render_size", "64",
         "--data.init_args.batch_size", "32",
         "--trainer.val_check_interval", "30",

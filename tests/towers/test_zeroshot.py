@@ -90,10 +90,16 @@ def test_callback_logs_next_to_validation(tmp_path: Path) -> None:
     from mm_lightning.data import DemoDataModule
 
     data = DemoDataModule(
-        data_dir=str(tmp_path / "demo"), render_size=32, image_size=32, train_renders=1, num_val=8,
-        num_test=8, batch_size=8, num_workers=0, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0),
+        data_dir=str(tmp_path / "demo"),
+        render_size=32,
+        train_renders=1,
+        num_val=8,
+        num_test=8,
+        batch_size=8,
+        num_workers=0,
         tokenizer=DEMO_BERT,
-    )  # fmt: skip
+        images={"size": 32, "mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0)},
+    )
     callback = ZeroShotEvaluation(
         "colors", str(_image_folder(tmp_path / "colors")), templates=["a {} shape."]
     )

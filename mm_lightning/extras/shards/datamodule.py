@@ -17,8 +17,7 @@ from typing import Any
 from torch.utils.data import Dataset
 from typing_extensions import override
 
-from mm_lightning.data.datamodule import MultimodalDataModule
-from mm_lightning.data.dataset import Split
+from mm_lightning.data.datamodule import MultimodalDataModule, Split
 from mm_lightning.data.demo import demo_generator_args, generate_demo_dataset
 from mm_lightning.data.loader import ResumableDataLoader, global_seed
 from mm_lightning.extras.shards.dataset import ShardDataset
@@ -98,7 +97,7 @@ class ShardDataModule(MultimodalDataModule):
             list_shards(spec, hp.storage_options, hp.cache_dir),
             self.sample_builder(split),  # type: ignore[arg-type]
             text_key=hp.text_key,
-            caption_sampling=hp.caption_sampling if train else "all",
+            caption_sampling=self.loader_options["caption_sampling"] if train else "all",
             policy=self.bad_record_policy(),
             storage_options=hp.storage_options,
             cache_dir=hp.cache_dir,
