@@ -19,9 +19,9 @@ Pipelines (same images, batch size and workers; the model-ready output counted f
          to 512 tokens, stacking collate;
   ours:  MultimodalDataModule's train loader (RandomResizedCrop on, uint8 through the workers, batch-tokenized
          captions padded to the longest), normalized after the handover as a Trainer does (on CPU in the main
-         process, counted here); also normalized in the workers (``loader={"normalize_on": "worker"}``); with ``--config``,
-         built with that run config's data options (all but its files, batch size and workers), beside the
-         data module's defaults (``ours_defaults``);
+         process, counted here); also normalized in the workers (``loader={"normalize_on": "worker"}``); built
+         with a run config's data options (all but its files, batch size and workers; ``--config``, by default
+         configs/base.yaml, the recipe for your own photos), beside the data module's defaults (``ours_defaults``);
   decode-only: full-size decode of each file with the fastest decoder (simplejpeg), nothing else -- the
          limit a loader that decodes at full size cannot pass (with workers, the pixels stay in the workers).
 Per set it prints samples/s per core (one process, one thread) and with ``--workers`` workers, rounds
@@ -323,7 +323,10 @@ def main() -> None:
     )
     parser.add_argument("--synthetic", action="store_true", help="add generated images as a secondary row")
     parser.add_argument(
-        "--config", type=Path, help="ours takes this run config's data options (e.g. configs/base.yaml)"
+        "--config",
+        type=Path,
+        default=Path(__file__).resolve().parents[1] / "configs" / "base.yaml",
+        help="ours takes this run config's data options (default: configs/base.yaml)",
     )
     parser.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "mm_lightning_real_photos")
     args = parser.parse_args()
@@ -362,9 +365,8 @@ def main() -> None:
 
         sets["SYNTHETIC"] = build_synthetic(args.data / "synthetic", 200)
 
-    options = config_data_options(args.config) if args.config else {}
-    if args.config:
-        print(f"ours: the data options of {args.config}: {options}")
+    options = config_data_options(args.config)
+    print(f"ours: the data options of {args.config}: {options}")
     per_core: dict[str, dict[str, float]] = {}
     with_workers: dict[str, dict[str, float]] = {}
     for name, jsonl in sets.items():

@@ -14,8 +14,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # today's core, as README's "Where things are" says; lower these as the core shrinks
-MAX_CORE_MODULES = 39
-MAX_CORE_LINES = 6_086
+MAX_CORE_MODULES = 38
+MAX_CORE_LINES = 5_951
 OPT_IN = {
     "mm_lightning.extras.explicit_allreduce.strategy",
     "mm_lightning.extras.explicit_allreduce.reducers",
@@ -47,6 +47,7 @@ OPT_IN = {
     "mm_lightning.checkpoints.files",
     "mm_lightning.errors",
     "mm_lightning.assets.demo_bert",
+    "mm_lightning.data.batch_slots",
 }
 
 

@@ -84,7 +84,8 @@ class LoaderOptions(TypedDict, total=False):
         pad_to_multiple_of: pad each batch's token length to a multiple of this (e.g. 8); null: no rounding.
         normalize_on: "device" (after transfer), "worker" (collate), "auto" (default: device in a Trainer).
         pin_memory: pin host memory for faster host-to-device copies (default off).
-        persistent_workers: keep workers (and their shared-memory image slots) between epochs (default on).
+        persistent_workers: keep workers between epochs (default on).
+        batch_slots: persistent workers stack images into a few reused shared-memory buffers (default off).
         prefetch_factor: batches each worker prepares ahead (with ``num_workers > 0``; null: PyTorch's 2).
         multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or null (the platform's default).
     """
@@ -97,6 +98,7 @@ class LoaderOptions(TypedDict, total=False):
     normalize_on: Literal["auto", "device", "worker"]
     pin_memory: bool
     persistent_workers: bool
+    batch_slots: bool
     prefetch_factor: int | None
     multiprocessing_context: str | None
 
@@ -105,7 +107,7 @@ IMAGE_DEFAULTS = ImageOptions(size=None, mean=None, std=None, train_scale=(0.9, 
     max_pixels=DEFAULT_MAX_PIXELS, confine_to_root=False, reduced_decode=True)  # fmt: skip
 LOADER_DEFAULTS = LoaderOptions(caption_sampling="random", length_grouping=False, length_window=32,
     max_replacements=64, pad_to_multiple_of=None, normalize_on="auto", pin_memory=False, persistent_workers=True,
-    prefetch_factor=None, multiprocessing_context=None)  # fmt: skip
+    batch_slots=False, prefetch_factor=None, multiprocessing_context=None)  # fmt: skip
 
 
 def with_defaults(group: str, given: Mapping[str, Any] | None, defaults: Mapping[str, Any]) -> dict[str, Any]:
@@ -321,7 +323,7 @@ class MultimodalDataModule(pl.LightningDataModule):
     def _loader_kwargs(self) -> dict[str, Any]:
         hp, loader = self.hparams, self.loader_options
         slots = None
-        if hp.num_workers > 0:  # shared-memory image slots exist for worker processes only: load them then
+        if hp.num_workers > 0 and loader["batch_slots"]:  # slots exist for worker processes only
             from mm_lightning.data.batch_slots import slots_for
 
             in_workers = self.normalizes_in_workers()

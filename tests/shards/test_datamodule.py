@@ -45,7 +45,7 @@ def test_shard_batches_in_slots_equal_the_ones_without(tmp_path: Path) -> None:
             batch_size=3,
             num_workers=2,
             images={"size": 32},
-            loader={"persistent_workers": persistent, "normalize_on": "device"},
+            loader={"persistent_workers": persistent, "batch_slots": True, "normalize_on": "device"},
         )
         dm.setup("fit")
         loader = dm.train_dataloader()
