@@ -107,14 +107,23 @@ def test_an_unknown_model_name_is_one_line_naming_close_ones(
     assert "Traceback" not in err
 
 
-def test_another_torchvision_model_on_the_demo_config_names_the_options_it_does_not_take(
-    tmp_path: Path, capsys: pytest.CaptureFixture
+@pytest.mark.parametrize(
+    ("tower", "expected"),
+    [
+        (["--model.image_tower.init_args.name", "resnet18"], "TorchvisionTower 'resnet18'"),
+        # another class: jsonargparse keeps the init_args it also takes, the demo's kwargs among them
+        (["--model.image_tower", "TimmTower", "--model.image_tower.init_args.name", "efficientnet_lite0"],
+         "TimmTower 'efficientnet_lite0'"),
+    ],
+)  # fmt: skip
+def test_another_image_model_on_the_demo_config_names_the_options_it_does_not_take(
+    tmp_path: Path, capsys: pytest.CaptureFixture, tower: list[str], expected: str
 ) -> None:
-    args = ["fit", *tiny_demo_args(tmp_path, max_steps=1), "--model.image_tower.init_args.name", "resnet18"]
+    args = ["fit", *tiny_demo_args(tmp_path, max_steps=1), *tower]
     assert main(args) == 1
     err = capsys.readouterr().err
     assert err.startswith(
-        "error: TowerOptionsError: TorchvisionTower 'resnet18' does not take kwargs ['layers', 'stem_stride', 'widths']"
+        f"error: TowerOptionsError: {expected} does not take kwargs ['layers', 'stem_stride', 'widths']"
     )
     assert "--model.image_tower.init_args.kwargs null" in err and "Traceback" not in err
     # control: the fix it names runs

@@ -42,6 +42,16 @@ class UnknownModelError(ExplainedError, ValueError):
         super().__init__(f"{tower}: no model named {name!r}; {hint}")
 
 
+class TowerOptionsError(ExplainedError, TypeError):
+    """Constructor options a tower's model does not take (e.g. kept from the config's previous tower)."""
+
+    def __init__(self, tower: str, name: str, kwargs: dict[str, Any], error: Exception) -> None:
+        super().__init__(
+            f"{tower} {name!r} does not take kwargs {sorted(kwargs)} ({error}); drop them with"
+            " --model.image_tower.init_args.kwargs null, or give the model's own constructor arguments"
+        )
+
+
 def check_model_name(tower: str, name: str, known: list[str], listing: str) -> None:
     """Refuses a model name the library does not know, naming close ones (before the library's own error)."""
     if name not in known:

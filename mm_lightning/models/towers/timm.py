@@ -33,6 +33,7 @@ from mm_lightning.assets import PACKAGED, resolve_pretrained
 from mm_lightning.models.towers.contract import (
     ConfiguredTower,
     EncoderOutput,
+    TowerOptionsError,
     check_model_name,
     is_weights_file,
 )
@@ -91,10 +92,15 @@ class TimmTower(ConfiguredTower):
             )
         weights = None if weights is None else resolve_pretrained(weights)
         from_file = is_weights_file(weights)
-        if weights is None or from_file:
-            self.model = timm.create_model(name, pretrained=False, num_classes=0, **create_kwargs)
-        else:
-            self.model = self._create_pretrained(name, weights, create_kwargs)
+        try:
+            if weights is None or from_file:
+                self.model = timm.create_model(name, pretrained=False, num_classes=0, **create_kwargs)
+            else:
+                self.model = self._create_pretrained(name, weights, create_kwargs)
+        except TypeError as error:  # e.g. another tower's kwargs kept when a config switches to this one
+            if not kwargs:
+                raise
+            raise TowerOptionsError("TimmTower", name, kwargs, error) from None
         if from_file:
             self._load_file(name, weights, create_kwargs, strict, key_mapping)
         self.name = name

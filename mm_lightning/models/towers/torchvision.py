@@ -13,11 +13,11 @@ from torch.utils.checkpoint import checkpoint
 from torchvision.models.resnet import BasicBlock, conv1x1
 from torchvision.models.vision_transformer import VisionTransformer
 
-from mm_lightning import ExplainedError
 from mm_lightning.assets import LOCAL_IMAGE, PretrainedUnavailable
 from mm_lightning.models.towers.contract import (
     EncoderOutput,
     Tower,
+    TowerOptionsError,
     check_model_name,
     image_data_config,
     is_weights_file,
@@ -69,10 +69,6 @@ def _flatten_map(fmap: Tensor) -> Tensor:
     return fmap.flatten(2).transpose(1, 2)
 
 
-class TowerOptionsError(ExplainedError, TypeError):
-    """A tower's options that its model does not take; the message names them and the fix."""
-
-
 class TorchvisionTower(Tower):
     """Image tower over a torchvision backbone.
 
@@ -116,10 +112,7 @@ class TorchvisionTower(Tower):
                     name, weights=None if from_file else weights, **kwargs
                 )
             except TypeError as error:  # e.g. resnet_custom's widths/layers left in kwargs
-                raise TowerOptionsError(
-                    f"TorchvisionTower {name!r} does not take kwargs {sorted(kwargs)} ({error}); drop them with"
-                    " --model.image_tower.init_args.kwargs null, or give the model's own constructor arguments"
-                ) from None
+                raise TowerOptionsError("TorchvisionTower", name, kwargs, error) from None
             except (URLError, TimeoutError) as error:
                 raise PretrainedUnavailable(
                     f"image tower {name!r}: weights {weights!r} are not in the torch hub cache and downloading"
