@@ -10,6 +10,11 @@ from pathlib import Path
 
 import pytest
 
+# In pytest-xdist's workers (pyproject's addopts) torch gets one thread, as do the processes tests start (they
+# inherit it): two workers with a thread per core each would oversubscribe the cores many times over.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ["OMP_NUM_THREADS"] = "1"
+
 REPO = Path(__file__).resolve().parents[1]
 DEMO_CONFIG = REPO / "configs" / "demo.yaml"
 LONG_RUN_CALLBACKS = REPO / "configs" / "callbacks" / "long_run.yaml"  # every recipe's but the demo's
