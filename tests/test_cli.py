@@ -141,6 +141,31 @@ def test_resume_with_other_options_warns_listing_them(tiny_run: TinyRun) -> None
     assert cli.model.hparams["fusion"]["heads"] == 4 and cli.datamodule.hparams.batch_size == 8
 
 
+def test_resume_compares_data_option_keys_left_out_with_their_defaults(
+    tiny_run: TinyRun, tmp_path: Path
+) -> None:
+    ckpt = torch.load(tiny_run.checkpoint_dir / "last.ckpt", weights_only=True)
+    ckpt["datamodule_hyper_parameters"]["loader"]["pad_to_multiple_of"] = (
+        8  # the resume's loader group omits it
+    )
+    ckpt["datamodule_hyper_parameters"]["images"]["horizontal_flip"] = (
+        True  # the resume omits the whole group
+    )
+    changed = tmp_path / "changed.ckpt"
+    torch.save(ckpt, changed)
+    args = ["validate", *tiny_demo_args(tiny_run.root), "--trainer.limit_val_batches", "1"]
+    with pytest.warns(UserWarning, match="Resuming from") as caught:
+        cli_main([*args, "--ckpt_path", str(changed)])
+    message = next(str(w.message) for w in caught if "Resuming from" in str(w.message))
+    assert "data.loader.pad_to_multiple_of: given None, checkpoint 8" in message
+    assert "data.images.horizontal_flip: given False, checkpoint True" in message
+    # control: the checkpoint as the run wrote it differs in no data option
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cli_main([*args, "--ckpt_path", str(tiny_run.checkpoint_dir / "last.ckpt")])
+    assert [str(w.message) for w in caught if "data options differ" in str(w.message)] == []
+
+
 def test_a_second_run_into_the_same_folder_is_refused(
     tiny_run: TinyRun, capsys: pytest.CaptureFixture
 ) -> None:

@@ -5,6 +5,7 @@ the options it replaces)."""
 from __future__ import annotations
 
 import os
+import sys
 from importlib import import_module
 from typing import Any
 
@@ -154,6 +155,23 @@ def check_resume(cli_config: Any, parser: Any) -> None:
     warn_if_overridden(cli_config, parser, content, str(ckpt_path))
 
 
+def _data_options(data: Any) -> dict[str, Any]:
+    """The given data options, a MultimodalDataModule's groups filled in from their defaults: a key left out
+    is its default, which a checkpoint's value may differ from."""
+    from mm_lightning.data.datamodule import MultimodalDataModule, with_group_defaults
+
+    if data is None:
+        return {}
+    options = data.get("init_args", data)
+    options = options.as_dict() if hasattr(options, "as_dict") else dict(options)
+    # the class jsonargparse loaded for this config (looked up, not imported)
+    module, _, name = str(data.get("class_path", "")).rpartition(".")
+    data_class = getattr(sys.modules.get(module), name, None)
+    if isinstance(data_class, type) and issubclass(data_class, MultimodalDataModule):
+        return with_group_defaults(options)
+    return options
+
+
 def warn_if_overridden(cli_config: Any, parser: Any, content: dict[str, Any], path: str) -> None:
     """Warn once, listing the model options the checkpoint replaces (as LightningCLI will, right after parsing)
     and the data options that differ from the checkpoint's."""
@@ -164,8 +182,7 @@ def warn_if_overridden(cli_config: Any, parser: Any, content: dict[str, Any], pa
     if hparams and "_class_path" not in hparams:
         final = parser.parse_object({subcommand: {"model": hparams}}, cli_config)
         replaced = _differences(_flatten(config.get("model")), _flatten(final[subcommand].get("model")))
-    data = config.get("data")
-    given_data = _flatten(data.get("init_args", data) if data is not None else {})
+    given_data = _flatten(_data_options(config.get("data")))
     differing_data = _differences(given_data, _flatten(content.get("datamodule_hyper_parameters", {})))
     if not replaced and not differing_data:
         return

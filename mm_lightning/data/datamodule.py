@@ -117,6 +117,17 @@ def with_defaults(group: str, given: Mapping[str, Any] | None, defaults: Mapping
     return {**defaults, **(given or {})}
 
 
+OPTION_GROUPS = {"images": IMAGE_DEFAULTS, "loader": LOADER_DEFAULTS}
+
+
+def with_group_defaults(options: Mapping[str, Any]) -> dict[str, Any]:
+    """A data module's options with each group it has (``images``, ``loader``) filled in from its defaults."""
+    filled = {
+        g: with_defaults(g, options[g], defaults) for g, defaults in OPTION_GROUPS.items() if g in options
+    }
+    return {**options, **filled}
+
+
 class MultimodalDataModule(pl.LightningDataModule):
     """Image-text pairs from JSONL files, read in :meth:`setup` (so ``prepare_data`` may create them).
 
@@ -271,11 +282,14 @@ class MultimodalDataModule(pl.LightningDataModule):
                 f"prepared at {image['size']} as set; leave data.images.size unset to follow the tower"
             )
         given = {k: tuple(image[k]) for k in ("mean", "std") if image[k] is not None}
-        differ = {k: list(data_config[k]) for k, v in given.items() if list(v) != list(data_config.get(k, v))}
+        differ = [k for k, v in given.items() if list(v) != list(data_config.get(k, v))]
         if differ and data_config.get("pretrained"):
+            found = "; ".join(
+                f"data.images.{k} {list(given[k])}, the tower's {list(data_config[k])}" for k in differ
+            )
             rank_zero_warn(
-                f"data.images {' and '.join(differ)} differ from what the pretrained image tower's weights expect"
-                f" ({differ}): the set values are used; leave them unset to follow the tower"
+                f"{found}: they differ from what the pretrained image tower's weights expect; the set values are"
+                " used, leave them unset to follow the tower"
             )
         if len(given) == 2:
             return

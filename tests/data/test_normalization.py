@@ -91,7 +91,9 @@ def test_set_statistics_that_differ_from_a_pretrained_tower_are_used_with_a_warn
     pretrained = {"mean": HALF, "std": HALF, "input_size": (3, 224, 224), "pretrained": True}
     explicit = MultimodalDataModule(tokenizer=TOKENIZER, images={"mean": (0.1, 0.2, 0.3), "std": HALF})
     with pytest.warns(
-        UserWarning, match=r"data.images mean differ from what the pretrained image tower's weights expect"
+        UserWarning,
+        match=r"^data.images.mean \[0.1, 0.2, 0.3\], the tower's \[0.5, 0.5, 0.5\]: they differ from what the"
+        r" pretrained image tower's weights expect",
     ):
         explicit.follow_image_tower(pretrained)
     assert explicit.normalize.mean == [0.1, 0.2, 0.3]  # the user's values win
