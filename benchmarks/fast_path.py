@@ -5,15 +5,14 @@ with one part off at a time, then with all of them off.
                                    [--workers 2] [--batch-size 32] [--rounds 7] [--seconds 3]
 
 Parts (``MultimodalDataModule`` options):
-  reduced_decode  ``data.images.reduced_decode``: JPEGs decoded at 1/2, 1/4 or 1/8 size where the crop allows;
-  batch_slots     ``data.loader.batch_slots``: image batches stacked into reusable shared-memory buffers;
-  device_normalize ``data.loader.normalize_on: device``: uint8 crosses from the workers, normalized after
-                  (off: normalized in the workers, float32 crossing).
-Samples/s of the model-ready batch (normalized for all), rounds alternating so load from other processes hits
-all variants alike; each variant is compared with all-on in the same round, the median
-over rounds counts. A part whose removal costs a user >= 10 % stays on by default; the
-others are opt-in, named by the recipes that want them. The last line is
-``RESULT fast_path ratio=<all on / all off>`` with the loss from removing each part in parentheses.
+  reduced_decode    ``data.images.reduced_decode``: JPEGs decoded at 1/2, 1/4 or 1/8 size where the crop allows;
+  batch_slots       ``data.loader.batch_slots``: image batches stacked into reusable shared-memory buffers;
+  device_normalize  ``data.loader.normalize_on: device``: uint8 crosses from the workers, normalized after
+                    (off: normalized in the workers, float32 crossing).
+Samples/s of the model-ready batch (normalized for all), every variant once per round, so load from other
+processes hits them alike; each variant is compared with all-on in the same round, and the median over rounds
+counts. docs/benchmarks.md says which parts are on by default and why. The last line is
+``RESULT fast_path ratio=<all on / all off>`` with the change without each part in parentheses.
 """
 
 from __future__ import annotations
@@ -93,13 +92,13 @@ def main() -> None:
     for name, rate in rates.items():
         ratios = [a / b for a, b in zip(rate, rates["all on"], strict=True)]
         print(
-            f"  {name:26s} {statistics.median(rate):7.1f}  {median_ratio(name):.3f} of all on"
+            f"  {name:26s} {statistics.median(rate):7.1f}  {statistics.median(ratios):.3f} of all on"
             f" (rounds {min(ratios):.3f}-{max(ratios):.3f})"
         )
-    losses = ", ".join(f"{part} {1 - median_ratio(f'without {part}'):+.1%}" for part in ALL_ON)
+    changes = ", ".join(f"{part} {median_ratio(f'without {part}') - 1:+.1%}" for part in ALL_ON)
     print(
         f"RESULT fast_path ratio={1 / median_ratio('all off'):.3f} (all on"
-        f" {statistics.median(rates['all on']):.0f} samples/s; lost without each part: {losses};"
+        f" {statistics.median(rates['all on']):.0f} samples/s; without each part: {changes};"
         f" {args.workers} workers, batch {args.batch_size}, median of {args.rounds} paired rounds)"
     )
 

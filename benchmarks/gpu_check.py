@@ -221,7 +221,7 @@ def fit_rate(scale: Scale, image_tower: dict[str, Any], jsonl: Path | None = Non
                 max_length=scale.tokens,
                 batch_size=scale.batch,
                 num_workers=workers,
-                loader={"pin_memory": True},
+                loader={"pin_memory": True, "batch_slots": True},  # as configs/base.yaml
                 image_config=model.data_config["image"],
             )
         }

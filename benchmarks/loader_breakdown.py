@@ -143,6 +143,7 @@ def main() -> None:
             num_workers=workers,
             loader={
                 "persistent_workers": workers > 0,
+                "batch_slots": workers > 0,  # as the photo recipes
                 "normalize_on": "device",
             },  # device: what a Trainer does
         )

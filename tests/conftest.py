@@ -11,13 +11,20 @@ from pathlib import Path
 import pytest
 
 # In pytest-xdist's workers (pyproject's addopts) torch gets one thread, as do the processes tests start (they
-# inherit it): two workers with a thread per core each would oversubscribe the cores many times over.
+# inherit it): two workers with a thread per core each would oversubscribe the cores.
 if "PYTEST_XDIST_WORKER" in os.environ:
     os.environ["OMP_NUM_THREADS"] = "1"
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_CONFIG = REPO / "configs" / "demo.yaml"
 LONG_RUN_CALLBACKS = REPO / "configs" / "callbacks" / "long_run.yaml"  # every recipe's but the demo's
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto``: the CPUs this process may run on (a container's share, not the host's cores)."""
+    if "PYTEST_XDIST_AUTO_NUM_WORKERS" in os.environ or not hasattr(os, "sched_getaffinity"):
+        return None  # xdist's own count
+    return len(os.sched_getaffinity(0))
 
 
 def _role(entry: dict) -> str:

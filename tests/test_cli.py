@@ -145,12 +145,9 @@ def test_resume_compares_data_option_keys_left_out_with_their_defaults(
     tiny_run: TinyRun, tmp_path: Path
 ) -> None:
     ckpt = torch.load(tiny_run.checkpoint_dir / "last.ckpt", weights_only=True)
-    ckpt["datamodule_hyper_parameters"]["loader"]["pad_to_multiple_of"] = (
-        8  # the resume's loader group omits it
-    )
-    ckpt["datamodule_hyper_parameters"]["images"]["horizontal_flip"] = (
-        True  # the resume omits the whole group
-    )
+    saved = ckpt["datamodule_hyper_parameters"]
+    saved["loader"]["pad_to_multiple_of"] = 8  # a key of a group the resume gives in part
+    saved["images"]["horizontal_flip"] = True  # a group the resume leaves out
     changed = tmp_path / "changed.ckpt"
     torch.save(ckpt, changed)
     args = ["validate", *tiny_demo_args(tiny_run.root), "--trainer.limit_val_batches", "1"]

@@ -160,15 +160,18 @@ def _data_options(data: Any) -> dict[str, Any]:
     is its default, which a checkpoint's value may differ from."""
     from mm_lightning.data.datamodule import MultimodalDataModule, with_group_defaults
 
-    if data is None:
+    options = data.get("init_args", data) if data is not None else None
+    if options is None:
         return {}
-    options = data.get("init_args", data)
     options = options.as_dict() if hasattr(options, "as_dict") else dict(options)
     # the class jsonargparse loaded for this config (looked up, not imported)
     module, _, name = str(data.get("class_path", "")).rpartition(".")
     data_class = getattr(sys.modules.get(module), name, None)
     if isinstance(data_class, type) and issubclass(data_class, MultimodalDataModule):
-        return with_group_defaults(options)
+        try:
+            return with_group_defaults(options)
+        except TypeError:  # a subclass's group with keys of its own: compare what was given
+            pass
     return options
 
 
