@@ -158,7 +158,8 @@ def check_resume(cli_config: Any, parser: Any) -> None:
 def _data_options(data: Any) -> dict[str, Any]:
     """The given data options, a MultimodalDataModule's groups filled in from their defaults: a key left out
     is its default, which a checkpoint's value may differ from."""
-    from mm_lightning.data.datamodule import MultimodalDataModule, with_group_defaults
+    from mm_lightning.data.config import with_group_defaults
+    from mm_lightning.data.datamodule import MultimodalDataModule
 
     options = data.get("init_args", data) if data is not None else None
     if options is None:

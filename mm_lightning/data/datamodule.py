@@ -1,12 +1,11 @@
-"""MultimodalDataModule: JSONL image-caption files -> normalized image batches + dynamically padded tokens;
-its options (``images``, ``loader``) and its map-style dataset, :class:`ImageTextDataset`."""
+"""MultimodalDataModule: JSONL image-caption files -> normalized image batches + dynamically padded tokens,
+and its map-style dataset, :class:`ImageTextDataset` (the options: :mod:`mm_lightning.data.config`)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from functools import partial
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
@@ -16,7 +15,8 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from typing_extensions import override
 
 from mm_lightning.data.collate import MultimodalCollate
-from mm_lightning.data.images import DEFAULT_MAX_PIXELS, decode_image_bytes
+from mm_lightning.data.config import CaptionSampling, ImageOptions, LoaderOptions, with_group_defaults
+from mm_lightning.data.images import decode_image_bytes
 from mm_lightning.data.jsonl import JsonlIndex, RecordParser
 from mm_lightning.data.loader import (
     ResumableDataLoader,
@@ -38,7 +38,6 @@ from mm_lightning.data.transforms import (
     train_transform,
 )
 
-CaptionSampling = Literal["random", "all"]
 Split = Literal["train", "val", "test", "predict"]
 
 STAGE_SPLITS: dict[str, tuple[str, ...]] = {
@@ -47,86 +46,6 @@ STAGE_SPLITS: dict[str, tuple[str, ...]] = {
     "test": ("test",),
     "predict": ("predict",),
 }
-
-
-class ImageOptions(TypedDict, total=False):
-    """``data.images``: how images are read, checked and prepared (unset keys: :data:`IMAGE_DEFAULTS`).
-
-    Args:
-        size: output side; null follows ``image_config`` (else 224); if set, it wins.
-        mean: normalization mean per channel (0-1 units); null: the image tower's, else ImageNet's.
-        std: normalization std per channel; null follows the image tower like ``mean``.
-        train_scale: area range of the training random resized crop (default 0.9-1.0).
-        horizontal_flip: random horizontal flips in training (default off: captions say "left"/"right").
-        max_pixels: refuse images above this many pixels (decompression bombs); null disables.
-        confine_to_root: reject image paths (absolute, ``..``, links) that leave ``image_root`` (default off).
-        reduced_decode: JPEGs decode at 1/2, 1/4 or 1/8 size when the crop needs no upsampling (default on).
-    """
-
-    size: int | None
-    mean: tuple[float, float, float] | None
-    std: tuple[float, float, float] | None
-    train_scale: tuple[float, float]
-    horizontal_flip: bool
-    max_pixels: int | None
-    confine_to_root: bool
-    reduced_decode: bool
-
-
-class LoaderOptions(TypedDict, total=False):
-    """``data.loader``: which pairs make the batches, and how (unset keys: :data:`LOADER_DEFAULTS`).
-
-    Args:
-        caption_sampling: training: ``"random"`` (default: a caption per image per visit) or ``"all"`` pairs.
-        length_grouping: batch training captions of similar length together (less padding; default off).
-        length_window: global batches per length-sorting window when ``length_grouping`` is on (default 32).
-        max_replacements: under ``on_bad_record: skip``, bad candidates tried for one stand-in (default 64).
-        pad_to_multiple_of: pad each batch's token length to a multiple of this (e.g. 8); null: no rounding.
-        normalize_on: "device" (after transfer), "worker" (collate), "auto" (default: device in a Trainer).
-        pin_memory: pin host memory for faster host-to-device copies (default off).
-        persistent_workers: keep workers between epochs (default on).
-        batch_slots: persistent workers stack images into a few reused shared-memory buffers (default off;
-            no effect without persistent workers).
-        prefetch_factor: batches each worker prepares ahead (with ``num_workers > 0``; null: PyTorch's 2).
-        multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or null (the platform's default).
-    """
-
-    caption_sampling: CaptionSampling
-    length_grouping: bool
-    length_window: int
-    max_replacements: int
-    pad_to_multiple_of: int | None
-    normalize_on: Literal["auto", "device", "worker"]
-    pin_memory: bool
-    persistent_workers: bool
-    batch_slots: bool
-    prefetch_factor: int | None
-    multiprocessing_context: str | None
-
-
-IMAGE_DEFAULTS = ImageOptions(size=None, mean=None, std=None, train_scale=(0.9, 1.0), horizontal_flip=False,
-    max_pixels=DEFAULT_MAX_PIXELS, confine_to_root=False, reduced_decode=True)  # fmt: skip
-LOADER_DEFAULTS = LoaderOptions(caption_sampling="random", length_grouping=False, length_window=32,
-    max_replacements=64, pad_to_multiple_of=None, normalize_on="auto", pin_memory=False, persistent_workers=True,
-    batch_slots=False, prefetch_factor=None, multiprocessing_context=None)  # fmt: skip
-
-
-def with_defaults(group: str, given: Mapping[str, Any] | None, defaults: Mapping[str, Any]) -> dict[str, Any]:
-    """``given`` over ``defaults``; an unknown key is an error, not a silently ignored option."""
-    if unknown := sorted(set(given or {}) - set(defaults)):
-        raise TypeError(f"data.{group}: unknown option(s) {unknown}; the options are {sorted(defaults)}")
-    return {**defaults, **(given or {})}
-
-
-OPTION_GROUPS = {"images": IMAGE_DEFAULTS, "loader": LOADER_DEFAULTS}
-
-
-def with_group_defaults(options: Mapping[str, Any]) -> dict[str, Any]:
-    """A data module's options with each group it has (``images``, ``loader``) filled in from its defaults."""
-    filled = {
-        g: with_defaults(g, options[g], defaults) for g, defaults in OPTION_GROUPS.items() if g in options
-    }
-    return {**options, **filled}
 
 
 class MultimodalDataModule(pl.LightningDataModule):
@@ -172,9 +91,10 @@ class MultimodalDataModule(pl.LightningDataModule):
         self.save_hyperparameters()
         files = (train_file, val_file, test_file, predict_file)
         self.files: dict[str, str | None] = dict(zip(("train", "val", "test", "predict"), files, strict=True))
-        self.image_options = image = with_defaults("images", images, IMAGE_DEFAULTS)
-        self.loader_options = with_defaults("loader", loader, LOADER_DEFAULTS)
-        self.hparams.update(images=image, loader=self.loader_options)  # all recorded: a resume compares them
+        options = with_group_defaults({"images": images, "loader": loader})
+        self.image_options = image = options["images"]
+        self.loader_options = options["loader"]
+        self.hparams.update(options)  # every option recorded: a resume compares them
         self.normalize = Normalize(image["mean"] or IMAGENET_MEAN, image["std"] or IMAGENET_STD)
         self.image_size, self.interpolation = image["size"] or DEFAULT_IMAGE_SIZE, "bilinear"
         self.collate = MultimodalCollate(tokenizer, max_length, self.loader_options["pad_to_multiple_of"])

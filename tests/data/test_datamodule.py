@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mm_lightning.data import MultimodalDataModule
-from mm_lightning.data.datamodule import IMAGE_DEFAULTS, LOADER_DEFAULTS
+from mm_lightning.data.config import IMAGE_DEFAULTS, LOADER_DEFAULTS
 from mm_lightning.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from tests.data.helpers import TOKENIZER, coco_style, save_image, write_jsonl
 
