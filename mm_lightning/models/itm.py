@@ -121,26 +121,23 @@ class ImageTextMatching(nn.Module):
         else:
             all_img, all_txt, all_mask = img, txt, mask
         same_image = image_ids[:, None] == all_ids[None, :]
-        neg_text = sample_hard_negatives(logits.i2t.detach(), same_image)
-        neg_image = sample_hard_negatives(logits.t2i.detach(), same_image)
-        has_t, has_i = neg_text >= 0, neg_image >= 0
-        images = torch.cat([img, img[has_t], all_img[neg_image[has_i]]])
-        texts = torch.cat([txt, all_txt[neg_text[has_t]], txt[has_i]])
-        masks = torch.cat([mask, all_mask[neg_text[has_t]], mask[has_i]])
+        neg_text, has_t = sample_hard_negatives(logits.i2t.detach(), same_image)
+        neg_image, has_i = sample_hard_negatives(logits.t2i.detach(), same_image)
+        # Fixed shapes (B positives, B negative captions, B negative images): nothing waits for the device to
+        # count the rows that have a negative; a row without one is scored and weighted 0.
+        images = torch.cat([img, img, all_img[neg_image]])
+        texts = torch.cat([txt, all_txt[neg_text], txt])
+        masks = torch.cat([mask, all_mask[neg_text], mask])
         labels = torch.cat(
-            [
-                torch.ones(batch, dtype=torch.long, device=img.device),
-                torch.zeros(int(has_t.sum()) + int(has_i.sum()), dtype=torch.long, device=img.device),
-            ]
+            [torch.ones(batch, dtype=torch.long, device=img.device), img.new_zeros(2 * batch).long()]
         )
         scores = self.head(self.fusion(images, texts, masks))
         per_pair = F.cross_entropy(scores.float(), labels, reduction="none")
-        accuracy = (scores.argmax(-1) == labels).float().mean()
-        if sample_weights is None:
-            return per_pair.mean(), accuracy
-        w = sample_weights.float()
-        weights = torch.cat([w, w[has_t], w[has_i]])
-        return (per_pair * weights).sum() / weights.sum(), accuracy
+        counted = torch.cat([torch.ones_like(has_t), has_t, has_i]).float()
+        correct = (scores.argmax(-1) == labels).float()
+        accuracy = (correct * counted).sum() / counted.sum()
+        w = counted if sample_weights is None else sample_weights.float().repeat(3) * counted
+        return (per_pair * w).sum() / w.sum(), accuracy
 
     def match_logits(self, image_tokens: Tensor, text_tokens: Tensor, text_mask: Tensor) -> Tensor:
         """Each pair's "match" logit (the head's class 1, as LAVIS re-ranks) from tokens already projected by
@@ -150,16 +147,23 @@ class ImageTextMatching(nn.Module):
 
 def sample_hard_negatives(
     scores: Tensor, positive: Tensor, generator: torch.Generator | None = None
-) -> Tensor:
-    """Per row, one non-``positive`` column drawn ~ softmax(score): (B,) indices, -1 where none is allowed."""
+) -> tuple[Tensor, Tensor]:
+    """Per row, one non-``positive`` column drawn ~ softmax(score), without waiting for the device.
+
+    Returns:
+        (B,) column indices and (B,) bools, False for a row whose columns are all positive (its index is then
+        any column, to be weighted 0)."""
     with torch.no_grad():
-        logits = scores.float().masked_fill(positive, float("-inf"))
         has_negative = (~positive).any(dim=1)
-        probs = torch.softmax(logits[has_negative], dim=1)
-        # softmax can underflow to all-zero for very peaked rows; fall back to uniform over admissible columns
-        dead = probs.sum(dim=1) <= 0
-        probs[dead] = (~positive[has_negative][dead]).float()
-        drawn = torch.multinomial(probs, 1, generator=generator).squeeze(1)
-        out = torch.full((scores.shape[0],), -1, dtype=torch.long, device=scores.device)
-        out[has_negative] = drawn
-    return out
+        # a row without a negative draws from a uniform row instead of an all -inf (NaN) softmax
+        logits = scores.float().masked_fill(positive, float("-inf"))
+        logits = torch.where(has_negative[:, None], logits, 0.0)
+        probs = torch.softmax(logits, dim=1)
+        # a row of NaN or inf scores gives no usable softmax: uniform over its admissible columns
+        usable = probs.sum(dim=1, keepdim=True) > 0
+        probs = torch.where(usable, probs, (~positive).float())
+        # torch.multinomial's own draw for one sample (argmax of p / Exp(1)), without its checks that wait
+        # for the device: the same columns from the same generator state
+        noise = torch.empty_like(probs).exponential_(1, generator=generator)
+        drawn = (probs / noise).argmax(dim=1)
+    return drawn, has_negative

@@ -51,8 +51,9 @@ class ContrastiveLoss(ScaledPairLoss):
             all_ids = None
             if image_ids is not None:
                 all_ids = gather_no_grad(image_ids) if is_global else image_ids
-                same = image_ids[:, None] == all_ids[None, :]
-                same[torch.arange(img.shape[0], device=img.device), targets] = False
+                # other pairs of the same image are no negatives; the row's own pair stays its target
+                own = targets[:, None] == torch.arange(all_ids.shape[0], device=img.device)[None, :]
+                same = (image_ids[:, None] == all_ids[None, :]) & ~own
                 logits_i2t = logits_i2t.masked_fill(same, float("-inf"))
                 logits_t2i = logits_t2i.masked_fill(same, float("-inf"))
         return PairLogits(logits_i2t, logits_t2i, targets, all_ids, is_global)
