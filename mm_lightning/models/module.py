@@ -175,7 +175,9 @@ class MultimodalModule(LightningModule):
             term_weights = {**term_weights, "itc": dwa[0], "itm": dwa[1]}
         loss = weighted_sum(terms, term_weights)
         bs = batch["image"].shape[0]
-        self.log("train/loss", loss, batch_size=bs, prog_bar=True)
+        # not on the progress bar: it reads its values back from the device at every step, the loggers only
+        # every log_every_n_steps
+        self.log("train/loss", loss, batch_size=bs)
         if not self._logs_details_now():
             return loss
         for name, value in terms.items():

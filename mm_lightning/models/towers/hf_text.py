@@ -31,6 +31,24 @@ def load_hf(loader: Any, name: str, path: str, **kwargs: Any) -> Any:
     )
 
 
+# Encoders whose attention is bidirectional (every token sees every real token): their padding mask may be
+# given as the 4-D mask transformers would build from it.
+BIDIRECTIONAL_ENCODERS = {"bert", "roberta", "xlm-roberta", "distilbert", "electra", "camembert", "mpnet"}
+
+
+def sdpa_padding_mask(model: Any, attention_mask: Tensor) -> Tensor:
+    """The (B, L) padding mask as the (B, 1, L, L) boolean mask SDPA attention takes, for a bidirectional encoder.
+
+    transformers asks ``padding_mask.all()`` of a 2-D mask (to drop the mask when nothing is padded); on a GPU
+    that reads the mask back and the host waits for the device every step. A 4-D mask is used as given. Other
+    models (causal text models, other attention kernels) get the 2-D mask, which they need."""
+    config = model.config
+    if config.model_type not in BIDIRECTIONAL_ENCODERS or config._attn_implementation != "sdpa":
+        return attention_mask
+    length = attention_mask.shape[1]
+    return attention_mask.bool()[:, None, None, :].expand(-1, 1, length, length)
+
+
 def set_hf_gradient_checkpointing(model: Any, enabled: bool) -> None:
     """Switches a Hugging Face model's per-layer activation checkpointing (non-reentrant)."""
     # transformers >= 5.2x renamed gradient_checkpointing_* to activation_checkpointing_* (old names warn)
@@ -108,7 +126,8 @@ class HFTextTower(Tower):
     ) -> EncoderOutput:
         """Encodes (B, L) token ids; padding positions have ``attention_mask == 0``."""
         kwargs = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
-        states = self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
+        padding = sdpa_padding_mask(self.model, attention_mask)
+        states = self.model(input_ids=input_ids, attention_mask=padding, **kwargs).last_hidden_state
         mask = attention_mask.bool()
         if self.pooling == "cls":
             pooled = states[:, 0]

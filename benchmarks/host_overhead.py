@@ -1,0 +1,115 @@
+"""Host time per step that Lightning and the CLI's defaults add to a plain loop, in milliseconds, with towers so
+small that the plain loop's step takes a few milliseconds on a CPU.
+
+    python benchmarks/host_overhead.py [--steps 300] [--warmup 30] [--rounds 5] [--threads 1]
+
+On a GPU, host work per step is free only while the host runs ahead of the device; with a 135 ms device step,
+20 ms of hooks is 15 %. ``lightning_overhead.py`` measures the demo's step (about a second on a CPU), where such
+costs vanish in the ratio; this benchmark makes the model's own work small, so what is left is the host time of:
+
+  plain:   the module's ``training_step``, ``backward``, clipping, AdamW and the LR schedule in a for loop;
+  bare:    ``Trainer.fit`` with no logger, callbacks or progress bar (Lightning's loop + the module's hooks);
+  default: ``Trainer.fit`` as the CLI builds it from ``configs/demo.yaml``: TensorBoard, the progress bar and
+           every callback of ``configs/callbacks/default.yaml``.
+
+Same model, optimizer, schedule and in-memory batches in all three (``lightning_overhead.Harness``); runs alternate
+in rounds, a run's figure is its median step (the interval between two batch starts), each kind's the median over
+rounds. One more default run under Lightning's ``SimpleProfiler`` gives each callback's per-step hooks in ms.
+Last line: ``RESULT host_overhead ms_per_step=<default - bare>``, with bare Lightning's own ``bare - plain``;
+target: the defaults add <= 1 ms per step beyond bare Lightning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import tempfile
+import warnings
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning_overhead import CallTimer, Harness, hook_costs
+
+from mm_lightning.cli import cli_main
+
+# towers of a few thousand parameters: the model's own step is a few ms, so the host's share is what is measured
+SMALL_MODEL = [
+    "--model.image_tower.init_args.kwargs", json.dumps({"widths": [8, 16], "layers": [1, 1]}),
+    "--model.image_tower.init_args.image_size", "32",
+    "--model.text_tower.init_args.config_overrides",
+    json.dumps({"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64}),
+    "--model.embed_dim", "16",
+    "--model.fusion.heads", "2",
+    "--data.init_args.render_size", "32",
+    "--data.init_args.batch_size", "8",
+]  # fmt: skip
+
+
+class SmallHarness(Harness):
+    """The overhead harness on the demo config with the small towers above."""
+
+    def cli(self) -> Any:
+        args = [
+            "--config", str(Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"),
+            "--data.init_args.data_dir", str(self.root / "demo"),
+            "--data.init_args.num_workers", "0",
+            "--trainer.default_root_dir", str(self.root / "run"),
+            "--trainer.max_epochs", "1",
+            "--trainer.max_steps", str(self.batches_per_run),
+            *SMALL_MODEL,
+        ]  # fmt: skip
+        return cli_main(args, run=False)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=300, help="batches per run, warm-up included")
+    parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--data", type=Path, default=Path(tempfile.gettempdir()) / "mm_lightning_host_overhead"
+    )
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    warnings.filterwarnings("ignore")
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+
+    harness = SmallHarness(args.steps, args.data)
+    print(f"default callbacks: {', '.join(harness.callback_names)}", flush=True)
+    kinds = ["plain", "bare", "default"]
+    walls: dict[str, list[float]] = defaultdict(list)
+    for r in range(args.rounds):
+        for kind in kinds:
+            wall, _ = harness.plain(args.warmup) if kind == "plain" else harness.fit(args.warmup, kind)
+            walls[kind].append(1000 * wall)
+            print(f"round {r} {kind:8s} step {1000 * wall:7.3f} ms", flush=True)
+    step = {kind: statistics.median(v) for kind, v in walls.items()}
+    bare, defaults = step["bare"] - step["plain"], step["default"] - step["bare"]
+    print("\nmedian step over rounds (ms):", "  ".join(f"{k} {v:.3f}" for k, v in step.items()))
+    timer = CallTimer()
+    harness.fit(args.warmup, "default", timer)
+    measured = args.steps - args.warmup
+    print(f"\nprofiled default run: ms per step in each callback's per-step hooks ({measured} steps)")
+    costs = hook_costs(harness.profile, args.warmup, args.steps)
+    for name, seconds in sorted(costs.items(), key=lambda kv: -kv[1]):
+        print(f"  {name:24s} {1000 * seconds:7.3f}")
+    print(f"  {'all callbacks':24s} {1000 * sum(costs.values()):7.3f}")
+    for name, seconds in timer.seconds.items():
+        print(f"  {name:32s} {1000 * seconds / measured:7.3f} ms/step ({timer.calls[name]} calls)")
+    print(
+        f"RESULT host_overhead ms_per_step={defaults:.3f} (the CLI's defaults beyond bare Lightning; bare "
+        f"Lightning beyond the plain loop {bare:.3f} ms; median step plain {step['plain']:.3f} / bare "
+        f"{step['bare']:.3f} / default {step['default']:.3f} ms; {args.steps} steps ({args.warmup} warm-up) x "
+        f"{args.rounds} interleaved rounds, {args.threads} thread(s))"
+    )
+
+
+if __name__ == "__main__":
+    main()
