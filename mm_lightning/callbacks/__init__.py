@@ -1,4 +1,4 @@
-"""The callbacks of the training core: bad-record counts, the run report and the prediction writer (the NaN guard,
+"""The callbacks of the training core: bad-record counts, throughput, the run report and the prediction writer (the NaN guard,
 preemption saves, exact resume, the monitors, FLOP counter and EMA are extras: :mod:`mm_lightning.extras`)."""
 
 from mm_lightning import lazy_exports
@@ -9,5 +9,6 @@ _EXPORTS = {
     "ModelSummary": "mm_lightning.callbacks.run_report",
     "ProgressLines": "mm_lightning.callbacks.run_report",
     "RunSummary": "mm_lightning.callbacks.run_report",
+    "ThroughputMonitor": "mm_lightning.callbacks.throughput",
 }
 __all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

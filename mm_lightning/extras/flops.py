@@ -1,4 +1,4 @@
-"""FLOPs of one batch, measured once with torch's ``FlopCounterMode``, for Lightning's ``ThroughputMonitor``."""
+"""FLOPs of one batch, measured once with torch's ``FlopCounterMode``, for the ``ThroughputMonitor``."""
 
 from __future__ import annotations
 

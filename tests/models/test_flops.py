@@ -1,4 +1,4 @@
-"""FLOPs per batch, measured once with torch's FlopCounterMode by a callback, feed Lightning's ThroughputMonitor."""
+"""FLOPs per batch, measured once with torch's FlopCounterMode by a callback, feed the ThroughputMonitor."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.callbacks import ThroughputMonitor
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
+from mm_lightning.callbacks import ThroughputMonitor
 from mm_lightning.extras import FlopCounter
 from tests.models.helpers import pair_loader, tiny_module
 

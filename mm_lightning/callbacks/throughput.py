@@ -1,0 +1,93 @@
+"""Training throughput that never makes a step wait: the clock is read after a device sync on logging steps only."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from lightning.fabric.utilities.throughput import Throughput, get_available_flops
+from lightning.pytorch import Callback, LightningModule, Trainer
+from typing_extensions import override
+
+from mm_lightning.models.module import loggers_write_this_step
+
+# the dtype the matrix products run in, by Trainer precision (for the device's peak FLOP/s in the MFU)
+PRECISION_DTYPES = {"bf16-mixed": torch.bfloat16, "bf16-true": torch.bfloat16, "16-mixed": torch.float16,
+                    "16-true": torch.float16, "64-true": torch.float64}  # fmt: skip
+
+
+class ThroughputMonitor(Callback):
+    """Training samples/s and batches/s (FLOPs/s and MFU with ``pl_module.flops_per_batch``) under Lightning's
+    ``ThroughputMonitor`` names (``train|device/samples_per_sec``, ...), over a window of logging steps.
+
+    Lightning's monitor synchronizes the device at every step to read its clock, so on a GPU every step waits for
+    the host. This one counts samples on the host at each step and reads the clock, after a device sync, only on
+    the steps the loggers write: the rate over the window between such steps is exact. Validation time inside a
+    fit is left out.
+
+    Args:
+        batch_size_fn: batch -> its number of samples.
+        window_size: logging steps the rates are measured over (2: from the previous logging step to this one).
+    """
+
+    def __init__(self, batch_size_fn: Callable[[Any], int], window_size: int = 2) -> None:
+        if window_size < 2:
+            raise ValueError(
+                f"window_size must be >= 2 (the rates need two logging steps), got {window_size}"
+            )
+        self.batch_size_fn, self.window_size = batch_size_fn, window_size
+        self.throughput: Throughput | None = None
+
+    @override
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        dtype = PRECISION_DTYPES.get(str(trainer.precision), torch.float32)
+        peak = get_available_flops(trainer.strategy.root_device, dtype)
+        self.throughput = Throughput(peak, trainer.world_size, self.window_size, separator="/")
+        self.samples = self.batches = self.batches_logged = 0
+        self.started, self.paused = time.perf_counter(), 0.0
+
+    @override
+    def on_train_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self.steps_before = trainer.global_step
+
+    @override
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self.throughput is None:
+            return
+        self.samples += self.batch_size_fn(batch)
+        self.batches += 1
+        if not loggers_write_this_step(trainer, self.steps_before):
+            return
+        self.wait_for_device(trainer)
+        flops = getattr(pl_module, "flops_per_batch", None)
+        self.throughput.update(
+            time=time.perf_counter() - self.started - self.paused,
+            batches=self.batches,
+            samples=self.samples,
+            flops=None if flops is None else flops * (self.batches - self.batches_logged),
+        )
+        self.batches_logged = self.batches
+        metrics = {f"train|{name}": value for name, value in self.throughput.compute().items()}
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
+
+    def wait_for_device(self, trainer: Trainer) -> None:
+        """Waits for the device's queued work, so the clock read next includes it (no-op on a CPU)."""
+        device = trainer.strategy.root_device
+        if device.type != "cpu":
+            torch.accelerator.synchronize(device)
+
+    @override
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.validation_started = time.perf_counter()
+
+    @override
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.throughput is not None and not trainer.sanity_checking:
+            self.paused += time.perf_counter() - self.validation_started
