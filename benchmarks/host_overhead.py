@@ -24,19 +24,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-import os
 import statistics
 import tempfile
-import warnings
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
-import torch
-from lightning_overhead import CallTimer, Harness, hook_costs
-
-from mm_lightning.cli import cli_main
+from lightning_overhead import Harness, print_attribution, quiet_process
 
 # towers of a few thousand parameters: the model's own step is a few ms, so the host's share is what is measured
 SMALL_MODEL = [
@@ -51,22 +44,6 @@ SMALL_MODEL = [
 ]  # fmt: skip
 
 
-class SmallHarness(Harness):
-    """The overhead harness on the demo config with the small towers above."""
-
-    def cli(self) -> Any:
-        args = [
-            "--config", str(Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"),
-            "--data.init_args.data_dir", str(self.root / "demo"),
-            "--data.init_args.num_workers", "0",
-            "--trainer.default_root_dir", str(self.root / "run"),
-            "--trainer.max_epochs", "1",
-            "--trainer.max_steps", str(self.batches_per_run),
-            *SMALL_MODEL,
-        ]  # fmt: skip
-        return cli_main(args, run=False)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=300, help="batches per run, warm-up included")
@@ -77,12 +54,8 @@ def main() -> None:
         "--data", type=Path, default=Path(tempfile.gettempdir()) / "mm_lightning_host_overhead"
     )
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    warnings.filterwarnings("ignore")
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-
-    harness = SmallHarness(args.steps, args.data)
+    quiet_process(args.threads)
+    harness = Harness(args.steps, args.data, SMALL_MODEL)
     print(f"default callbacks: {', '.join(harness.callback_names)}", flush=True)
     kinds = ["plain", "bare", "default"]
     walls: dict[str, list[float]] = defaultdict(list)
@@ -96,16 +69,7 @@ def main() -> None:
     bare = statistics.median(b - p for b, p in zip(walls["bare"], walls["plain"], strict=True))
     defaults = statistics.median(d - b for d, b in zip(walls["default"], walls["bare"], strict=True))
     print("\nmedian step over rounds (ms):", "  ".join(f"{k} {v:.3f}" for k, v in step.items()))
-    timer = CallTimer()
-    harness.fit(args.warmup, "default", timer)
-    measured = args.steps - args.warmup
-    print(f"\nprofiled default run: ms per step in each callback's per-step hooks ({measured} steps)")
-    costs = hook_costs(harness.profile, args.warmup, args.steps)
-    for name, seconds in sorted(costs.items(), key=lambda kv: -kv[1]):
-        print(f"  {name:24s} {1000 * seconds:7.3f}")
-    print(f"  {'all callbacks':24s} {1000 * sum(costs.values()):7.3f}")
-    for name, seconds in timer.seconds.items():
-        print(f"  {name:32s} {1000 * seconds / measured:7.3f} ms/step ({timer.calls[name]} calls)")
+    print_attribution(harness, args.warmup, args.steps)
     print(
         f"RESULT host_overhead ms_per_step={defaults:.3f} (the CLI's defaults beyond bare Lightning; bare "
         f"Lightning beyond the plain loop {bare:.3f} ms; median step plain {step['plain']:.3f} / bare "

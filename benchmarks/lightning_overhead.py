@@ -42,7 +42,7 @@ import tempfile
 import time
 import warnings
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -205,8 +205,8 @@ class CallTimer:
 class Harness:
     """Builds the CLI's model/trainer for the demo config and the shared in-memory batches."""
 
-    def __init__(self, steps: int, root: Path) -> None:
-        self.steps, self.root = steps, root
+    def __init__(self, steps: int, root: Path, options: Sequence[str] = ()) -> None:
+        self.steps, self.root, self.options = steps, root, list(options)  # options: more CLI arguments
         self.batches_per_run = steps + 1  # the last batch's interval (end of fit) is not measured
         cli = self.cli()
         datamodule = cli.datamodule
@@ -234,6 +234,7 @@ class Harness:
             "--trainer.default_root_dir", str(self.root / "run"),
             "--trainer.max_epochs", "1",
             "--trainer.max_steps", str(self.batches_per_run),
+            *self.options,
         ]  # fmt: skip
         return cli_main(args, run=False)
 
@@ -336,6 +337,28 @@ def hook_costs(durations: dict[str, list[float]], warmup: int, steps: int) -> di
     return costs
 
 
+def quiet_process(threads: int) -> None:
+    """The benchmark process: ``threads`` torch threads, no tokenizer threads, no warnings or Lightning notices."""
+    torch.set_num_threads(threads)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    warnings.filterwarnings("ignore")
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+
+
+def print_attribution(harness: Harness, warmup: int, steps: int) -> None:
+    """One more default run, profiled: ms per step in each callback's per-step hooks, ``self.log``, the logger."""
+    timer = CallTimer()
+    harness.fit(warmup, "default", timer)
+    measured = steps - warmup
+    print(f"\nprofiled default run: ms per step in each callback's per-step hooks ({measured} steps)")
+    costs = hook_costs(harness.profile, warmup, steps)
+    for name, seconds in sorted(costs.items(), key=lambda kv: -kv[1]):
+        print(f"  {name:24s} {1000 * seconds:7.3f}")
+    print(f"  {'all callbacks':24s} {1000 * sum(costs.values()):7.3f}")
+    for name, seconds in timer.seconds.items():
+        print(f"  {name:32s} {1000 * seconds / measured:7.3f} ms/step ({timer.calls[name]} calls)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=30, help="measured batches per run, warm-up included")
@@ -345,11 +368,7 @@ def main() -> None:
     parser.add_argument("--no-attribute", action="store_true", help="skip the profiled run")
     parser.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "mm_lightning_overhead")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    warnings.filterwarnings("ignore")
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-
+    quiet_process(args.threads)
     harness = Harness(args.steps, args.data)
     print(f"default callbacks: {', '.join(harness.callback_names)}", flush=True)
     kinds = ["plain", "bare", "default"]
@@ -368,16 +387,7 @@ def main() -> None:
     for kind in kinds:
         print(f"  {kind:8s} {wall[kind]:7.1f} ms  {ratio[kind]:6.3f}  {vs_plain[kind]:6.3f}x")
     if not args.no_attribute:
-        timer = CallTimer()
-        harness.fit(args.warmup, "default", timer)
-        measured = args.steps - args.warmup
-        print(f"\nprofiled default run: ms per step in each callback's per-step hooks ({measured} steps)")
-        costs = hook_costs(harness.profile, args.warmup, args.steps)
-        for name, seconds in sorted(costs.items(), key=lambda kv: -kv[1]):
-            print(f"  {name:24s} {1000 * seconds:7.3f}")
-        print(f"  {'all callbacks':24s} {1000 * sum(costs.values()):7.3f}")
-        for name, seconds in timer.seconds.items():
-            print(f"  {name:32s} {1000 * seconds / measured:7.3f} ms/step ({timer.calls[name]} calls)")
+        print_attribution(harness, args.warmup, args.steps)
     print(
         f"RESULT lightning_overhead ratio={vs_plain['default']:.3f} (step / model work: default callbacks "
         f"{ratio['default']:.3f}, bare Trainer {ratio['bare']:.3f} ({vs_plain['bare']:.3f}x), plain loop "
