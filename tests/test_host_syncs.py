@@ -47,9 +47,20 @@ def _quiet_steps(syncs: dict[int, list]) -> dict[int, list]:
     return {s: r for s, r in syncs.items() if (s + 1) % LOG_EVERY and s != STEPS - 1}
 
 
-def test_demo_steps_never_wait_for_the_device(tmp_path: Path) -> None:
-    # the demo as shipped: its callbacks, its data worker
-    syncs = _step_syncs(tmp_path, small_demo_args(tmp_path))
+CLIPPING = [
+    "--trainer.gradient_clip_val",
+    "1.0",
+    "--model.image.clip_norm",
+    "0.5",
+    "--model.optim.clip_heads",
+    "2.0",
+]
+
+
+@pytest.mark.parametrize("options", [[], CLIPPING], ids=["as_shipped", "clipping"])
+def test_demo_steps_never_wait_for_the_device(tmp_path: Path, options: list[str]) -> None:
+    # the demo as shipped (its callbacks, its data worker), and with every gradient clipping it offers
+    syncs = _step_syncs(tmp_path, [*small_demo_args(tmp_path), *options])
     assert _quiet_steps(syncs) == {s: [] for s in _quiet_steps(syncs)}
     assert any(syncs[s] for s in (3, 6))  # control: the logging steps read values back, and are seen
 
