@@ -1,8 +1,10 @@
 """Counts the operations that make the host wait for the device (a host sync), on any device, CPU included.
 
-On a GPU these read a value back (``.item()``, ``bool(t)``, ``.tolist()``) or size an output by the data (boolean
-indexing, ``nonzero``, ``repeat_interleave`` without ``output_size``, ``torch.multinomial``'s checks); on a CPU
-they cost nothing, so a test counts them here to keep a GPU step free of them."""
+On a GPU these read a value back (``.item()``, ``bool(t)``, ``int(t)``) or size an output by the data (boolean
+indexing, ``nonzero``, ``repeat_interleave`` without ``output_size``, ``torch.multinomial``'s checks); on a CPU they
+cost nothing, so a test counts them here to keep a GPU step free of them. Not seen on a CPU: ``.tolist()``,
+``.cpu()``, ``.numpy()`` and blocking host-to-device copies, which dispatch no operation there; on a GPU,
+``torch.cuda.set_sync_debug_mode`` sees them (``benchmarks/gpu_check.py``'s profile stage)."""
 
 from __future__ import annotations
 
@@ -51,21 +53,16 @@ def _is_sync(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
 
 @dataclass
 class HostSyncs(TorchDispatchMode):
-    """A dispatch mode that records each host sync with the line of project or test code that caused it.
-
-    ``ignore``: tensors whose reads are host-side by design (an optimizer's step counters live on the CPU)."""
+    """A dispatch mode that records each host sync with the line of project or test code that caused it."""
 
     records: list[tuple[str, str]] = field(default_factory=list)
-    ignore: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         super().__init__()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         kwargs = kwargs or {}
-        if _is_sync(func, args, kwargs) and not (
-            func is aten._local_scalar_dense.default and args[0].untyped_storage().data_ptr() in self.ignore
-        ):
+        if _is_sync(func, args, kwargs):
             self.records.append((str(func), _caller()))
         return func(*args, **kwargs)
 
@@ -79,9 +76,9 @@ def _caller() -> str:
 
 
 @contextmanager
-def host_syncs(ignore: set[int] | None = None) -> Iterator[HostSyncs]:
+def host_syncs() -> Iterator[HostSyncs]:
     """Records the host syncs of the block: ``with host_syncs() as syncs: ...; assert not syncs.records``."""
-    mode = HostSyncs(ignore=ignore or set())
+    mode = HostSyncs()
     with mode:
         yield mode
 
@@ -109,5 +106,12 @@ class StepSyncs(Callback):
             self.mode.records = self.validation
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        self.mode.__exit__(None, None, None)
-        self.mode = None
+        self._stop()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._stop()  # the mode must not outlive a failed fit in the test process
+
+    def _stop(self) -> None:
+        if self.mode is not None:
+            self.mode.__exit__(None, None, None)
+            self.mode = None

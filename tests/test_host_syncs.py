@@ -36,7 +36,8 @@ def _step_syncs(root: Path, args: list[str], defer: bool = True) -> dict[int, li
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     (recorder,) = [c for c in cli.trainer.callbacks if isinstance(c, StepSyncs)]
     assert sorted(recorder.steps) == list(range(STEPS))
-    # An optimizer's step counters live on the CPU by design (torch.optim reads them there, on any device).
+    # torch.optim reads its step counters, which live on the CPU on any device, and the schedulers their values
+    # there: reads of host tensors, not of the device.
     return {
         step: [r for r in records if "/torch/optim/" not in r[1]] for step, records in recorder.steps.items()
     }

@@ -20,12 +20,12 @@ PRECISION_DTYPES = {"bf16-mixed": torch.bfloat16, "bf16-true": torch.bfloat16, "
 
 class ThroughputMonitor(Callback):
     """Training samples/s and batches/s (FLOPs/s and MFU with ``pl_module.flops_per_batch``) under Lightning's
-    ``ThroughputMonitor`` names (``train|device/samples_per_sec``, ...), over a window of logging steps.
+    ``ThroughputMonitor`` names (``train/device/samples_per_sec``, ...), over a window of logging steps.
 
-    Lightning's monitor synchronizes the device at every step to read its clock, so on a GPU every step waits for
-    the host. This one counts samples on the host at each step and reads the clock, after a device sync, only on
-    the steps the loggers write: the rate over the window between such steps is exact. Validation time inside a
-    fit is left out.
+    Lightning's monitor synchronizes the device at every step to read its clock, so on a GPU the host waits for
+    the device at every step. This one counts samples on the host at each step and reads the clock, after a device
+    sync, only on the steps the loggers write: the rate over the window between such steps is exact. Validation
+    time inside a fit is left out; validation, test and predict throughput are not logged.
 
     Args:
         batch_size_fn: batch -> its number of samples.
@@ -62,7 +62,8 @@ class ThroughputMonitor(Callback):
             return
         self.samples += self.batch_size_fn(batch)
         self.batches += 1
-        if not loggers_write_this_step(trainer, self.steps_before):
+        stepped = trainer.global_step > self.steps_before  # not a micro-batch of gradient accumulation
+        if not (stepped and trainer.loggers and loggers_write_this_step(trainer, self.steps_before)):
             return
         self.wait_for_device(trainer)
         flops = getattr(pl_module, "flops_per_batch", None)
@@ -73,9 +74,9 @@ class ThroughputMonitor(Callback):
             flops=None if flops is None else flops * (self.batches - self.batches_logged),
         )
         self.batches_logged = self.batches
-        metrics = {f"train|{name}": value for name, value in self.throughput.compute().items()}
+        metrics = {f"train/{name}": value for name, value in self.throughput.compute().items()}
         for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=trainer.global_step)
+            logger.log_metrics(metrics, step=self.steps_before)  # the step the batch's other values go to
 
     def wait_for_device(self, trainer: Trainer) -> None:
         """Waits for the device's queued work, so the clock read next includes it (no-op on a CPU)."""
@@ -85,6 +86,7 @@ class ThroughputMonitor(Callback):
 
     @override
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.wait_for_device(trainer)  # queued training work belongs to training time
         self.validation_started = time.perf_counter()
 
     @override

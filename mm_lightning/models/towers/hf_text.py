@@ -33,7 +33,7 @@ def load_hf(loader: Any, name: str, path: str, **kwargs: Any) -> Any:
 
 # Encoders whose attention is bidirectional (every token sees every real token): their padding mask may be
 # given as the 4-D mask transformers would build from it.
-BIDIRECTIONAL_ENCODERS = {"bert", "roberta", "xlm-roberta", "distilbert", "electra", "camembert", "mpnet"}
+BIDIRECTIONAL_ENCODERS = {"bert", "roberta", "xlm-roberta", "distilbert", "electra", "camembert"}
 
 
 def sdpa_padding_mask(model: Any, attention_mask: Tensor) -> Tensor:
@@ -41,9 +41,11 @@ def sdpa_padding_mask(model: Any, attention_mask: Tensor) -> Tensor:
 
     transformers asks ``padding_mask.all()`` of a 2-D mask (to drop the mask when nothing is padded); on a GPU
     that reads the mask back and the host waits for the device every step. A 4-D mask is used as given. Other
-    models (causal text models, other attention kernels) get the 2-D mask, which they need."""
+    models (causal text models, such an encoder configured as a decoder, other attention kernels) get the 2-D
+    mask, which they need."""
     config = model.config
-    if config.model_type not in BIDIRECTIONAL_ENCODERS or config._attn_implementation != "sdpa":
+    bidirectional = config.model_type in BIDIRECTIONAL_ENCODERS and not getattr(config, "is_decoder", False)
+    if not bidirectional or config._attn_implementation != "sdpa":
         return attention_mask
     length = attention_mask.shape[1]
     return attention_mask.bool()[:, None, None, :].expand(-1, 1, length, length)
