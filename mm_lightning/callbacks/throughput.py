@@ -14,8 +14,13 @@ from typing_extensions import override
 from mm_lightning.models.module import loggers_write_this_step
 
 # the dtype the matrix products run in, by Trainer precision (for the device's peak FLOP/s in the MFU)
-PRECISION_DTYPES = {"bf16-mixed": torch.bfloat16, "bf16-true": torch.bfloat16, "16-mixed": torch.float16,
-                    "16-true": torch.float16, "64-true": torch.float64}  # fmt: skip
+PRECISION_DTYPES = {
+    "bf16-mixed": torch.bfloat16,
+    "bf16-true": torch.bfloat16,
+    "16-mixed": torch.float16,
+    "16-true": torch.float16,
+    "64-true": torch.float64,
+}
 
 
 class ThroughputMonitor(Callback):
