@@ -3,19 +3,31 @@ on the same split, and are the same on 1 and 2 processes; results in CLIP_benchm
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from clip_benchmark.metrics import zeroshot_classification, zeroshot_retrieval
 
 from mm_lightning.cli import cli_main, main
-from mm_lightning.commands.evaluate import markdown_tables, prompt_templates, read_list
+from mm_lightning.commands.evaluate import (
+    NotComparable,
+    add_uncertainty,
+    figures_of,
+    markdown_tables,
+    prompt_templates,
+    queries_file,
+    read_list,
+    read_queries,
+)
 from mm_lightning.data.collate import load_tokenizer
 from mm_lightning.data.images import decode_image_file
 from mm_lightning.data.transforms import Normalize, eval_transform
+from mm_lightning.evaluation.intervals import Bootstrap, paired_differences
 from mm_lightning.models import DualEncoder
 from tests.conftest import DEMO_CONFIG, TinyRun, callback_args, tiny_demo_args
 from tests.test_process_exit import run_or_report_hang
@@ -257,6 +269,7 @@ def test_two_processes_give_the_same_results(
     assert done.returncode == 0, done.stdout[-5000:]
     assert "| test | 24 | 48 |" in done.stdout and "| colors | 24 |" in done.stdout  # the tables are printed
     assert read_results(out / "two")["metrics"] == results["metrics"]
+    assert read_results(out / "two")["intervals"] == results["intervals"]  # the same queries, resampled alike
     one, two = (read_results(out / d, "zeroshot_classification") for d in ("results", "two"))
     assert two["metrics"] == pytest.approx(one["metrics"], abs=1e-6)
     name = "test+itm_rerank48_zeroshot_retrieval.json"
@@ -275,3 +288,100 @@ def test_templates_by_name_file_or_list(tmp_path: Path) -> None:
     names = tmp_path / "classes.json"
     names.write_text('["tench", "goldfish"]')
     assert read_list([str(names)]) == ["tench", "goldfish"] and read_list(["cat", "dog"]) == ["cat", "dog"]
+
+
+def test_each_figure_has_its_interval_and_the_queries_give_back_the_figures(
+    evaluated: tuple[dict, dict, Path],
+) -> None:
+    results, _, out = evaluated
+    for task, keys in (
+        ("zeroshot_retrieval", {f"{d}_retrieval_recall@{k}" for d in ("image", "text") for k in KS}),
+        ("zeroshot_classification", {"acc1", "acc5", "mean_per_class_recall"}),
+    ):
+        dump = read_results(out / "results", task)
+        assert set(dump["intervals"]) == keys
+        assert dump["bootstrap"] | {"unit": None} == {
+            "resamples": 1000, "seed": 0, "confidence": 0.95, "method": "percentile", "unit": None,
+        }  # fmt: skip
+        for key, (low, high) in dump["intervals"].items():
+            assert low <= dump["metrics"][key] <= high, key
+        assert any(low < high for low, high in dump["intervals"].values())  # 24 images leave room
+        # the stored per-query outcomes give back the point estimates (CLIP_benchmark's, checked above)
+        queries = read_queries(out / "results" / queries_file(f"{dump['dataset']}_{task}.json"), task)
+        for key, value in figures_of(task, queries).values().items():
+            assert value == pytest.approx(dump["metrics"][key], abs=1e-6), key  # theirs: float32
+    table = (out / "results" / "results.md").read_text()
+    assert (
+        "95 % intervals (%): bootstrap over the test images (an image with its captions), 1000 resamples"
+        in table
+    )
+    low, high = results["intervals"]["image_retrieval_recall@1"]
+    assert f"| test | {100 * low:.2f}–{100 * high:.2f} |" in table
+
+
+def test_a_checkpoint_compared_with_itself_differs_by_exactly_zero(
+    tiny_run: TinyRun, evaluated: tuple[dict, dict, Path]
+) -> None:
+    _, _, out = evaluated
+    ckpt = str(tiny_run.checkpoint_dir / "last.ckpt")
+    again = ["--ckpt_path", ckpt, "--output", str(out / "again"), "--compare_to", str(out / "results")]
+    assert (
+        main(["evaluate", *tiny_demo_args(tiny_run.root), *again, "--zeroshot", str(out / "colors.jsonl")])
+        == 0
+    )
+    for task in ("zeroshot_retrieval", "zeroshot_classification"):
+        comparison = read_results(out / "again", task)["comparison"]
+        assert comparison["baseline"]["pretrained"] == ckpt
+        for figure in comparison["figures"].values():
+            assert figure == {
+                "difference": 0.0,
+                "interval": [0.0, 0.0],
+                "share_better": 0.0,
+                "share_worse": 0.0,
+            }
+    assert "Inside the noise (the interval holds 0" in (out / "again" / "results.md").read_text()
+
+
+def test_two_scorers_of_the_same_queries_are_paired(
+    evaluated: tuple[dict, dict, Path], reranked: Path
+) -> None:
+    """The matching head's re-ranking against the plain ranking, both of the same captions and images."""
+    task = "zeroshot_retrieval"
+    plain = read_queries(reranked / queries_file(f"test_{task}.json"), task)
+    again = read_queries(reranked / queries_file(f"test+itm_rerank48_{task}.json"), task)
+    for key in ("caption_index", "caption_image_id", "image_id"):
+        assert np.array_equal(plain[key], again[key])
+    differences = paired_differences(
+        figures_of(task, again), figures_of(task, plain), Bootstrap(resamples=200)
+    )
+    assert any(d["difference"] != 0 for d in differences.values())  # the head re-scored every candidate
+    for d in differences.values():
+        assert d["interval"][0] <= d["difference"] <= d["interval"][1]
+        assert d["share_better"] + d["share_worse"] <= 1
+
+
+def test_comparing_other_queries_or_a_file_that_is_not_data_is_refused(
+    evaluated: tuple[dict, dict, Path], tmp_path: Path
+) -> None:
+    results, _, out = evaluated
+    task = "zeroshot_retrieval"
+    name = f"test_{task}.json"
+    ours = read_queries(out / "results" / queries_file(name), task)
+    options = argparse.Namespace(
+        bootstrap_resamples=100, bootstrap_seed=0, confidence=0.95, compare_to=str(out / "results")
+    )
+    add_uncertainty({name: dict(results)}, {name: ours}, options)  # the same queries pair
+    fewer = {
+        key: value[1:] if key.startswith("caption") or key == "t2i_rank" else value
+        for key, value in ours.items()
+    }
+    with pytest.raises(NotComparable, match="other queries than this test set"):
+        add_uncertainty({name: dict(results)}, {name: fewer}, options)
+    with pytest.raises(NotComparable, match="holds none of"):
+        add_uncertainty(
+            {"other_zeroshot_retrieval.json": dict(results)}, {"other_zeroshot_retrieval.json": ours}, options
+        )
+    pickled = tmp_path / queries_file(name)
+    np.savez(pickled, **{**ours, "t2i_rank": np.array([object()] * len(ours["t2i_rank"]))})
+    with pytest.raises(NotComparable, match=f"{pickled}: not a queries file"):
+        read_queries(pickled, task)

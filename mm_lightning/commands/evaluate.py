@@ -7,7 +7,12 @@ is. CLIP_benchmark names them by what is retrieved: ``image_retrieval_recall@k``
 ``acc5`` and ``mean_per_class_recall`` of a classifier built from class names and prompt templates.
 
 Each task is written in CLIP_benchmark's result layout (``<output>/<dataset>_<task>.json``; ``clip_benchmark build``
-reads it), and all of them as ``<output>/results.md``.
+reads it), and all of them as ``<output>/results.md``. Beside CLIP_benchmark's keys, each figure gets a bootstrap
+interval over the test images (``intervals``, drawn as ``bootstrap`` says; see
+:mod:`mm_lightning.evaluation.intervals`), and each query's outcome is kept in ``<dataset>_<task>.queries.npz``, so
+that a later evaluation of another checkpoint on the same test set can be compared with this one
+(``--compare_to``): the difference of each figure, its interval over the same resampled images, and how often
+each checkpoint came out ahead.
 """
 
 from __future__ import annotations
@@ -19,10 +24,21 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 
 from mm_lightning import ExplainedError
 from mm_lightning.callbacks.run_report import sha256_of
+from mm_lightning.evaluation.intervals import (
+    CLASSIFICATION_UNIT,
+    RETRIEVAL_UNIT,
+    Bootstrap,
+    Figures,
+    classification_figures,
+    intervals,
+    paired_differences,
+    retrieval_figures,
+)
 from mm_lightning.evaluation.metrics import DEFAULT_KS, Ranks
 
 RETRIEVAL = "zeroshot_retrieval"
@@ -33,6 +49,17 @@ TEMPLATE_SETS = {"openai": "openai_imagenet_templates.json"}
 
 class NoTestSplit(ExplainedError, ValueError):
     """``evaluate`` has no test split to score: none was given, or it gave no batch."""
+
+
+class NotComparable(ExplainedError, ValueError):
+    """``--compare_to`` names a folder whose evaluation cannot be paired with this one's."""
+
+
+# what a queries file holds per task: the arrays that say who the queries are, then their outcomes
+QUERY_KEYS = {
+    RETRIEVAL: (("caption_index", "caption_image_id", "image_id"), ("t2i_rank", "i2t_rank")),
+    CLASSIFICATION: (("index", "label"), ()),  # and acc<k> per top-k accuracy
+}
 
 
 def clip_benchmark_retrieval(ranks: Ranks, ks: tuple[int, ...] = DEFAULT_KS) -> dict[str, float]:
@@ -93,6 +120,19 @@ def build_parser() -> argparse.ArgumentParser:
         " fusion.rerank_k)",
     )
     parser.add_argument(
+        "--bootstrap_resamples",
+        type=int,
+        default=1000,
+        help="resamples of the test images behind each figure's interval (0: no intervals)",
+    )
+    parser.add_argument("--bootstrap_seed", type=int, default=0, help="seed of the resamples")
+    parser.add_argument("--confidence", type=float, default=0.95, help="confidence level of the intervals")
+    parser.add_argument(
+        "--compare_to",
+        help="output folder of an earlier evaluate on the same test set: each figure's difference from it, with"
+        " a paired bootstrap interval",
+    )
+    parser.add_argument(
         "--templates",
         nargs="*",
         help="prompt templates with {}, a .json/.txt file of them, or openai (default)",
@@ -106,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     options, test_args = parser.parse_known_args(argv)
+    if options.compare_to is not None and options.bootstrap_resamples < 1:
+        parser.error("--compare_to needs --bootstrap_resamples of at least 1")
+    if options.bootstrap_resamples:
+        Bootstrap(options.bootstrap_resamples, options.bootstrap_seed, options.confidence)  # checked up front
 
     class EvaluateCLI(MultimodalCLI):
         """``test``'s options and checkpoint handling; the run scores and writes the results."""
@@ -165,6 +209,7 @@ def run_evaluation(
         "captions": int(ranks.t2i.numel()),
     }
     results = {f"{dump['dataset']}_{RETRIEVAL}.json": dump}
+    queries = {f"{dump['dataset']}_{RETRIEVAL}.json": retrieval_queries(ranks)}
     reranked = model.evaluation.last_reranked
     if reranked is not None:
         k = model.evaluation.reranker.k
@@ -175,21 +220,133 @@ def run_evaluation(
             "metrics": clip_benchmark_retrieval(reranked),
             "rerank": {"k": k, "score": "matching head's match logit + cosine similarity"},
         }
+        queries[f"{name}_{RETRIEVAL}.json"] = retrieval_queries(reranked)
     if classifier is not None:
         zs_dump = {**dump, "dataset": classifier.name, "task": CLASSIFICATION, "metrics": classifier.scores}
         zs_dump.update(images=len(classifier.images.paths), classes=len(classifier.images.classnames))
         del zs_dump["captions"]
         results[f"{classifier.name}_{CLASSIFICATION}.json"] = zs_dump
+        queries[f"{classifier.name}_{CLASSIFICATION}.json"] = {
+            key: value.cpu().numpy() for key, value in classifier.last_outcomes.items()
+        }
+    if options.bootstrap_resamples:
+        add_uncertainty(results, queries, options)
     if trainer.is_global_zero:
-        write_results(Path(options.output), results)
+        write_results(Path(options.output), results, queries)
     return results
 
 
-def write_results(folder: Path, results: dict[str, dict[str, Any]]) -> None:
-    """One JSON per task and ``results.md``, a table per task (also printed)."""
+def retrieval_queries(ranks: Ranks) -> dict[str, np.ndarray]:
+    """Who each query is (caption: dataset index and image id; image: id) and where its answer ranked."""
+    assert (
+        ranks.caption_index is not None and ranks.image_ids is not None
+    )  # the evaluation's ranks carry both
+    image_ids = ranks.image_ids.cpu().numpy()
+    return {
+        "caption_index": ranks.caption_index.cpu().numpy(),
+        "caption_image_id": image_ids[ranks.column.cpu().numpy()],
+        "image_id": image_ids,
+        "t2i_rank": ranks.t2i.cpu().numpy(),
+        "i2t_rank": ranks.i2t.cpu().numpy(),
+    }
+
+
+def figures_of(task: str, queries: dict[str, np.ndarray]) -> Figures:
+    """The figures of a task's queries, per resampled unit (an image)."""
+    if task == RETRIEVAL:
+        column = np.searchsorted(queries["image_id"], queries["caption_image_id"])
+        return retrieval_figures(queries["t2i_rank"], queries["i2t_rank"], column)
+    accuracies = {key: queries[key] for key in queries if key.startswith("acc")}
+    return classification_figures(queries["label"], accuracies)
+
+
+def add_uncertainty(
+    results: dict[str, dict[str, Any]], queries: dict[str, dict[str, np.ndarray]], options: argparse.Namespace
+) -> None:
+    """Each result's ``intervals`` and ``bootstrap``, and with ``--compare_to`` its ``comparison``."""
+    bootstrap = Bootstrap(options.bootstrap_resamples, options.bootstrap_seed, options.confidence)
+    for file_name, dump in results.items():
+        figures = figures_of(dump["task"], queries[file_name])
+        dump["intervals"] = intervals(figures, bootstrap)
+        dump["bootstrap"] = bootstrap.record(
+            RETRIEVAL_UNIT if dump["task"] == RETRIEVAL else CLASSIFICATION_UNIT
+        )
+    if options.compare_to is None:
+        return
+    baseline = Path(options.compare_to)
+    compared = [name for name in results if (baseline / queries_file(name)).is_file()]
+    if not compared:
+        raise NotComparable(
+            f"--compare_to {baseline}: it holds none of {', '.join(queries_file(n) for n in results)}; give the"
+            " --output folder of an evaluate of the same test set (with the same --dataset_name)"
+        )
+    for file_name in compared:
+        dump = results[file_name]
+        theirs = read_queries(baseline / queries_file(file_name), dump["task"])
+        ours = queries[file_name]
+        for key in QUERY_KEYS[dump["task"]][0]:
+            if not np.array_equal(ours[key], theirs[key]):
+                raise NotComparable(
+                    f"--compare_to {baseline}: {queries_file(file_name)} scores other queries than this test set"
+                    f" ({key} differs): a paired comparison needs the same test set"
+                )
+        other = json.loads((baseline / file_name).read_text(encoding="utf-8"))
+        dump["comparison"] = {
+            "baseline": {
+                "folder": str(baseline),
+                "pretrained": other.get("pretrained"),
+                "checkpoint_sha256": other.get("checkpoint_sha256"),
+                "metrics": {name: other.get("metrics", {}).get(name) for name in dump["intervals"]},
+            },
+            "figures": paired_differences(
+                figures_of(dump["task"], ours), figures_of(dump["task"], theirs), bootstrap
+            ),
+        }
+
+
+def queries_file(result_file: str) -> str:
+    """The queries file beside a result file (not ``.json``: a glob of the results does not pick it up)."""
+    return result_file.removesuffix(".json") + ".queries.npz"
+
+
+def read_queries(path: Path, task: str) -> dict[str, np.ndarray]:
+    """A queries file, as data only (no pickled objects), checked to hold the task's arrays of one length each."""
+    try:
+        with np.load(path, allow_pickle=False) as stored:
+            arrays = {key: stored[key] for key in stored.files}
+    except (OSError, ValueError) as err:
+        raise NotComparable(f"{path}: not a queries file of evaluate ({err})") from err
+    identity, outcomes = QUERY_KEYS[task]
+    accuracies = [key for key in arrays if key.startswith("acc")] if task == CLASSIFICATION else []
+    missing = [key for key in (*identity, *outcomes) if key not in arrays]
+    if missing or (task == CLASSIFICATION and "acc1" not in arrays):
+        raise NotComparable(
+            f"{path}: not a queries file of a {task} evaluation (missing {missing or ['acc1']})"
+        )
+    for key in (*identity, *outcomes, *accuracies):
+        if arrays[key].ndim != 1 or arrays[key].dtype.kind not in "biu":
+            raise NotComparable(f"{path}: {key} is not a list of integers")
+    lengths = (
+        {"captions": ("caption_index", "caption_image_id", "t2i_rank"), "images": ("image_id", "i2t_rank")}
+        if task == RETRIEVAL
+        else {"images": ("index", "label", *accuracies)}
+    )
+    for what, keys in lengths.items():
+        if len({len(arrays[key]) for key in keys}) != 1:
+            raise NotComparable(f"{path}: {', '.join(keys)} give different numbers of {what}")
+    if task == RETRIEVAL and not np.isin(arrays["caption_image_id"], arrays["image_id"]).all():
+        raise NotComparable(f"{path}: some captions refer to an image that is not among its images")
+    return arrays
+
+
+def write_results(
+    folder: Path, results: dict[str, dict[str, Any]], queries: dict[str, dict[str, np.ndarray]]
+) -> None:
+    """One JSON and one queries file per task, and ``results.md``, a table per task (also printed)."""
     folder.mkdir(parents=True, exist_ok=True)
     for file_name, dump in results.items():
         (folder / file_name).write_text(json.dumps(dump, indent=2) + "\n", encoding="utf-8")
+        np.savez(folder / queries_file(file_name), **queries[file_name])
     table = markdown_tables(list(results.values()))
     (folder / "results.md").write_text(table, encoding="utf-8")
     print(table + f"\nwritten to {folder}/", flush=True)
@@ -199,9 +356,22 @@ def _percent(value: float) -> str:
     return "n/a" if math.isnan(value) else f"{100 * value:.2f}"
 
 
+def _interval(bounds: list[float] | None) -> str:
+    return "n/a" if bounds is None else f"{_percent(bounds[0])}–{_percent(bounds[1])}"
+
+
+def figure_label(name: str) -> str:
+    """A result key in words: ``image_retrieval_recall@1`` is text→image R@1, ``acc5`` top-5."""
+    if "_retrieval_recall@" in name:
+        way = "text→image" if name.startswith("image") else "image→text"
+        return f"{way} R@{name.split('@')[1]}"
+    return {"mean_per_class_recall": "mean per-class recall"}.get(name, name.replace("acc", "top-"))
+
+
 def markdown_tables(dumps: list[dict[str, Any]]) -> str:
     """Retrieval: recall@k (%) and ranks both ways; zero-shot: top-1/top-5 accuracy and mean per-class recall (%);
-    first the checkpoint the figures came from, by path and SHA-256."""
+    first the checkpoint the figures came from, by path and SHA-256; then the intervals and the comparison, if
+    the results hold them."""
     tables = [
         f"checkpoint: {path}" + (f" (SHA-256 {sha})" if sha else "")
         for path, sha in dict.fromkeys((d.get("pretrained"), d.get("checkpoint_sha256")) for d in dumps)
@@ -211,7 +381,8 @@ def markdown_tables(dumps: list[dict[str, Any]]) -> str:
     if retrieval:
         names = retrieval[0]["metrics"]
         ks = sorted(int(k.split("@")[1]) for k in names if k.startswith("image_retrieval_recall"))
-        recalls = " | ".join(f"{way} R@{k}" for way in ("text→image", "image→text") for k in ks)
+        recall_keys = [f"{what}_retrieval_recall@{k}" for what in ("image", "text") for k in ks]
+        recalls = " | ".join(figure_label(key) for key in recall_keys)
         lines = [
             f"| dataset | images | captions | {recalls} | text→image rank (mean / median) |"
             " image→text rank (mean / median) |",
@@ -219,13 +390,14 @@ def markdown_tables(dumps: list[dict[str, Any]]) -> str:
         ]
         for d in retrieval:
             m = d["metrics"]
-            cells = [_percent(m[f"{what}_retrieval_recall@{k}"]) for what in ("image", "text") for k in ks]
+            cells = [_percent(m[key]) for key in recall_keys]
             for what in ("image", "text"):
                 cells.append(
                     f"{m[f'{what}_retrieval_mean_rank']:.1f} / {m[f'{what}_retrieval_median_rank']:g}"
                 )
             lines.append(f"| {d['dataset']} | {d['images']} | {d['captions']} | " + " | ".join(cells) + " |")
         tables.append("\n".join(lines))
+        tables += interval_table(retrieval, recall_keys)
     classification = [d for d in dumps if d["task"] == CLASSIFICATION]
     if classification:
         lines = [
@@ -237,4 +409,61 @@ def markdown_tables(dumps: list[dict[str, Any]]) -> str:
             cells = [_percent(m.get(k, math.nan)) for k in ("acc1", "acc5", "mean_per_class_recall")]
             lines.append(f"| {d['dataset']} | {d['images']} | {d['classes']} | " + " | ".join(cells) + " |")
         tables.append("\n".join(lines))
+        tables += interval_table(classification, ["acc1", "acc5", "mean_per_class_recall"])
+    tables += [comparison_table(d) for d in dumps if "comparison" in d]
     return "\n\n".join(tables) + "\n"
+
+
+def interval_table(dumps: list[dict[str, Any]], keys: list[str]) -> list[str]:
+    """The intervals of ``dumps`` that have them, one row each (none: no table)."""
+    dumps = [d for d in dumps if "intervals" in d]
+    if not dumps:
+        return []
+    drawn = dumps[0]["bootstrap"]
+    lines = [
+        f"{100 * drawn['confidence']:g} % intervals (%): bootstrap over the test images ({drawn['unit']}),"
+        f" {drawn['resamples']} resamples, seed {drawn['seed']}",
+        "",
+        "| dataset | " + " | ".join(figure_label(key) for key in keys) + " |",
+        "|---|" + "---:|" * len(keys),
+    ]
+    for d in dumps:
+        lines.append(
+            f"| {d['dataset']} | " + " | ".join(_interval(d["intervals"].get(k)) for k in keys) + " |"
+        )
+    return ["\n".join(lines)]
+
+
+def comparison_table(dump: dict[str, Any]) -> str:
+    """Each figure of ``dump`` against the baseline's: the difference in points, its paired interval, how often
+    this checkpoint came out ahead; then in words which differences are inside the noise."""
+    comparison, confidence = dump["comparison"], dump["bootstrap"]["confidence"]
+    baseline = comparison["baseline"]
+    lines = [
+        f"{dump['dataset']}: this checkpoint against {baseline['pretrained'] or baseline['folder']} on the same"
+        f" queries (points; {100 * confidence:g} % paired bootstrap interval)",
+        "",
+        "| figure | this | baseline | difference | interval | this ahead in | baseline ahead in |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    inside, outside = [], []
+    for name, figure in comparison["figures"].items():
+        low, high = figure["interval"]
+        theirs = baseline["metrics"].get(name)
+        lines.append(
+            f"| {figure_label(name)} | {_percent(dump['metrics'][name])} |"
+            f" {'n/a' if theirs is None else _percent(theirs)} | {100 * figure['difference']:+.2f} |"
+            f" {100 * low:+.2f} to {100 * high:+.2f} | {100 * figure['share_better']:.1f} % |"
+            f" {100 * figure['share_worse']:.1f} % |"
+        )
+        if low <= 0 <= high:
+            inside.append(figure_label(name))
+        else:
+            outside.append(f"{figure_label(name)} ({'higher' if low > 0 else 'lower'})")
+    words = [
+        f"Outside the noise (the interval leaves out 0): {', '.join(outside)}." if outside else "",
+        f"Inside the noise (the interval holds 0, so this test set cannot tell the two apart): {', '.join(inside)}."
+        if inside
+        else "",
+    ]
+    return "\n".join(lines) + "\n\n" + " ".join(w for w in words if w)

@@ -69,6 +69,10 @@ class Ranks:
     t2i: Tensor  # (captions,): candidates of other images scoring >= the caption's own image
     i2t: Tensor  # (images,): captions of other images scoring >= the image's best caption
     alignment_gap: Tensor
+    column: Tensor  # (captions,): each caption's image, a position in ``i2t``
+    # who the queries are, to pair them with another evaluation's (sorted dataset index; sorted image id)
+    caption_index: Tensor | None = None
+    image_ids: Tensor | None = None
 
     def metrics(self, ks: tuple[int, ...] = DEFAULT_KS) -> dict[str, Tensor]:
         """``r{k}_t2i``, ``r{k}_i2t`` (recall@k: the share of queries whose answer ranks below k), ``alignment_gap``."""
@@ -106,7 +110,7 @@ def retrieval_ranks(
         i2t_rank += ((sim >= best_positive[None, :]) & wrong).sum(0)
     n_neg = n_text * n_img - n_text
     neg_mean = (total_sum - pos_sum) / n_neg if n_neg > 0 else torch.zeros((), device=device)
-    return Ranks(t2i_rank, i2t_rank, pos_sum / n_text - neg_mean)
+    return Ranks(t2i_rank, i2t_rank, pos_sum / n_text - neg_mean, column)
 
 
 class RetrievalMetrics(Metric):
@@ -152,7 +156,7 @@ class RetrievalMetrics(Metric):
             return self._ranks()
 
     def _ranks(self) -> Ranks:
-        _, keep, _ = first_occurrence(dim_zero_cat(self.index))
+        caption_index, keep, _ = first_occurrence(dim_zero_cat(self.index))
         text, text_ids = dim_zero_cat(self.text)[keep], dim_zero_cat(self.text_image_id)[keep]
         stored_ids, images, _ = dedup_images(dim_zero_cat(self.image), dim_zero_cat(self.image_id))
         wanted, column = torch.unique(text_ids, sorted=True, return_inverse=True)
@@ -160,6 +164,8 @@ class RetrievalMetrics(Metric):
         if len(stored_ids) == 0 or not torch.equal(stored_ids[slot], wanted):
             raise ValueError("RetrievalMetrics: some captions refer to images that were never added")
         images = images[slot]
-        return retrieval_ranks(
+        ranks = retrieval_ranks(
             lambda s, e: text[s:e] @ images.T, text.shape[0], images.shape[0], column, self.chunk_size
         )
+        ranks.caption_index, ranks.image_ids = caption_index, wanted
+        return ranks

@@ -77,7 +77,8 @@ class Reranker:
 
     def _ranks(self, itm: ImageTextMatching, alignment_gap: Tensor, chunk_size: int) -> Ranks:
         length = max(r["tokens"].shape[1] for r in self.rows)
-        order = torch.cat([r["index"] for r in self.rows]).argsort()
+        index = torch.cat([r["index"] for r in self.rows])
+        order = index.argsort()
         text = torch.cat([r["text"] for r in self.rows])[order]
         tokens = torch.cat([F.pad(r["tokens"], (0, 0, 0, length - r["tokens"].shape[1])) for r in self.rows])
         mask = torch.cat([F.pad(r["mask"], (0, length - r["mask"].shape[1])) for r in self.rows])
@@ -86,7 +87,8 @@ class Reranker:
         images = torch.stack([self.images[i][0] for i in image_ids])
         image_tokens = torch.stack([self.images[i][1] for i in image_ids])
         ids = torch.cat([r["ids"] for r in self.rows])[order]
-        column = torch.searchsorted(torch.tensor(image_ids, device=ids.device), ids)
+        sorted_ids = torch.tensor(image_ids, device=ids.device)
+        column = torch.searchsorted(sorted_ids, ids)
 
         def match(image_rows: Tensor, text_rows: Tensor) -> Tensor:
             out = []
@@ -114,7 +116,7 @@ class Reranker:
             positive = column[None, :] == queries[:, None]
             best = scores.masked_fill(~positive, float("-inf")).amax(1, keepdim=True)
             i2t[queries] = ((scores >= best) & ~positive).sum(1)
-        return Ranks(t2i, i2t, alignment_gap)
+        return Ranks(t2i, i2t, alignment_gap, column, index[order], sorted_ids)
 
     def _top(self, similarity: Tensor) -> Tensor:
         return similarity.topk(min(self.k, similarity.shape[1]), dim=1).indices

@@ -31,6 +31,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor, nn
 from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
+from torchmetrics.utilities import dim_zero_cat
 from typing_extensions import override
 
 from mm_lightning.data.images import decode_image_file
@@ -52,9 +53,42 @@ class MeanPerClassRecall(MulticlassConfusionMatrix):
         return (matrix.diagonal()[present] / support[present]).float().mean()
 
 
+def accuracy_ks(num_classes: int) -> list[int]:
+    """The top-k accuracies CLIP_benchmark reports: top-1, and top-5 from 5 classes on."""
+    return [k for k in (1, 5) if k <= num_classes]
+
+
+class ImageOutcomes(Metric):
+    """Each image's label and whether each top-k holds it, over all ranks in image order: what a bootstrap of the
+    accuracies resamples."""
+
+    full_state_update = False
+
+    def __init__(self, ks: Sequence[int], **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.ks = list(ks)
+        for name in ("index", "label", "hits"):
+            self.add_state(name, default=[], dist_reduce_fx="cat")
+
+    def update(self, logits: Tensor, target: Tensor, index: Tensor) -> None:
+        top = logits.topk(max(self.ks), dim=1).indices
+        self.index.append(index)
+        self.label.append(target)
+        self.hits.append(torch.stack([(top[:, :k] == target[:, None]).any(1) for k in self.ks], 1))
+
+    def compute(self) -> dict[str, Tensor]:
+        """``index`` (sorted), ``label`` and ``acc<k>`` (0/1) per image."""
+        index = dim_zero_cat(self.index)
+        order = index.argsort()
+        hits = dim_zero_cat(self.hits)[order]
+        return {"index": index[order], "label": dim_zero_cat(self.label)[order]} | {
+            f"acc{k}": hits[:, i] for i, k in enumerate(self.ks)
+        }
+
+
 def classification_metrics(num_classes: int) -> dict[str, Metric]:
     """CLIP_benchmark's: ``acc1``, ``acc5`` (from 5 classes on) and ``mean_per_class_recall`` (balanced accuracy)."""
-    ks = [k for k in (1, 5) if k <= num_classes]
+    ks = accuracy_ks(num_classes)
     metrics: dict[str, Metric] = {
         f"acc{k}": MulticlassAccuracy(num_classes, top_k=k, average="micro") for k in ks
     }
@@ -184,7 +218,9 @@ class ZeroShotEvaluation(Callback):
         self.batch_size = batch_size
         self.image_size = image_size
         self.metrics = classification_metrics(len(self.images.classnames))
+        self.outcomes = ImageOutcomes(accuracy_ks(len(self.images.classnames)))
         self.scores: dict[str, float] = {}  # the last evaluation's, by CLIP_benchmark's names
+        self.last_outcomes: dict[str, Tensor] = {}  # and its per-image outcomes
 
     @override
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -211,8 +247,10 @@ class ZeroShotEvaluation(Callback):
             trainer.global_rank,
             trainer.world_size,
             interpolation=getattr(data, "interpolation", "bilinear"),
+            outcomes=self.outcomes,
         )
         self.scores = {key: float(value) for key, value in scores.items()}
+        self.last_outcomes = self.outcomes.compute()
         for key, value in scores.items():
             logged = key.replace("acc", "top") if key.startswith("acc") else key
             pl_module.log(f"zeroshot/{self.name}/{logged}", value, batch_size=len(self.images.paths))
@@ -232,16 +270,17 @@ def evaluate(
     rank: int = 0,
     world_size: int = 1,
     interpolation: str = "bilinear",
+    outcomes: ImageOutcomes | None = None,
 ) -> dict[str, Tensor]:
     """The ``metrics`` (e.g. :func:`classification_metrics`) of zero-shot classification of a :class:`~mm_lightning.models.DualEncoder`; rank ``r``
-    scores images ``r, r + world_size, ...``."""
+    scores images ``r, r + world_size, ...``. ``outcomes``, if given, collects each image's."""
     device = next(module.parameters()).device
     was_training = module.training
     module.eval()
     classifier = class_embeddings(module, tokenizer, images.classnames, templates, max_length)
     resize, normalize = eval_transform(image_size, interpolation=interpolation), normalize.to(device)
     mine = list(range(rank, len(images.paths), world_size))
-    for metric in metrics.values():
+    for metric in [*metrics.values(), *([outcomes] if outcomes is not None else [])]:
         metric.to(device).reset()
     for start in range(0, len(mine), batch_size):
         chunk = mine[start : start + batch_size]
@@ -250,6 +289,8 @@ def evaluate(
         target = torch.tensor([images.labels[i] for i in chunk], device=device)
         for metric in metrics.values():
             metric.update(logits, target)
+        if outcomes is not None:
+            outcomes.update(logits, target, torch.tensor(chunk, device=device))
     scores = {k: metric.compute() for k, metric in metrics.items()}  # sums the counts over ranks
     module.train(was_training)
     return scores
