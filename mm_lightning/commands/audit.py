@@ -7,9 +7,12 @@ through the same checks as training (:class:`~mm_lightning.data.jsonl.RecordPars
 :class:`~mm_lightning.data.samples.SampleBuilder` for each image, in a process pool), so a record the audit
 passes is one ``fit`` accepts and vice versa. Tokenizes every caption and writes a JSON report with bad records
 by kind (with examples naming file, line and reason), missing/undecodable images, empty and overlong captions,
-duplicate images and captions, and histograms of image size/mode and caption length. Splits read from WebDataset
+duplicate images and captions, and histograms of image size/mode and caption length; then the leakage between
+the splits (:mod:`~mm_lightning.commands.leakage`: an image of a later split found in an earlier one by path, by
+content or as a near-copy, and the captions two splits share). Splits read from WebDataset
 shards are scanned one process per shard (:func:`audit_shards`), with the same fields but the image modes. Exits 1
-when errors exceed ``--audit.max_error_rate`` or a split has no valid record. :func:`run_audit` is the audit,
+when errors exceed ``--audit.max_error_rate`` or a split has no valid record, or with
+``--audit.fail_on_leakage true`` when an image is in two splits. :func:`run_audit` is the audit,
 :func:`main` the command.
 """
 
@@ -26,9 +29,10 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
+from mm_lightning.commands.leakage import NEAR_COPY_BITS, SplitImages, image_hashes, leakage_report
 from mm_lightning.data.collate import load_tokenizer
 from mm_lightning.data.datamodule import MultimodalDataModule
-from mm_lightning.data.images import pil_guard_lifted
+from mm_lightning.data.images import ImageDecodeError, pil_guard_lifted
 from mm_lightning.data.jsonl import check_utf8
 from mm_lightning.data.pools import process_pool, splits_with_files
 from mm_lightning.data.records import Record, RecordError
@@ -52,12 +56,18 @@ def inspect_image(path: str, builder: SampleBuilder) -> dict[str, Any]:
         with pil_guard_lifted(), Image.open(path) as img:  # the size was checked by the decode above
             mode = img.mode
         with open(path, "rb") as f:
-            digest = hashlib.blake2b(f.read(), digest_size=16).hexdigest()
+            data = f.read()
+        digest = hashlib.blake2b(data, digest_size=16).hexdigest()
+        hashes = image_hashes(data)  # the size was checked by the decode above
     except RecordError as err:
         return {"ok": False, "kind": err.kind, "reason": err.reason}
-    except OSError as err:  # read again after a successful decode: the file changed meanwhile
+    except (
+        OSError,
+        ImageDecodeError,
+    ) as err:  # read again after a successful decode: the file changed meanwhile
         return {"ok": False, "kind": "undecodable_image", "reason": f"unreadable ({err})"}
-    return {"ok": True, "height": image.shape[1], "width": image.shape[2], "mode": mode, "hash": digest}
+    shape = {"height": image.shape[1], "width": image.shape[2]}
+    return {"ok": True, **shape, "mode": mode, "hash": digest, "perceptual": hashes}
 
 
 def histogram(values: list[int], edges: tuple[int, ...]) -> dict[str, int]:
@@ -125,7 +135,7 @@ def caption_report(captions: list[str], tokenizer: str, max_length: int) -> dict
     }
 
 
-def _image_report(scan: SplitScan, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def _image_report(scan: SplitScan, results: dict[str, dict[str, Any]], found: SplitImages) -> dict[str, Any]:
     bad_images: Counter = Counter()
     modes: Counter = Counter()
     sides: list[int] = []
@@ -140,6 +150,7 @@ def _image_report(scan: SplitScan, results: dict[str, dict[str, Any]]) -> dict[s
         modes[res["mode"]] += 1
         sides.append(min(res["height"], res["width"]))
         by_hash[res["hash"]].append(path)
+        found.add(path, res["hash"], res["perceptual"])
     return {
         "images": len(scan.images),
         "missing_images": bad_images["missing_image"],
@@ -152,8 +163,14 @@ def _image_report(scan: SplitScan, results: dict[str, dict[str, Any]]) -> dict[s
     }
 
 
-def audit(dm: MultimodalDataModule, splits: list[str], workers: int, progress: bool) -> dict[str, Any]:
-    """Scan ``splits`` of ``dm`` and return the report (a JSON-able dict)."""
+def audit(
+    dm: MultimodalDataModule,
+    splits: list[str],
+    workers: int,
+    progress: bool,
+    near_copy_bits: int = NEAR_COPY_BITS,
+) -> dict[str, Any]:
+    """Scan ``splits`` of ``dm`` and return the report (a JSON-able dict), with the leakage between them."""
     hp = dm.hparams
     # Splits read from WebDataset shards have their own scan (audit_shards).
     shard_splits = [s for s in splits if getattr(dm, "shard_specs", {}).get(s) is not None]
@@ -172,8 +189,10 @@ def audit(dm: MultimodalDataModule, splits: list[str], workers: int, progress: b
     report: dict[str, Any] = {"splits": {}}
     total_records = total_errors = 0
     empty = []
+    found: dict[str, SplitImages] = {}
     for split, scan in scans.items():
-        images = _image_report(scan, results[split])
+        found[split] = SplitImages(captions=scan.captions)
+        images = _image_report(scan, results[split], found[split])
         errors = sum(scan.bad_lines.values())
         if scan.records == errors:
             empty.append(split)
@@ -190,13 +209,18 @@ def audit(dm: MultimodalDataModule, splits: list[str], workers: int, progress: b
         }
         total_records, total_errors = total_records + scan.records, total_errors + errors
     for split in shard_splits:
-        rep = report["splits"][split] = audit_shards(dm, split, workers, progress)
+        found[split] = SplitImages()
+        rep = report["splits"][split] = audit_shards(dm, split, workers, progress, found[split])
         total_records, total_errors = total_records + rep["records"], total_errors + rep["errors"]
         if rep["records"] == rep["errors"]:
             empty.append(split)
     report["records"], report["errors"] = total_records, total_errors
     report["error_rate"] = total_errors / total_records if total_records else 0.0
     report["splits_without_valid_records"] = empty
+    order = [
+        s for s in splits if s in found
+    ]  # train first: a later split's images are looked for in earlier ones
+    report["leakage"] = leakage_report({s: found[s] for s in order}, near_copy_bits)
     return report
 
 
@@ -207,9 +231,12 @@ def run_audit(
     splits: list[str] | tuple[str, ...] = ("train", "val", "test"),
     workers: int | None = None,
     progress: bool = True,
+    fail_on_leakage: bool = False,
+    near_copy_bits: int = NEAR_COPY_BITS,
 ) -> dict[str, Any]:
     """Audit ``dm``'s splits, print a summary, optionally write the JSON report; ``report["exit_code"]`` is 1
-    when the error rate exceeds ``max_error_rate`` or a split has no valid record (training would stop), else 0.
+    when the error rate exceeds ``max_error_rate`` or a split has no valid record (training would stop), or with
+    ``fail_on_leakage`` when an image of one split is in another, else 0.
 
     Args:
         dm: the datamodule (its ``prepare_data`` is called first).
@@ -218,12 +245,16 @@ def run_audit(
         splits: splits to scan (those without a file are left out).
         workers: image-decoding processes (default: every CPU).
         progress: show a progress bar.
+        fail_on_leakage: exit 1 when an image is in two splits (same path, same content, or a near-copy).
+        near_copy_bits: largest perceptual-hash distance of a near-copy.
     """
     dm.prepare_data()
-    report = audit(dm, list(splits), workers or os.cpu_count() or 1, progress)
+    report = audit(dm, list(splits), workers or os.cpu_count() or 1, progress, near_copy_bits)
     report["max_error_rate"] = max_error_rate
+    leaked = report["leakage"]["images_leaked"] > 0
     failed = report["error_rate"] > max_error_rate or bool(report["splits_without_valid_records"])
-    report["exit_code"] = int(failed)
+    report["fail_on_leakage"] = fail_on_leakage
+    report["exit_code"] = int(failed or (fail_on_leakage and leaked))
     if output is not None:
         os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
         with open(output, "w") as f:
@@ -239,6 +270,13 @@ def run_audit(
         )
     for split in report["splits_without_valid_records"]:
         print(f"  {split}: 0 valid records in {report['splits'][split]['file']}: training would stop")
+    for pair, found in report["leakage"]["pairs"].items():
+        later = pair.split("/")[1]
+        print(
+            f"  leakage {pair}: {found['images_leaked']} images of {later} in the other split ({found['same_path']}"
+            f" by path, {found['same_content']} by content, {found['near_copies']} near-copies), "
+            f"{found['same_captions']} captions in both"
+        )
     return report
 
 
@@ -261,14 +299,16 @@ def check_shard(dataset: ShardDataset, shard: int) -> dict[str, Any]:
             break
         digest = hashlib.blake2b(record.image, digest_size=16).hexdigest()  # type: ignore[arg-type]
         side = min(int(image.shape[-2]), int(image.shape[-1]))
-        out["ok"].append((record.image_name, digest, side, record.captions))
+        hashes = image_hashes(record.image)  # type: ignore[arg-type]
+        out["ok"].append((record.image_name, digest, side, record.captions, hashes))
     dataset.cache.close()
     return out
 
 
-def audit_shards(dm: Any, split: str, workers: int, progress: bool) -> dict[str, Any]:
+def audit_shards(dm: Any, split: str, workers: int, progress: bool, found: SplitImages) -> dict[str, Any]:
     """The report of a split that ``dm`` (a ``ShardDataModule``) reads from WebDataset shards: every sample
-    checked as training reads it, at full size, one process per shard; the same fields as a JSONL split's."""
+    checked as training reads it, at full size, one process per shard; the same fields as a JSONL split's. Its
+    images and captions go to ``found``."""
     from mm_lightning.extras.shards.dataset import ShardDataset
     from mm_lightning.extras.shards.files import list_shards
 
@@ -297,10 +337,12 @@ def audit_shards(dm: Any, split: str, workers: int, progress: bool) -> dict[str,
                 bad_records.append((f"{dataset.shards[shard].url} {key}", kind))
                 if len(examples[kind]) < EXAMPLES:
                     examples[kind].append(message)
-            for name, digest, side, caps in result["ok"]:
+            for name, digest, side, caps, hashes in result["ok"]:
                 by_hash[digest].append(f"{dataset.shards[shard].url}:{name}")
+                found.add(f"{dataset.shards[shard].url}:{name}", digest, hashes)
                 sides.append(side)
                 captions.extend(caps)
+    found.captions = captions
     errors = sum(bad_lines.values())
     report = {
         "file": str(spec),
@@ -330,13 +372,18 @@ class AuditOptions:
         splits: Splits to scan (those without a file are skipped).
         workers: Image-decoding processes.
         max_error_rate: Exit with status 1 when (bad records / records) exceeds this.
-        progress: Show a progress bar while decoding images."""
+        progress: Show a progress bar while decoding images.
+        fail_on_leakage: Exit with status 1 when an image of one split is in another (the same path, the same
+            content, or a near-copy); captions shared by two splits are reported but do not fail.
+        near_copy_bits: Largest perceptual-hash distance (of 64 bits) at which two images count as near-copies."""
 
     output: str = "audit_report.json"
     splits: list[str] = field(default_factory=lambda: ["train", "val", "test"])
     workers: int = os.cpu_count() or 1
     max_error_rate: float = 0.0
     progress: bool = True
+    fail_on_leakage: bool = False
+    near_copy_bits: int = NEAR_COPY_BITS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -349,8 +396,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     options = AuditOptions(**given)
     report = run_audit(
-        datamodule, options.output, options.max_error_rate, options.splits, options.workers, options.progress
-    )
+        datamodule, options.output, options.max_error_rate, options.splits, options.workers, options.progress,
+        options.fail_on_leakage, options.near_copy_bits,
+    )  # fmt: skip
     if report["exit_code"]:
-        print("audit: too many bad records or a split without a valid record: exit status 1", flush=True)
+        print(
+            "audit: too many bad records, a split without a valid record, or leakage: exit status 1",
+            flush=True,
+        )
     return report["exit_code"]
