@@ -22,7 +22,9 @@ files), deals them into K test folds and runs everything once per fold, each tim
 for validation); the table gives each figure's mean and standard deviation over the folds. The last line is
 ``RESULT recipes ratio=<best recipe's R@1 / the baseline's, the worse of the two directions>`` (means over the folds),
 the baseline's R@1 being the best test figure any of its initializations reached (conservative: the table shows the
-one validation picked).
+one validation picked). A second table gives each figure with its 95 % bootstrap interval over the test images of
+every fold together, and each recipe against the baseline on the same images: the paired difference, its interval
+and the share of resamples where the recipe leads (``mm_lightning.evaluation.intervals``, as ``evaluate`` does).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import yaml
 from lightning.pytorch import Trainer, seed_everything
@@ -48,8 +51,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import instantiate_class
 from lightning.pytorch.loggers import TensorBoardLogger
 
+from mm_lightning.commands.evaluate import RETRIEVAL, figures_of, retrieval_queries
 from mm_lightning.data import MultimodalDataModule
-from mm_lightning.evaluation.metrics import retrieval_metrics
+from mm_lightning.evaluation.intervals import Bootstrap, Figures, intervals, paired_differences
+from mm_lightning.evaluation.metrics import RetrievalMetrics, retrieval_metrics
 from mm_lightning.models import MultimodalModule
 from mm_lightning.models.losses import ContrastiveLoss
 from mm_lightning.models.towers.contract import tokenizer_of
@@ -222,19 +227,23 @@ def run_recipe(name: str, data: Path, args: argparse.Namespace, root: Path) -> d
     (metrics,) = trainer.test(model, datamodule=dm, ckpt_path=best.best_model_path or None, verbose=False)
     out = {k.removeprefix("test/"): float(v) for k, v in metrics.items() if k.startswith("test/r")}
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return {**out, "wall_s": wall, "steps": trainer.global_step, "trainable": trainable}
+    queries = retrieval_queries(
+        model.evaluation.last_ranks
+    )  # each test query's outcome, as evaluate keeps it
+    return {**out, "wall_s": wall, "steps": trainer.global_step, "trainable": trainable, "queries": queries}
 
 
 @torch.no_grad()
 def tower_features(model: MultimodalModule, dm: MultimodalDataModule) -> dict[str, torch.Tensor]:
     """Pooled features of both frozen towers for every (image, caption) row of the data module's test file."""
-    rows: dict[str, list[torch.Tensor]] = {"image": [], "text": [], "image_id": []}
+    rows: dict[str, list[torch.Tensor]] = {"image": [], "text": [], "image_id": [], "index": []}
     network = model.model.eval()
     for batch in dm.test_dataloader():
         batch = dm.normalize_batch(batch)
         rows["image"].append(network.encode_images(batch["image"])[0].pooled)
         rows["text"].append(network.encode_text(batch)[0].pooled)
         rows["image_id"].append(batch["image_id"])
+        rows["index"].append(batch["index"])
     return {k: torch.cat(v) for k, v in rows.items()}
 
 
@@ -269,6 +278,7 @@ def run_baseline(name: str, data: Path, args: argparse.Namespace) -> dict[str, f
         "trainable": best["trainable"],
         "val": best["val"],
         "best_test": best_test,
+        "queries": best["queries"],
     }
 
 
@@ -309,7 +319,18 @@ def train_heads(
     heads.load_state_dict(best_state)
     trainable = sum(p.numel() for p in heads.parameters() if p.requires_grad)
     with torch.no_grad():
-        return {"test": scores("test"), "val": scores("val"), "seed": seed, "trainable": trainable}
+        test = features["test"]
+        ranks = RetrievalMetrics(KS)
+        ranks.update(heads["image"](test["image"]), test["image_id"], heads["text"](test["text"]), test["image_id"],
+                     test["index"])  # fmt: skip
+        queries = retrieval_queries(ranks.compute_ranks())
+        return {
+            "test": scores("test"),
+            "val": scores("val"),
+            "seed": seed,
+            "trainable": trainable,
+            "queries": queries,
+        }
 
 
 def draw_curves(logs: Path, out: Path, baseline: dict[str, Any] | None) -> None:
@@ -360,6 +381,49 @@ def run_alone(kind: str, name: str, data: Path, args: argparse.Namespace) -> dic
 
 
 RECALLS = [f"r{k}_{d}" for d in ("t2i", "i2t") for k in KS]
+
+
+def pooled(runs: list[dict[str, Any]]) -> Figures:
+    """The figures of every fold's test images together (each image is tested in one fold)."""
+    folds = [figures_of(RETRIEVAL, run["queries"]) for run in runs]
+    return Figures(
+        folds[0].names, *(np.concatenate([getattr(f, part) for f in folds], axis=1) for part in
+                          ("numerator", "denominator", "groups"))
+    )  # fmt: skip
+
+
+def uncertainty_table(results: dict[str, list[dict[str, Any]]], labels: dict[str, str]) -> None:
+    """A figure a row: each run's R@k with its 95 % bootstrap interval over the test images of every fold, and each
+    recipe against the baseline on the same images (paired): the difference, its interval, and how often the
+    recipe leads."""
+    drawn = Bootstrap()
+    figures = {name: pooled(runs) for name, runs in results.items()}
+    recipes = [name for name in figures if name != "baseline"] if "baseline" in figures else []
+    for name in recipes:  # the same queries in each fold
+        for recipe, base in zip(results[name], results["baseline"], strict=True):
+            for key in ("caption_index", "caption_image_id", "image_id"):
+                assert np.array_equal(recipe["queries"][key], base["queries"][key]), key
+    bounds = {name: intervals(figure, drawn) for name, figure in figures.items()}
+    paired = {name: paired_differences(figures[name], figures["baseline"], drawn) for name in recipes}
+    columns = [labels[name] for name in figures] + [f"{labels[name]} - baseline (paired)" for name in recipes]
+    print(f"\n95 % bootstrap intervals, {drawn.resamples} resamples of the test images (each with its captions)"
+          " pooled over the folds; a paired difference's share is of resamples where the recipe leads:")  # fmt: skip
+    print("| figure | " + " | ".join(columns) + " |")
+    print("|---" * (1 + len(columns)) + "|")
+    for way, direction in (("image", "t2i"), ("text", "i2t")):
+        for k in KS:
+            key = f"{way}_retrieval_recall@{k}"
+            cells = [
+                f"{figures[n].values()[key]:.3f} ({bounds[n][key][0]:.3f}-{bounds[n][key][1]:.3f})"
+                for n in figures
+            ]
+            for name in recipes:
+                d = paired[name][key]
+                low, high = d["interval"]
+                cells.append(
+                    f"{d['difference']:+.3f} ({low:+.3f} to {high:+.3f}), {100 * d['share_better']:.0f} %"
+                )
+            print(f"| R@{k} {direction} | " + " | ".join(cells) + " |")
 
 
 def cell(values: list[float]) -> str:
@@ -444,10 +508,11 @@ def main() -> None:
     header = " | ".join(f"R@{k} {d}" for d in ("t2i", "i2t") for k in KS)
     print(f"| run | {header} | wall s | steps | trainable | peak RSS MB |")
     print("|---" * (2 + 2 * len(KS) + 3) + "|")
-    if "baseline" in results:
-        print(row(f"frozen towers + linear heads ({args.recipes[0]}'s towers)", results["baseline"]))
-    for name in args.recipes:
-        print(row(" ".join([f"configs/{name}.yaml", *args.set]), results[name]))
+    labels = {"baseline": f"frozen towers + linear heads ({args.recipes[0]}'s towers)"}
+    labels |= {name: " ".join([f"configs/{name}.yaml", *args.set]) for name in args.recipes}
+    for name, runs in results.items():
+        print(row(labels[name], runs))
+    uncertainty_table(results, labels)
     if args.curves and args.logs:
         draw_curves(args.logs, args.curves, results.get("baseline", [None])[-1])
     if "baseline" not in results:

@@ -38,6 +38,16 @@ def test_recipes_benchmark_cross_validates_and_prints_the_table_and_the_result(t
     lines = done.stdout.strip().splitlines()
     assert any(line.startswith("| frozen towers + linear heads") for line in lines), done.stdout
     assert any(line.startswith("| configs/lit.yaml |") for line in lines), done.stdout
+    # each figure with its interval over the pooled test images, and LiT against the baseline on the same ones
+    (header,) = [line for line in lines if line.startswith("| figure |")]
+    assert header.endswith("| configs/lit.yaml - baseline (paired) |"), header
+    (r1,) = [line.split("|")[2:-1] for line in lines if line.startswith("| R@1 t2i |")]
+    for run in r1[:2]:
+        value, low, high = map(
+            float, re.fullmatch(r" (\d\.\d{3}) \((\d\.\d{3})-(\d\.\d{3})\) ", run).groups()
+        )
+        assert low <= value <= high
+    assert re.fullmatch(r" [+-]\d\.\d{3} \([+-]\d\.\d{3} to [+-]\d\.\d{3}\), \d+ % ", r1[2]), r1[2]
     result = re.fullmatch(r"RESULT recipes ratio=(\d+\.\d+) \(.*\)", lines[-1])
     assert result is not None, lines[-1]
     assert sum(line.startswith("data ") and "train 6, val 2, test 8" in line for line in lines) == 2, (
