@@ -3,7 +3,6 @@ on the same split, and are the same on 1 and 2 processes; results in CLIP_benchm
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -16,7 +15,9 @@ from clip_benchmark.metrics import zeroshot_classification, zeroshot_retrieval
 from mm_lightning.cli import cli_main, main
 from mm_lightning.commands.evaluate import (
     NotComparable,
-    add_uncertainty,
+    add_comparisons,
+    add_intervals,
+    check_baseline_folder,
     figures_of,
     markdown_tables,
     prompt_templates,
@@ -367,21 +368,36 @@ def test_comparing_other_queries_or_a_file_that_is_not_data_is_refused(
     task = "zeroshot_retrieval"
     name = f"test_{task}.json"
     ours = read_queries(out / "results" / queries_file(name), task)
-    options = argparse.Namespace(
-        bootstrap_resamples=100, bootstrap_seed=0, confidence=0.95, compare_to=str(out / "results")
-    )
-    add_uncertainty({name: dict(results)}, {name: ours}, options)  # the same queries pair
+    drawn = Bootstrap(resamples=100)
+    add_comparisons({name: dict(results)}, {name: ours}, out / "results", drawn)  # the same queries pair
     fewer = {
         key: value[1:] if key.startswith("caption") or key == "t2i_rank" else value
         for key, value in ours.items()
     }
-    with pytest.raises(NotComparable, match="other queries than this test set"):
-        add_uncertainty({name: dict(results)}, {name: fewer}, options)
-    with pytest.raises(NotComparable, match="holds none of"):
-        add_uncertainty(
-            {"other_zeroshot_retrieval.json": dict(results)}, {"other_zeroshot_retrieval.json": ours}, options
-        )
-    pickled = tmp_path / queries_file(name)
-    np.savez(pickled, **{**ours, "t2i_rank": np.array([object()] * len(ours["t2i_rank"]))})
-    with pytest.raises(NotComparable, match=f"{pickled}: not a queries file"):
-        read_queries(pickled, task)
+    with pytest.raises(
+        NotComparable, match=r"another test set than this evaluation \(caption_index differs\)"
+    ):
+        add_comparisons({name: dict(results)}, {name: fewer}, out / "results", drawn)
+    elsewhere = {**ours, "source": np.array("0" * 64)}  # the same shape of queries, read from another file
+    with pytest.raises(NotComparable, match="the test set's digest differs"):
+        add_comparisons({name: dict(results)}, {name: elsewhere}, out / "results", drawn)
+    with pytest.raises(NotComparable, match="no other_zeroshot_retrieval.queries.npz there"):
+        check_baseline_folder(out / "results", "other_zeroshot_retrieval.json")
+    bad = tmp_path / queries_file(name)
+    np.savez(bad, **{**ours, "t2i_rank": np.array([object()] * len(ours["t2i_rank"]))})  # pickled objects
+    with pytest.raises(NotComparable, match=f"{bad}: not a queries file"):
+        read_queries(bad, task)
+    for content in (b"", b"PK\x03\x04 not a zip"):
+        bad.write_bytes(content)
+        with pytest.raises(NotComparable, match=f"{bad}: not a queries file"):
+            read_queries(bad, task)
+
+
+def test_one_test_image_gives_no_interval_rather_than_an_error() -> None:
+    one = {
+        "caption_index": np.array([0, 1]), "caption_image_id": np.array([7, 7]), "image_id": np.array([7]),
+        "t2i_rank": np.array([0, 0]), "i2t_rank": np.array([0]), "source": np.array("0" * 64),
+    }  # fmt: skip
+    results = {"one_zeroshot_retrieval.json": {"task": "zeroshot_retrieval", "dataset": "one"}}
+    add_intervals(results, {"one_zeroshot_retrieval.json": one}, Bootstrap(resamples=10))
+    assert results["one_zeroshot_retrieval.json"]["intervals"] is None

@@ -64,7 +64,7 @@ def inspect_image(path: str, builder: SampleBuilder) -> dict[str, Any]:
     except (
         OSError,
         ImageDecodeError,
-    ) as err:  # read again after a successful decode: the file changed meanwhile
+    ) as err:  # read or hashed after a full decode: the file changed meanwhile
         return {"ok": False, "kind": "undecodable_image", "reason": f"unreadable ({err})"}
     shape = {"height": image.shape[1], "width": image.shape[2]}
     return {"ok": True, **shape, "mode": mode, "hash": digest, "perceptual": hashes}
@@ -299,7 +299,11 @@ def check_shard(dataset: ShardDataset, shard: int) -> dict[str, Any]:
             break
         digest = hashlib.blake2b(record.image, digest_size=16).hexdigest()  # type: ignore[arg-type]
         side = min(int(image.shape[-2]), int(image.shape[-1]))
-        hashes = image_hashes(record.image)  # type: ignore[arg-type]
+        try:
+            hashes = image_hashes(record.image)  # type: ignore[arg-type]
+        except ImageDecodeError as err:  # the hash's reduced decode refuses what the full one read
+            out["bad"].append((record.image_name, "undecodable_image", f"{record.image_name}: {err}"))
+            continue
         out["ok"].append((record.image_name, digest, side, record.captions, hashes))
     dataset.cache.close()
     return out

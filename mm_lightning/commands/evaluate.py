@@ -18,9 +18,11 @@ each checkpoint came out ahead.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +57,8 @@ class NotComparable(ExplainedError, ValueError):
     """``--compare_to`` names a folder whose evaluation cannot be paired with this one's."""
 
 
-# what a queries file holds per task: the arrays that say who the queries are, then their outcomes
+# what a queries file holds per task: the arrays that say who the queries are, then their outcomes (and
+# ``source``, a digest of the test set they were read from)
 QUERY_KEYS = {
     RETRIEVAL: (("caption_index", "caption_image_id", "image_id"), ("t2i_rank", "i2t_rank")),
     CLASSIFICATION: (("index", "label"), ()),  # and acc<k> per top-k accuracy
@@ -146,10 +149,12 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     options, test_args = parser.parse_known_args(argv)
+    if options.bootstrap_resamples < 0:
+        parser.error("--bootstrap_resamples must be 0 (no intervals) or more")
     if options.compare_to is not None and options.bootstrap_resamples < 1:
         parser.error("--compare_to needs --bootstrap_resamples of at least 1")
-    if options.bootstrap_resamples:
-        Bootstrap(options.bootstrap_resamples, options.bootstrap_seed, options.confidence)  # checked up front
+    if not 0 < options.confidence < 1:
+        parser.error(f"--confidence must lie strictly between 0 and 1, not {options.confidence}")
 
     class EvaluateCLI(MultimodalCLI):
         """``test``'s options and checkpoint handling; the run scores and writes the results."""
@@ -185,20 +190,23 @@ def run_evaluation(
         name = data.stem if data.is_file() else data.name
         templates = prompt_templates(options.templates)
         classnames = read_list(options.classnames) if options.classnames else None
-        classifier = ZeroShotEvaluation(name, options.zeroshot, classnames, templates)
+        classifier = ZeroShotEvaluation(name, options.zeroshot, classnames, templates, per_image=True)
         trainer.callbacks.append(classifier)
     if options.rerank_k is not None:  # else the checkpoint's fusion.rerank_k
         from mm_lightning.evaluation.validation import Evaluation
 
         model.evaluation = Evaluation(options.rerank_k)
+    test_source = getattr(datamodule, "files", {}).get("test") or "test"
+    dataset = options.dataset_name or Path(str(test_source)).stem
+    if options.compare_to is not None and trainer.is_global_zero:  # before the test, not after it
+        check_baseline_folder(Path(options.compare_to), f"{dataset}_{RETRIEVAL}.json")
     trainer.test(model, datamodule=datamodule, ckpt_path=ckpt_path, verbose=False)
     ranks = model.evaluation.last_ranks if model.evaluation is not None else None
     if ranks is None:
         raise NoTestSplit("evaluate: the test split gave no batch (is --trainer.limit_test_batches 0?)")
-    test_source = getattr(datamodule, "files", {}).get("test") or "test"
     checkpoint = str(trainer.ckpt_path or ckpt_path or "")  # the checkpoint file it resolved to
     dump = {
-        "dataset": options.dataset_name or Path(str(test_source)).stem,
+        "dataset": dataset,
         "model": type(model.model.image_encoder).__name__ + " + " + type(model.model.text_encoder).__name__,
         "pretrained": checkpoint,
         "checkpoint_sha256": sha256_of(checkpoint) if os.path.isfile(checkpoint) else None,
@@ -209,7 +217,8 @@ def run_evaluation(
         "captions": int(ranks.t2i.numel()),
     }
     results = {f"{dump['dataset']}_{RETRIEVAL}.json": dump}
-    queries = {f"{dump['dataset']}_{RETRIEVAL}.json": retrieval_queries(ranks)}
+    source = test_set_digest(datamodule)
+    queries = {f"{dump['dataset']}_{RETRIEVAL}.json": retrieval_queries(ranks) | {"source": np.array(source)}}
     reranked = model.evaluation.last_reranked
     if reranked is not None:
         k = model.evaluation.reranker.k
@@ -220,20 +229,45 @@ def run_evaluation(
             "metrics": clip_benchmark_retrieval(reranked),
             "rerank": {"k": k, "score": "matching head's match logit + cosine similarity"},
         }
-        queries[f"{name}_{RETRIEVAL}.json"] = retrieval_queries(reranked)
+        queries[f"{name}_{RETRIEVAL}.json"] = retrieval_queries(reranked) | {"source": np.array(source)}
     if classifier is not None:
         zs_dump = {**dump, "dataset": classifier.name, "task": CLASSIFICATION, "metrics": classifier.scores}
         zs_dump.update(images=len(classifier.images.paths), classes=len(classifier.images.classnames))
         del zs_dump["captions"]
         results[f"{classifier.name}_{CLASSIFICATION}.json"] = zs_dump
-        queries[f"{classifier.name}_{CLASSIFICATION}.json"] = {
-            key: value.cpu().numpy() for key, value in classifier.last_outcomes.items()
+        outcomes = {key: value.cpu().numpy() for key, value in classifier.last_outcomes.items()}
+        queries[f"{classifier.name}_{CLASSIFICATION}.json"] = outcomes | {
+            "source": np.array(labeled_images_digest(options.zeroshot, classifier.images))
         }
-    if options.bootstrap_resamples:
-        add_uncertainty(results, queries, options)
-    if trainer.is_global_zero:
+    if not trainer.is_global_zero:  # the figures are the same on every rank: rank 0 reports them
+        return results
+    try:
+        if options.bootstrap_resamples:
+            bootstrap = Bootstrap(options.bootstrap_resamples, options.bootstrap_seed, options.confidence)
+            add_intervals(results, queries, bootstrap)
+            if options.compare_to is not None:
+                add_comparisons(results, queries, Path(options.compare_to), bootstrap)
+    finally:  # a comparison that fails leaves the evaluation's own results written
         write_results(Path(options.output), results, queries)
     return results
+
+
+def test_set_digest(datamodule: LightningDataModule) -> str:
+    """What the test queries were read from: the test file's SHA-256, or that of the test shards' spec."""
+    file = getattr(datamodule, "files", {}).get("test")
+    if file and os.path.isfile(file):
+        return sha256_of(file)
+    spec = getattr(datamodule, "shard_specs", {}).get("test")
+    return hashlib.sha256(str(spec if spec is not None else file).encode()).hexdigest()
+
+
+def labeled_images_digest(data: str, images: Any) -> str:
+    """The labeled images' SHA-256: each path (relative to the data's folder) with its class name."""
+    root = Path(data) if Path(data).is_dir() else Path(data).parent
+    digest = hashlib.sha256()
+    for path, label in zip(images.paths, images.labels, strict=True):
+        digest.update(f"{os.path.relpath(path, root)}\t{images.classnames[label]}\n".encode())
+    return digest.hexdigest()
 
 
 def retrieval_queries(ranks: Ranks) -> dict[str, np.ndarray]:
@@ -260,48 +294,78 @@ def figures_of(task: str, queries: dict[str, np.ndarray]) -> Figures:
     return classification_figures(queries["label"], accuracies)
 
 
-def add_uncertainty(
-    results: dict[str, dict[str, Any]], queries: dict[str, dict[str, np.ndarray]], options: argparse.Namespace
+def add_intervals(
+    results: dict[str, dict[str, Any]], queries: dict[str, dict[str, np.ndarray]], bootstrap: Bootstrap
 ) -> None:
-    """Each result's ``intervals`` and ``bootstrap``, and with ``--compare_to`` its ``comparison``."""
-    bootstrap = Bootstrap(options.bootstrap_resamples, options.bootstrap_seed, options.confidence)
+    """Each result's ``intervals`` (``None`` under 2 test images: nothing to resample) and ``bootstrap``."""
     for file_name, dump in results.items():
         figures = figures_of(dump["task"], queries[file_name])
-        dump["intervals"] = intervals(figures, bootstrap)
+        dump["intervals"] = intervals(figures, bootstrap) if figures.numerator.shape[1] >= 2 else None
         dump["bootstrap"] = bootstrap.record(
             RETRIEVAL_UNIT if dump["task"] == RETRIEVAL else CLASSIFICATION_UNIT
         )
-    if options.compare_to is None:
-        return
-    baseline = Path(options.compare_to)
-    compared = [name for name in results if (baseline / queries_file(name)).is_file()]
-    if not compared:
+
+
+def check_baseline_folder(baseline: Path, retrieval_file: str) -> None:
+    """Refuses a ``--compare_to`` folder without the retrieval queries this evaluation will pair with."""
+    if not (baseline / queries_file(retrieval_file)).is_file():
         raise NotComparable(
-            f"--compare_to {baseline}: it holds none of {', '.join(queries_file(n) for n in results)}; give the"
-            " --output folder of an evaluate of the same test set (with the same --dataset_name)"
+            f"--compare_to {baseline}: no {queries_file(retrieval_file)} there; give the --output folder of an"
+            " evaluate of the same test set (with the same --dataset_name)"
         )
-    for file_name in compared:
-        dump = results[file_name]
-        theirs = read_queries(baseline / queries_file(file_name), dump["task"])
+
+
+def add_comparisons(
+    results: dict[str, dict[str, Any]],
+    queries: dict[str, dict[str, np.ndarray]],
+    baseline: Path,
+    bootstrap: Bootstrap,
+) -> None:
+    """Each result's ``comparison`` with the same task's in ``baseline``: the paired difference of every figure."""
+    for file_name, dump in results.items():
+        path = baseline / queries_file(file_name)
+        if not path.is_file() or dump["intervals"] is None:
+            print(f"evaluate: {dump['dataset']} not compared: {path} holds no counterpart" if not path.is_file()
+                  else f"evaluate: {dump['dataset']} not compared: under 2 test images", flush=True)  # fmt: skip
+            continue
+        theirs = read_queries(path, dump["task"])
         ours = queries[file_name]
-        for key in QUERY_KEYS[dump["task"]][0]:
+        for key in ("source", *QUERY_KEYS[dump["task"]][0]):
             if not np.array_equal(ours[key], theirs[key]):
+                what = "the test set's digest" if key == "source" else key
                 raise NotComparable(
-                    f"--compare_to {baseline}: {queries_file(file_name)} scores other queries than this test set"
-                    f" ({key} differs): a paired comparison needs the same test set"
+                    f"{path}: scores another test set than this evaluation ({what} differs): a paired comparison"
+                    " needs the same queries"
                 )
-        other = json.loads((baseline / file_name).read_text(encoding="utf-8"))
+        try:
+            figures = paired_differences(
+                figures_of(dump["task"], ours), figures_of(dump["task"], theirs), bootstrap
+            )
+        except ValueError as err:  # e.g. another number of classes, so other top-k figures
+            raise NotComparable(f"{path}: {err}") from err
         dump["comparison"] = {
             "baseline": {
                 "folder": str(baseline),
-                "pretrained": other.get("pretrained"),
-                "checkpoint_sha256": other.get("checkpoint_sha256"),
-                "metrics": {name: other.get("metrics", {}).get(name) for name in dump["intervals"]},
+                **baseline_checkpoint(baseline / file_name),
+                "metrics": figures_of(
+                    dump["task"], theirs
+                ).values(),  # from its queries, as the differences are
             },
-            "figures": paired_differences(
-                figures_of(dump["task"], ours), figures_of(dump["task"], theirs), bootstrap
-            ),
+            "figures": figures,
         }
+
+
+def baseline_checkpoint(result_file: Path) -> dict[str, str | None]:
+    """The checkpoint a baseline result names (path and SHA-256), as far as its JSON says; else ``None``."""
+    try:
+        stored = json.loads(result_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        stored = {}
+    stored = stored if isinstance(stored, dict) else {}
+    return {
+        key: stored[key] if isinstance(stored.get(key), str) else None
+        for key in ("pretrained", "checkpoint_sha256")
+    }
 
 
 def queries_file(result_file: str) -> str:
@@ -313,9 +377,13 @@ def read_queries(path: Path, task: str) -> dict[str, np.ndarray]:
     """A queries file, as data only (no pickled objects), checked to hold the task's arrays of one length each."""
     try:
         with np.load(path, allow_pickle=False) as stored:
+            if not isinstance(stored, np.lib.npyio.NpzFile):
+                raise ValueError("one array, not a set of named arrays")
             arrays = {key: stored[key] for key in stored.files}
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
         raise NotComparable(f"{path}: not a queries file of evaluate ({err})") from err
+    if "source" not in arrays or arrays["source"].shape != () or arrays["source"].dtype.kind != "U":
+        raise NotComparable(f"{path}: not a queries file of evaluate (no digest of its test set)")
     identity, outcomes = QUERY_KEYS[task]
     accuracies = [key for key in arrays if key.startswith("acc")] if task == CLASSIFICATION else []
     missing = [key for key in (*identity, *outcomes) if key not in arrays]
@@ -416,7 +484,7 @@ def markdown_tables(dumps: list[dict[str, Any]]) -> str:
 
 def interval_table(dumps: list[dict[str, Any]], keys: list[str]) -> list[str]:
     """The intervals of ``dumps`` that have them, one row each (none: no table)."""
-    dumps = [d for d in dumps if "intervals" in d]
+    dumps = [d for d in dumps if d.get("intervals") is not None]
     if not dumps:
         return []
     drawn = dumps[0]["bootstrap"]

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from mm_lightning.data.images import DCT_SCALES, EncodedImage, orient
+from mm_lightning.data.images import DCT_SCALES, EncodedImage, ImageDecodeError, orient
 
 try:
     import simplejpeg
@@ -46,13 +46,21 @@ def thumbnail(data: bytes, max_pixels: int | None = None) -> Image.Image:
     with EncodedImage(data, max_pixels=max_pixels) as encoded:  # checks the header and the size
         short = min(encoded.size)
         scale = max([s for s in DCT_SCALES if short // s >= HASH_INPUT] or [1]) if encoded.scalable else 1
-        header = simplejpeg.decode_jpeg_header(data) if encoded.is_jpeg and simplejpeg is not None else None
+        try:
+            header = (
+                simplejpeg.decode_jpeg_header(data) if encoded.is_jpeg and simplejpeg is not None else None
+            )
+        except ValueError:  # a header PIL reads but libjpeg-turbo does not: the general decode says why
+            header = None
         if header is not None and header[2] in ("Gray", "YCbCr"):
             # the luma plane alone: no colour conversion (most of a reduced decode's time is the entropy decode)
             height, width = header[:2]
-            gray = simplejpeg.decode_jpeg(
-                data, "GRAY", min_width=-(-width // scale), min_height=-(-height // scale)
-            )
+            try:
+                gray = simplejpeg.decode_jpeg(
+                    data, "GRAY", min_width=-(-width // scale), min_height=-(-height // scale)
+                )
+            except ValueError as err:
+                raise ImageDecodeError(f"corrupt or truncated JPEG ({err})") from err
             pixels = orient(torch.from_numpy(gray).permute(2, 0, 1), encoded.orientation)[0]
             return Image.fromarray(pixels.numpy())
         return Image.fromarray(encoded.decode(scale).permute(1, 2, 0).numpy()).convert("L")
@@ -99,15 +107,16 @@ def hamming(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def near_copies(
-    earlier: SplitImages, later: SplitImages, bits: int, chunk: int = 512
+    earlier: SplitImages, later: SplitImages, bits: int, elements: int = 1 << 22
 ) -> list[tuple[int, int, int]]:
     """(earlier image, later image, distance) of each later image's nearest earlier image within ``bits``,
-    plain or mirrored."""
+    plain or mirrored; ``elements`` bounds each block of distances (32 MB at 64 bits each)."""
     plain, mirrored = (np.array(v, dtype=np.uint64) for v in (earlier.hashes, earlier.mirrored))
     theirs = np.array(later.hashes, dtype=np.uint64)
     found = []
     if len(plain) == 0:
         return found
+    chunk = max(1, elements // len(plain))
     for start in range(0, len(theirs), chunk):
         rows = theirs[start : start + chunk]
         distance = np.minimum(hamming(plain, rows), hamming(mirrored, rows))
@@ -155,7 +164,8 @@ def pair_report(earlier: SplitImages, later: SplitImages, bits: int) -> dict[str
 
 
 def leakage_report(splits: dict[str, SplitImages], bits: int = NEAR_COPY_BITS) -> dict[str, object]:
-    """Every pair of splits, in the order given (``train/test``: images of test found in train)."""
+    """Every pair of splits, in the order given (``train/test``: images of test found in train); the totals are
+    sums over the pairs (an image leaked from two earlier splits counts twice)."""
     pairs = {
         f"{a}/{b}": pair_report(splits[a], splits[b], bits) for a, b in itertools.combinations(splits, 2)
     }

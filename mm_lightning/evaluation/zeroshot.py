@@ -78,10 +78,10 @@ class ImageOutcomes(Metric):
 
     def compute(self) -> dict[str, Tensor]:
         """``index`` (sorted), ``label`` and ``acc<k>`` (0/1) per image."""
-        index = dim_zero_cat(self.index)
+        index = dim_zero_cat(self.index).long()  # a rank without images holds an empty float state
         order = index.argsort()
-        hits = dim_zero_cat(self.hits)[order]
-        return {"index": index[order], "label": dim_zero_cat(self.label)[order]} | {
+        hits = dim_zero_cat(self.hits).bool()[order]
+        return {"index": index[order], "label": dim_zero_cat(self.label).long()[order]} | {
             f"acc{k}": hits[:, i] for i, k in enumerate(self.ks)
         }
 
@@ -193,6 +193,7 @@ class ZeroShotEvaluation(Callback):
         batch_size: images per forward pass.
         image_size: input side (default: the datamodule's ``image_size``).
         max_images: evaluate on the first N images only (None: all).
+        per_image: also keep each image's outcome (``last_outcomes``), for bootstrap intervals.
     """
 
     def __init__(
@@ -204,6 +205,7 @@ class ZeroShotEvaluation(Callback):
         batch_size: int = 64,
         image_size: int | None = None,
         max_images: int | None = None,
+        per_image: bool = False,
     ) -> None:
         self.name = name
         self.images = load_labeled_images(data, classnames)
@@ -218,7 +220,7 @@ class ZeroShotEvaluation(Callback):
         self.batch_size = batch_size
         self.image_size = image_size
         self.metrics = classification_metrics(len(self.images.classnames))
-        self.outcomes = ImageOutcomes(accuracy_ks(len(self.images.classnames)))
+        self.outcomes = ImageOutcomes(accuracy_ks(len(self.images.classnames))) if per_image else None
         self.scores: dict[str, float] = {}  # the last evaluation's, by CLIP_benchmark's names
         self.last_outcomes: dict[str, Tensor] = {}  # and its per-image outcomes
 
@@ -250,7 +252,7 @@ class ZeroShotEvaluation(Callback):
             outcomes=self.outcomes,
         )
         self.scores = {key: float(value) for key, value in scores.items()}
-        self.last_outcomes = self.outcomes.compute()
+        self.last_outcomes = self.outcomes.compute() if self.outcomes is not None else {}
         for key, value in scores.items():
             logged = key.replace("acc", "top") if key.startswith("acc") else key
             pl_module.log(f"zeroshot/{self.name}/{logged}", value, batch_size=len(self.images.paths))

@@ -39,7 +39,8 @@ def _dataset(root: Path) -> Path:
     return write_jsonl(root / "train.jsonl", rows)
 
 
-def _config(root: Path, train: Path) -> Path:
+def _config(root: Path, train: Path, **other_splits: Path) -> Path:
+    """A full training config whose data reads ``train`` (and ``val=...``, ``test=...`` files)."""
     config = {
         "seed_everything": 1,
         "trainer": {  # a fit config's trainer section, callbacks too: the audit does not use it
@@ -59,7 +60,12 @@ def _config(root: Path, train: Path) -> Path:
         },
         "data": {
             "class_path": "mm_lightning.data.MultimodalDataModule",
-            "init_args": {"train_file": str(train), "max_length": 16, "images": {"size": 32}},
+            "init_args": {
+                "train_file": str(train),
+                **{f"{split}_file": str(file) for split, file in other_splits.items()},
+                "max_length": 16,
+                "images": {"size": 32},
+            },
         },
     }
     path = root / "config.yaml"

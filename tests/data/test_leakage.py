@@ -11,7 +11,6 @@ import imagehash
 import numpy as np
 import pytest
 import skimage.data
-import yaml
 from PIL import Image
 
 from mm_lightning.cli import main as cli_main
@@ -23,7 +22,8 @@ from mm_lightning.commands.leakage import (
     perceptual_hashes,
     thumbnail,
 )
-from tests.data.helpers import TOKENIZER, write_jsonl
+from tests.data.helpers import write_jsonl
+from tests.data.test_audit import _config as audit_config
 
 TRAIN = ("astronaut", "chelsea", "coffee", "rocket")
 DISTINCT = ("hubble_deep_field", "immunohistochemistry", "camera", "coins")  # none of them in TRAIN
@@ -113,29 +113,10 @@ def leakage_data(root: Path) -> dict[str, Path]:
             (("train", train), ("val", val), ("test", test))}  # fmt: skip
 
 
-def audit_config(root: Path, files: dict[str, Path]) -> Path:
-    config = {
-        "model": {
-            "image_tower": {"class_path": "mm_lightning.models.towers.TorchvisionTower"},
-            "text_tower": {
-                "class_path": "mm_lightning.models.towers.HFTextTower",
-                "init_args": {"name": TOKENIZER},
-            },
-            "embed_dim": 8,
-        },
-        "data": {
-            "class_path": "mm_lightning.data.MultimodalDataModule",
-            "init_args": {**{f"{s}_file": str(f) for s, f in files.items()}, "images": {"size": 32}},
-        },
-    }
-    path = root / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
 @pytest.mark.timeout(240)
 def test_audit_finds_planted_copies_across_splits_and_none_among_distinct_photos(tmp_path: Path) -> None:
-    config = audit_config(tmp_path, leakage_data(tmp_path))
+    files = leakage_data(tmp_path)
+    config = audit_config(tmp_path, files["train"], val=files["val"], test=files["test"])
     out = tmp_path / "report.json"
     args = ["audit", "--config", str(config), "--audit.output", str(out), "--audit.workers", "1",
             "--audit.progress", "false"]  # fmt: skip
