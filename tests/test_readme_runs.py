@@ -23,7 +23,9 @@ TWO_PROCESSES = "two processes (test_strategies_cli.py runs ddp and ddp_explicit
 USERS_FILES = "a model folder of the user's (/models/...)"
 HELP = "help text (test_readme_commands.py parses it)"
 HF_EXPORT = "export --format hf of a run with Hugging Face towers (tests/towers/test_export_dual_encoder.py)"
-EARLIER_OUTPUT = "an earlier evaluate's output (test_evaluate.py compares two evaluations of the same test set)"
+EARLIER_OUTPUT = (
+    "an earlier evaluate's output (test_evaluate.py compares two evaluations of the same test set)"
+)
 
 
 def why_not_run(argv: list[str]) -> str | None:
