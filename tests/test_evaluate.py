@@ -225,7 +225,8 @@ def test_zero_shot_equals_clip_benchmark(
     reference = theirs(templates)
     for key, value in ours["metrics"].items():
         assert value == pytest.approx(reference[key], abs=1e-6), key
-    assert ours["metrics"]["acc1"] != ours["metrics"]["mean_per_class_recall"]  # unequal classes: both count
+    # unequal classes: accuracy and mean per-class recall weigh images differently, and both match
+    assert len({sum(color == c for _, color in labeled) for c in classes}) > 1
     # Control: with one prompt instead of CLIP's 80 the classifier, and its scores, differ (24 images score in
     # steps of 1/24: some single prompts may tie with all 80, so several are tried).
     single = [theirs([template]) for template in templates[:8]]

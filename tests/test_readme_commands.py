@@ -49,7 +49,11 @@ def readme_commands(text: str) -> list[tuple[int, list[str]]]:
             path = re.match(
                 r"\s*PYTHONPATH=(\S+)\s", pending
             )  # the user's own code, e.g. PYTHONPATH=examples/x
-            argv = shlex.split(found.group(1), comments=True)
+            command = found.group(1)
+            if "bash -c '" in pending:  # a command a launcher runs through bash: its closing quote
+                command = command.rstrip().removesuffix("'")
+            # environment variables the launcher sets (SLURM_JOB_NUM_NODES, GROUP_WORLD_SIZE...): a count
+            argv = shlex.split(re.sub(r'"\$[A-Z_]+"', "2", command), comments=True)
             commands.append((start, [f"PYTHONPATH={path.group(1)}", *argv] if path else argv))
         pending = ""
     return commands

@@ -11,21 +11,15 @@ import lightning.pytorch as pl
 import torch
 from jsonargparse.typing import PositiveInt
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset
 from typing_extensions import override
 
 from mm_lightning.data.collate import MultimodalCollate
 from mm_lightning.data.config import CaptionSampling, ImageOptions, LoaderOptions, with_group_defaults
 from mm_lightning.data.images import decode_image_bytes
 from mm_lightning.data.jsonl import JsonlIndex, RecordParser
-from mm_lightning.data.loader import (
-    ResumableDataLoader,
-    TrainPosition,
-    WorkerSafeDataLoader,
-    derive_seed,
-    global_seed,
-    ignore_stop_signals,
-)
+from mm_lightning.data.loader import WorkerSafeDataLoader, global_seed, ignore_stop_signals
+from mm_lightning.data.order import GlobalOrderSampler, ResumableDataLoader, TrainPosition, draw_seeds
 from mm_lightning.data.records import IMAGE_KINDS, EmptySplitError, NoTrainingBatch, RecordError, SkipLog
 from mm_lightning.data.samples import BadRecordPolicy, SampleBuilder
 from mm_lightning.data.transforms import (
@@ -293,24 +287,22 @@ class MultimodalDataModule(pl.LightningDataModule):
 
     @override
     def train_dataloader(self) -> ResumableDataLoader:
-        """Shuffled, ``drop_last``; a stateful loader so Lightning checkpoints its position."""
+        """This rank's share of each global batch of the epoch's order; its position is saved with the data
+        module (and by Lightning), and a resume on any number of processes continues it."""
         dataset, hp, loader = self._dataset("train"), self.hparams, self.loader_options
         world, rank = self._rank_info()
         rows = "images" if dataset.caption_sampling == "random" else "caption rows"
         where = f"{dataset.index.file}: {dataset.index.lines} non-blank lines, {dataset.index.skips.count} dropped"
         where += f" while reading, {len(dataset)} {rows} left"
-        # one process: shuffle=True (a checkpointable RandomSampler); several: the sampler Lightning would add
-        sampler = DistributedSampler(dataset, world, rank, seed=global_seed()) if world > 1 else None
+        seed = global_seed()
+        sampler = GlobalOrderSampler(len(dataset), hp.batch_size, world, rank, seed)
         if loader["length_grouping"]:
             from mm_lightning.extras.length_grouping import LengthGroupedSampler, caption_lengths
 
-            lengths, seed, window = caption_lengths(dataset), global_seed(), loader["length_window"]
+            lengths, window = caption_lengths(dataset), loader["length_window"]
             sampler = LengthGroupedSampler(lengths, hp.batch_size, world, rank, seed, window)
-        self.check_a_batch(len(dataset) if sampler is None else len(sampler), where)
-        kwargs = self._loader_kwargs()
-        batches = ResumableDataLoader(
-            dataset, sampler=sampler, shuffle=sampler is None, drop_last=True, **kwargs
-        )
+        self.check_a_batch(sampler.stream_length() // world, where)
+        batches = ResumableDataLoader(dataset, sampler=sampler, drop_last=True, **self._loader_kwargs())
         return self.train_position.track(batches, self.trainer)
 
     @override
@@ -363,7 +355,7 @@ class ImageTextDataset(Dataset):
         if self.caption_sampling == "all":
             return item
         rows = self.index.pairs_of_image(item)
-        # torch's RNG, seeded per batch by __getitems__ (draws differ across batches and epochs).
+        # torch's RNG, seeded per visit by __getitems__ (draws differ across epochs).
         return int(rows[int(torch.randint(len(rows), ()).item())]) if len(rows) > 1 else int(rows[0])
 
     def image_records(self) -> list[Any]:
@@ -386,10 +378,11 @@ class ImageTextDataset(Dataset):
             raise
 
     def __getitems__(self, items: list[int]) -> list[dict[str, Any]]:
-        """Load a batch; draws (caption, crops) seeded by its indices: same in any worker layout or resume."""
+        """Load a batch; each sample's draws (caption, crop, flip) seeded by its visit (:class:`Visit`), so a
+        sample is the same whichever rank or worker reads it, and after a resume."""
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(self.seed, items))
-            return self.policy.load_batch(list(items), self.load, len(self))
+            seeds = draw_seeds(self.seed, items)
+            return self.policy.load_batch([int(i) for i in items], self.load, len(self), seeds)
 
     def __getitem__(self, item: int) -> dict[str, Any]:
-        return self.policy.load(item, self.load, len(self))
+        return self.__getitems__([item])[0]

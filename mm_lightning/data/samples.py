@@ -130,12 +130,22 @@ class BadRecordPolicy:
         """One item, or a replacement for it (see :meth:`load_batch`)."""
         return self.load_batch([item], load, size)[0]
 
-    def load_batch(self, items: list[int], load: Callable[[int], dict[str, Any]], size: int) -> list[dict]:
+    def load_batch(
+        self,
+        items: list[int],
+        load: Callable[[int], dict[str, Any]],
+        size: int,
+        draw_seeds: list[int] | None = None,
+    ) -> list[dict]:
         """Load ``items`` of a map-style dataset of ``size``; bad ones raise or are replaced by a draw seeded
-        by ``(seed, item)`` that avoids this batch's items and keeps its own ``index``."""
+        by ``(seed, item)`` that avoids this batch's items and keeps its own ``index``. ``draw_seeds``: torch's
+        generator is seeded with the item's before it loads (its replacement's draws follow on)."""
         taken = set(items)
         out = []
-        for item in items:
+        for n, item in enumerate(items):
+            if draw_seeds is not None:
+                # the CPU generator alone: torch.manual_seed also queues CUDA's lazy seeding, a stack trace a call
+                torch.default_generator.manual_seed(draw_seeds[n])
             try:
                 out.append(load(item))
             except RecordError as err:

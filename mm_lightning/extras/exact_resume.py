@@ -12,7 +12,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
-from mm_lightning.data.loader import ResumableDataLoader, derive_seed, global_seed
+from mm_lightning.data.loader import derive_seed, global_seed
+from mm_lightning.data.order import ResumableDataLoader
 
 
 class ExactResume(Callback):

@@ -23,7 +23,7 @@ each computes its share of the missing rows into a part of its own.
 
 Views: ``views = 0`` caches the evaluation crop (no augmentation of the locked tower); ``views = K`` caches K
 random training crops per image, view ``v`` of an image drawn from a generator seeded by the run's seed, the
-image's key and ``v``; each visit of an image then draws one of its K views (seeded per batch, like the caption).
+image's key and ``v``; each visit of an image then draws one of its K views (seeded per visit, like the caption).
 
 The model side only needs to accept a (B, D) batch of features where it takes (B, 3, H, W) images
 (:meth:`mm_lightning.models.DualEncoder.encode_images` does).
@@ -156,7 +156,7 @@ class CachedFeatures:
     Args:
         table: the split's feature table.
         views: 0: the one evaluation-crop row; K: one of the image's K training views, drawn from torch's RNG
-            (seeded per batch by the dataset).
+            (seeded per visit by the dataset).
     """
 
     def __init__(self, table: FeatureTable, views: int) -> None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sized
+from collections.abc import Sized
 from typing import Any
 
 import numpy as np
-from torch.utils.data import DistributedSampler
 
 from mm_lightning.data.loader import derived_rng
+from mm_lightning.data.order import GlobalOrderSampler
 
 
 def caption_lengths(dataset: Any) -> np.ndarray:
@@ -21,10 +21,11 @@ def caption_lengths(dataset: Any) -> np.ndarray:
     )
 
 
-class LengthGroupedSampler(DistributedSampler):
-    """Shuffle, sort by length inside windows of ``window_batches`` global batches, deal batches to ranks.
+class LengthGroupedSampler(GlobalOrderSampler):
+    """The epoch's stream: shuffled, sorted by length inside windows of ``window_batches`` batches, cut into
+    batches of ``batch_size`` that are shuffled again; ranks read it as :class:`GlobalOrderSampler` does.
 
-    A ``DistributedSampler`` so Lightning keeps it; the order depends only on ``(seed, epoch)`` (resumable).
+    The stream depends on ``(seed, epoch, batch_size)``, not on the number of ranks.
 
     Args:
         lengths: one length per dataset item.
@@ -32,9 +33,10 @@ class LengthGroupedSampler(DistributedSampler):
         num_replicas: world size.
         rank: this process's global rank.
         seed: shuffle seed (the same on all ranks).
-        window_batches: global batches per sorting window; larger saves more padding, randomizes less.
-        drop_last: drop the tail that does not fill a batch on every rank (else wrap around to fill it).
+        window_batches: batches per sorting window; larger saves more padding, randomizes less.
     """
+
+    order_follows_batch_size = True
 
     def __init__(
         self,
@@ -44,36 +46,28 @@ class LengthGroupedSampler(DistributedSampler):
         rank: int = 0,
         seed: int = 0,
         window_batches: int = 32,
-        drop_last: bool = True,
     ) -> None:
-        super().__init__(
-            lengths, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=drop_last
-        )
+        super().__init__(len(lengths), batch_size, num_replicas=num_replicas, rank=rank, seed=seed)
         self.lengths = np.asarray(lengths)
-        self.batch_size, self.window_batches = batch_size, window_batches
-        per_step = batch_size * num_replicas
-        steps = len(self.lengths) // per_step if drop_last else -(-len(self.lengths) // per_step)
-        self.num_samples = steps * batch_size
-        self.total_size = steps * per_step
+        self.window_batches = window_batches
 
-    def batches(self) -> np.ndarray:
-        """(steps, num_replicas, batch_size) item indices for the current epoch, identical on every rank."""
+    def stream_length(self) -> int:
+        return len(self.lengths) // self.batch_size * self.batch_size  # whole groups
+
+    def epoch_order(self) -> np.ndarray:
         rng = derived_rng(self.seed, self.epoch)
         order = rng.permutation(len(self.lengths))
-        if self.total_size > len(order):  # wrap around so every rank gets full batches
-            order = np.concatenate([order, order[: self.total_size - len(order)]])
-        window = self.batch_size * self.num_replicas * self.window_batches
+        window = self.batch_size * self.window_batches
         chunks = []
         for start in range(0, len(order), window):
             part = order[start : start + window]
             chunks.append(part[np.argsort(self.lengths[part], kind="stable")])
-        grouped = np.concatenate(chunks)[: self.total_size].reshape(-1, self.batch_size)
-        # Shuffle whole batches so long and short ones alternate; rank r takes every num_replicas-th batch.
-        grouped = grouped[rng.permutation(len(grouped))]
-        return grouped.reshape(-1, self.num_replicas, self.batch_size)
+        grouped = np.concatenate(chunks)[: self.stream_length()].reshape(-1, self.batch_size)
+        # Shuffle whole batches so long and short ones alternate.
+        return grouped[rng.permutation(len(grouped))].reshape(-1)
 
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.batches()[:, self.rank].reshape(-1).tolist())
-
-    def __len__(self) -> int:
-        return self.num_samples
+    def batches(self) -> np.ndarray:
+        """(steps, num_replicas, batch_size) item indices of the current epoch, identical on every rank."""
+        return self.epoch_order()[: self.steps() * self.global_batch].reshape(
+            -1, self.num_replicas, self.batch_size
+        )

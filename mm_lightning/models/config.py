@@ -97,7 +97,8 @@ class OptimConfig:
         warmup_steps: linear warmup steps.
         min_lr_ratio: final LR / peak LR of the cosine decay.
         clip_heads: max gradient norm of the parameters outside the towers (null: none).
-        fused: AdamW's fused kernel (null: fused when every parameter is on a CUDA device)."""
+        fused: AdamW's fused kernel (null: fused when every parameter is on a CUDA device).
+        lr_scaling: LR rule when a resume changes the global batch."""
 
     lr: float = 1e-4
     weight_decay: float = 0.05
@@ -105,6 +106,7 @@ class OptimConfig:
     min_lr_ratio: float = 0.0
     clip_heads: float | None = None
     fused: bool | None = None
+    lr_scaling: Literal["none", "linear", "sqrt"] = "none"
 
 
 # shared defaults of MultimodalModule's arguments (frozen, so sharing them is safe)

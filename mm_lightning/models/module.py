@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from mm_lightning.data.loader import derive_seed, global_seed
+from mm_lightning.data.order import planned_steps
 from mm_lightning.data.records import STAND_IN_KEY
 from mm_lightning.models.config import (
     DEFAULT_FUSION,
@@ -35,7 +36,7 @@ from mm_lightning.models.config import (
 )
 from mm_lightning.models.dual_encoder import DualEncoder, batch_embedding
 from mm_lightning.models.losses import weighted_sum
-from mm_lightning.models.optim import clip_gradients, optimizer_and_schedule
+from mm_lightning.models.optim import clip_gradients, optimizer_and_schedule, rescale_for_global_batch
 
 
 def warn_if_processes_share_cores(trainer: Trainer) -> None:
@@ -213,6 +214,7 @@ class MultimodalModule(LightningModule):
     @override
     def on_train_start(self) -> None:
         warn_if_processes_share_cores(self.trainer)
+        rescale_for_global_batch(self.trainer, self.optim_config.lr_scaling)
         self.batch_embedding.check_wrapper(self.trainer.strategy.model)
 
     @override
@@ -293,9 +295,7 @@ class MultimodalModule(LightningModule):
         towers["image_encoder"] = (self.model.image_encoder, self.image_config.lr)
         towers["text_encoder"] = (self.model.text_encoder, self.text_config.lr)
         trainer = self.trainer
-        return optimizer_and_schedule(
-            self, towers, self.optim_config, lambda: trainer.estimated_stepping_batches
-        )
+        return optimizer_and_schedule(self, towers, self.optim_config, lambda: planned_steps(trainer))
 
     @override
     def configure_gradient_clipping(

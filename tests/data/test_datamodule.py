@@ -11,6 +11,7 @@ import torch
 
 from mm_lightning.data import MultimodalDataModule
 from mm_lightning.data.config import IMAGE_DEFAULTS, LOADER_DEFAULTS
+from mm_lightning.data.order import Visit
 from mm_lightning.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from tests.data.helpers import TOKENIZER, coco_style, save_image, write_jsonl
 
@@ -56,7 +57,7 @@ def test_multi_caption_train_draws_one_caption_per_image(tmp_path: Path) -> None
     dm.setup("fit")
     train, val = dm.datasets["train"], dm.datasets["val"]
     assert len(train) == 3 and len(val) == 12
-    seen = {train[0]["caption"] for _ in range(40)}
+    seen = {train[Visit(0, epoch, 0)]["caption"] for epoch in range(40)}  # a caption drawn per visit
     assert len(seen) > 1 and all(c.startswith("a red circle number 0 ") for c in seen)
     expanded = _dm(tmp_path / "split.jsonl", loader={"caption_sampling": "all"})
     expanded.setup("fit")
@@ -87,7 +88,8 @@ def test_same_image_on_several_lines_gets_one_id(tmp_path: Path) -> None:
     ids = dm.datasets["val"].index.image_ids.tolist()
     assert ids[0] == ids[2] != ids[1]
     assert len(dm.datasets["train"]) == 2  # one item per image in training
-    assert {dm.datasets["train"][ids[0]]["caption"] for _ in range(30)} == {"first a", "second a"}
+    visits = [Visit(ids[0], epoch, 0) for epoch in range(30)]
+    assert {dm.datasets["train"][v]["caption"] for v in visits} == {"first a", "second a"}
 
 
 def test_image_root_option(tmp_path: Path) -> None:
@@ -105,8 +107,10 @@ def test_eval_transform_is_deterministic_train_is_random(tmp_path: Path) -> None
     )
     dm.setup("fit")
     assert torch.equal(dm.datasets["val"][0]["image"], dm.datasets["val"][0]["image"])
-    crops = [dm.datasets["train"][0]["image"] for _ in range(5)]
+    crops = [dm.datasets["train"][Visit(0, epoch, 0)]["image"] for epoch in range(5)]
     assert any(not torch.equal(crops[0], c) for c in crops[1:])
+    again = dm.datasets["train"][Visit(0, 3, 0)]["image"]
+    assert torch.equal(again, crops[3])  # the same visit draws the same crop
 
 
 class _Recorder(pl.LightningModule):

@@ -40,21 +40,27 @@ def test_deterministic_per_seed_and_epoch() -> None:
     assert list(a) != list(LengthGroupedSampler(lengths, 8, seed=4))
 
 
-@pytest.mark.parametrize("drop_last", [True, False])
-def test_ranks_disjoint_and_cover_epoch(drop_last: bool) -> None:
+@pytest.mark.parametrize("world", [1, 3])
+def test_ranks_disjoint_and_cover_epoch(world: int) -> None:
     lengths = _lengths(1003)
-    ranks = [LengthGroupedSampler(lengths, 10, num_replicas=3, rank=r, drop_last=drop_last) for r in range(3)]
+    ranks = [LengthGroupedSampler(lengths, 10, num_replicas=world, rank=r) for r in range(world)]
     streams = [list(s) for s in ranks]
     assert len({len(s) for s in streams}) == 1 and len(streams[0]) % 10 == 0  # equal whole batches
     flat = [i for s in streams for i in s]
-    if drop_last:
-        assert len(set(flat)) == len(flat) == 990  # disjoint, only the < one-step tail is dropped
-    else:
-        assert set(flat) == set(range(1003)) and len(flat) == 1020  # wrap-around fills the last step
+    assert len(set(flat)) == len(flat) == 1003 // (10 * world) * 10 * world  # only the < one-step tail waits
     # each rank's stream is made of whole length groups
     for stream in streams:
         batches = lengths[np.array(stream).reshape(-1, 10)]
         assert (batches.max(1) - batches.min(1)).mean() < 10
+
+
+def test_length_groups_do_not_depend_on_the_number_of_ranks() -> None:
+    lengths = _lengths(1000)
+    one = LengthGroupedSampler(lengths, 10).batches().reshape(-1, 10)
+    two = LengthGroupedSampler(lengths, 10, num_replicas=2).batches().reshape(-1, 10)
+    assert np.array_equal(one, two)  # 2 ranks read the groups 1 rank reads, step by step
+    other_size = LengthGroupedSampler(lengths, 20).batches().reshape(-1, 10)
+    assert not np.array_equal(one, other_size)  # control: the groups follow the batch size
 
 
 class _IndexRecorder(pl.LightningModule):

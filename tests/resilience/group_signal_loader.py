@@ -15,7 +15,8 @@ import psutil
 from torch.utils.data import DataLoader
 
 from mm_lightning.data import loader as loader_module
-from mm_lightning.data.loader import ResumableDataLoader, WorkerSafeDataLoader, ignore_stop_signals
+from mm_lightning.data.loader import WorkerSafeDataLoader, ignore_stop_signals
+from mm_lightning.data.order import GlobalOrderSampler, ResumableDataLoader
 
 
 class SlowToLeaveTheGroup:
@@ -36,9 +37,10 @@ def main() -> None:
     loader_module.os = SlowToLeaveTheGroup()  # type: ignore[assignment]
     results: dict[str, object] = {}
     for loader_class in (WorkerSafeDataLoader, ResumableDataLoader, DataLoader):
+        sampler = GlobalOrderSampler(8, 2, shuffle=False) if loader_class is ResumableDataLoader else None
         loader = loader_class(
             list(range(8)), batch_size=2, num_workers=2, multiprocessing_context="fork",
-            worker_init_fn=ignore_stop_signals,
+            worker_init_fn=ignore_stop_signals, sampler=sampler,
         )  # fmt: skip
         batches = iter(loader)
         os.killpg(0, signal.SIGTERM)

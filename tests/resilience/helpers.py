@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -186,3 +188,40 @@ class KeepEpochEndCheckpoint(Callback):
             self.to.mkdir(parents=True, exist_ok=True)
             latest = next(c for c in trainer.checkpoint_callbacks if c.monitor is None)  # keeps last.ckpt
             shutil.copyfile(latest.best_model_path, self.to / "last.ckpt")
+
+
+class RecordSamples(Callback):
+    """Appends each training batch's sample indices to ``<out>/rank<R>.jsonl`` (one line per batch, flushed, so a
+    SIGKILL keeps what was written) and, with ``kill_at_step``, SIGKILLs every rank when that step begins: after
+    the checkpoint of the step before is written, before the batch trains.
+
+    Args:
+        out: folder of the logs.
+        kill_at_step: global step whose batch start kills the process.
+    """
+
+    def __init__(self, out: str, kill_at_step: int | None = None) -> None:
+        self.out, self.kill_at_step = Path(out), kill_at_step
+
+    @override
+    def on_train_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.global_step == self.kill_at_step:
+            trainer.strategy.barrier()  # every rank is past the checkpoint's save
+            os.kill(os.getpid(), signal.SIGKILL)
+        self.out.mkdir(parents=True, exist_ok=True)
+        row = {"epoch": trainer.current_epoch, "step": trainer.global_step, "index": batch["index"].tolist()}
+        with open(self.out / f"rank{trainer.global_rank}.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def recorded_samples(out: Path, steps: range | None = None) -> list[int]:
+    """Every index :class:`RecordSamples` wrote under ``out`` (all ranks), of the global steps in ``steps``."""
+    seen = []
+    for log in sorted(out.glob("rank*.jsonl")):
+        for line in log.read_text().splitlines():
+            row = json.loads(line)
+            if steps is None or row["step"] in steps:
+                seen += row["index"]
+    return seen

@@ -22,7 +22,7 @@ from torch.utils.data import TensorDataset
 from typing_extensions import override
 
 from mm_lightning.checkpoints import AtomicCheckpointIO
-from mm_lightning.data.loader import ResumableDataLoader, TrainPosition
+from mm_lightning.data.order import GlobalOrderSampler, ResumableDataLoader, TrainPosition
 from mm_lightning.extras import ExactResume, PreemptionCheckpoint
 from tests.resilience.helpers import TinyModule, random_loader
 
@@ -168,7 +168,7 @@ def test_resume_says_when_the_data_position_could_not_be_restored(tmp_path: Path
     def fit(ckpt_path: Path | None = None, **limits: int) -> ResumableDataLoader:
         generator = torch.Generator().manual_seed(0)
         data = TensorDataset(torch.randn(40, 8, generator=generator), torch.randn(40, generator=generator))
-        loader = ResumableDataLoader(data, batch_size=8, shuffle=True)
+        loader = ResumableDataLoader(data, GlobalOrderSampler(40, 8), batch_size=8)
         checkpoint = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=0, save_last=True)
         trainer = Trainer(
             accelerator="cpu", **limits, logger=False, enable_progress_bar=False,
@@ -211,7 +211,7 @@ def test_last_checkpoint_records_the_fresh_best(tmp_path: Path, best_first: bool
 def test_a_saved_position_goes_only_to_a_fit_resumed_from_a_checkpoint() -> None:
     """A position read by an earlier ``validate(ckpt_path=...)`` is not given to a later fresh ``fit``."""
     data = TensorDataset(torch.arange(40.0), torch.arange(40.0))
-    saved = ResumableDataLoader(data, batch_size=8, shuffle=True)
+    saved = ResumableDataLoader(data, GlobalOrderSampler(40, 8), batch_size=8)
     batches = iter(saved)
     next(batches), next(batches)
     state = {TrainPosition.KEY: saved.state_dict()}
@@ -219,12 +219,12 @@ def test_a_saved_position_goes_only_to_a_fit_resumed_from_a_checkpoint() -> None
         position = TrainPosition()
         position.load_state_dict(state)
         loader = position.track(
-            ResumableDataLoader(data, batch_size=8, shuffle=True), SimpleNamespace(ckpt_path=ckpt_path)
+            ResumableDataLoader(data, GlobalOrderSampler(40, 8), batch_size=8),
+            SimpleNamespace(ckpt_path=ckpt_path),
         )
         assert loader.position_loaded is applied and position.pending is None
-        assert position.state_dict()[TrainPosition.KEY]["mm_lightning_batches_yielded"] == (
-            2 if applied else 0
-        )
+        consumed = position.state_dict()[TrainPosition.KEY][ResumableDataLoader.KEY]["consumed"]
+        assert consumed == (16 if applied else 0)  # 2 batches of 8
 
 
 @pytest.mark.parametrize("seed", ["3", "4"], ids=["same-seed", "control-other-seed"])

@@ -66,17 +66,20 @@ def test_last_without_a_checkpoint_is_an_error_that_says_where_checkpoints_are(
 
 
 def test_best_is_the_run_folders_best_checkpoint(tiny_run: TinyRun, tmp_path: Path) -> None:
-    (best,) = tiny_run.checkpoint_dir.glob("best*.ckpt")
-    cli = cli_main(["test", *tiny_demo_args(tiny_run.root), *SHORT, "--ckpt_path", "best"])
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run.root, run, symlinks=True)
+    # last.ckpt with other weights (the best may be the last step's), so the two files can be told apart
+    last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    last["state_dict"] = {k: v + 1 if v.is_floating_point() else v for k, v in last["state_dict"].items()}
+    torch.save(last, run / "checkpoints" / "last.ckpt")
+    (best,) = (run / "checkpoints").glob("best*.ckpt")
+    cli = cli_main(["test", *tiny_demo_args(run), *SHORT, "--ckpt_path", "best"])
     assert cli.trainer.ckpt_path == str(best)
     # control: the weights scored are that file's, not the last ones
     state = torch.load(best, weights_only=True)["state_dict"]
     loaded = cli.model.state_dict()
     assert all(torch.equal(loaded[k], v) for k, v in state.items())
-    assert not all(
-        torch.equal(loaded[k], v)
-        for k, v in torch.load(tiny_run.checkpoint_dir / "last.ckpt", weights_only=True)["state_dict"].items()
-    )
+    assert not all(torch.equal(loaded[k], v) for k, v in last["state_dict"].items())
 
 
 def test_export_of_a_name_instead_of_a_file_says_where_checkpoints_are(

@@ -1,5 +1,6 @@
-"""ShardOrderSampler: equal batches on every rank whatever the shard sizes, deterministic per (seed, epoch),
-exact weights, and a StatefulDataLoader that resumes mid-epoch on exactly the unseen samples."""
+"""ShardOrderSampler: equal batches on every rank whatever the shard sizes, one stream per (seed, epoch) that any
+number of ranks reads, exact weights, and a StatefulDataLoader that resumes mid-epoch on exactly the unseen
+samples."""
 
 from __future__ import annotations
 
@@ -32,15 +33,22 @@ def test_every_rank_gets_the_same_count_and_no_item_twice(world: int) -> None:
     assert len({len(r) for r in per_rank}) == 1
     seen = [i for r in per_rank for i in r]
     assert len(seen) == len(set(seen))  # one pass: no duplicates
-    assert 36 - len(seen) < world  # only the remainder below world size waits
+    assert 36 - len(seen) < world  # only the tail short of one step waits (batch_size 1)
     assert set(seen) <= set(range(36))
 
 
-def test_ranks_read_disjoint_shards_except_at_the_cuts() -> None:
+def test_each_step_reads_a_few_shards_and_ranks_split_it() -> None:
     starts = [0, 7, 10, 21, 26, 27]
     shard_of = {i: max(s for s, st in enumerate(starts) if st <= i) for i in range(36)}
-    touched = [{shard_of[i] for i in r} for r in ranks([SourcePlan(SIZES)], 3)]
-    assert sum(len(t) for t in touched) <= len(SIZES) + 2  # at most one shared shard per cut
+    per_rank = ranks([SourcePlan(SIZES)], 2, shuffle_shards=1, batch_size=3)
+    steps = [per_rank[0][b : b + 3] + per_rank[1][b : b + 3] for b in range(0, len(per_rank[0]), 3)]
+    # One shard per window: a step's 6 items come from consecutive shards of the stream (3 at most here: the
+    # 1- and 3-item shards fit inside a step), not from all 6.
+    read = [shard_of[i] for step in steps for i in step]
+    assert sum(a != b for a, b in zip(read, read[1:], strict=False)) == len(SIZES) - 1
+    assert max(len({shard_of[i] for i in step}) for step in steps) <= 3
+    (one,) = ranks([SourcePlan(SIZES)], 1, shuffle_shards=1, batch_size=6)
+    assert [i for step in steps for i in step] == one  # 2 x 3 reads, step by step, what 1 x 6 reads
 
 
 def test_order_is_a_function_of_seed_and_epoch() -> None:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from mm_lightning.data.images import decode_image_file
+from mm_lightning.data.order import Visit
 from mm_lightning.data.records import RecordError
 from mm_lightning.extras.shards.files import ShardError, list_shards
 from tests.shards.helpers import CAPTIONS_PER_SAMPLE, caption, jpeg_bytes, uneven_shards, write_shard
@@ -31,10 +32,10 @@ def test_samples_decode_like_files_and_carry_every_caption(tmp_path: Path) -> No
     reference.write_bytes(jpeg_bytes(12))
     assert torch.equal(item["image"], decode_image_file(str(reference)))
     random = dataset(uneven_shards(tmp_path))
-    drawn = {random.__getitems__([12, 13])[0]["caption"] for _ in range(1)}
-    drawn |= {random.__getitems__([12, n])[0]["caption"] for n in range(13, 26)}
-    assert drawn == {caption(12, 0), caption(12, 1)}  # per-batch seeded draws cover both captions
-    assert random.__getitems__([12, 13])[0]["caption"] == random.__getitems__([12, 13])[0]["caption"]
+    drawn = {random.__getitems__([Visit(12, epoch, 5), 13])[0]["caption"] for epoch in range(20)}
+    assert drawn == {caption(12, 0), caption(12, 1)}  # draws seeded per visit cover both captions
+    first, second = (random.__getitems__([Visit(12, 4, 5), n])[0]["caption"] for n in (13, 20))
+    assert first == second  # the same visit draws the same caption whatever the batch holds
 
 
 def test_txt_is_the_caption_when_json_has_none(tmp_path: Path) -> None:

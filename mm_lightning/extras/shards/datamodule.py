@@ -19,7 +19,8 @@ from typing_extensions import override
 
 from mm_lightning.data.datamodule import MultimodalDataModule, Split
 from mm_lightning.data.demo import demo_generator_args, generate_demo_dataset
-from mm_lightning.data.loader import ResumableDataLoader, global_seed
+from mm_lightning.data.loader import global_seed
+from mm_lightning.data.order import ResumableDataLoader
 from mm_lightning.extras.shards.dataset import ShardDataset
 from mm_lightning.extras.shards.files import list_shards
 from mm_lightning.extras.shards.mixing import MixedDataset, ShardOrderSampler, SourcePlan
@@ -162,9 +163,9 @@ class ShardDataModule(MultimodalDataModule):
             seed=global_seed(),
             shuffle_shards=self.hparams.shuffle_shards,
             epoch_samples=self.hparams.epoch_samples,
+            batch_size=self.hparams.batch_size,
         )
-        self.check_a_batch(len(sampler), f"{len(dataset)} samples")
-        # Every rank's sampler has the same length, so drop_last gives every rank the same number of batches.
+        self.check_a_batch(sampler.stream_length() // world, f"{len(dataset)} samples")
         loader = ResumableDataLoader(dataset, sampler=sampler, drop_last=True, **self._loader_kwargs())
         return self.train_position.track(loader, self.trainer)
 

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from mm_lightning.data.loader import derive_seed, global_seed
+from mm_lightning.data.loader import global_seed
+from mm_lightning.data.order import draw_seeds
 from mm_lightning.data.records import Record, RecordError, record_errors, validate_captions
 from mm_lightning.data.samples import BadRecordPolicy, SampleBuilder, TooManyBadRecords
 from mm_lightning.extras.shards.files import ShardCache, ShardError, ShardInfo
@@ -36,7 +37,7 @@ class ShardDataset(Dataset):
         storage_options: fsspec options for remote shards.
         cache_dir: local folder remote shards are fetched to.
         open_shards: shards kept open per process.
-        seed: base seed of the per-batch augmentation seeding (default: the run's seed).
+        seed: base seed of the per-visit augmentation seeding (default: the run's seed).
     """
 
     def __init__(
@@ -144,16 +145,16 @@ class ShardDataset(Dataset):
             sample, pos = int(self.pair_sample[item]), int(self.pair_pos[item])
         record = self.record(sample)
         if pos is None:
-            # torch's RNG, seeded per batch by __getitems__ (draws differ across batches and epochs).
+            # torch's RNG, seeded per visit by __getitems__ (draws differ across epochs).
             pos = int(torch.randint(len(record.captions), ()).item()) if len(record.captions) > 1 else 0
         elif pos >= len(record.captions):
             raise record.error("captions changed since the dataset was indexed", "bad_caption")
         return self.builder(record, record.captions[pos], sample, item)
 
     def __getitems__(self, items: list[int]) -> list[dict[str, Any]]:
-        """A batch, its random draws seeded by the batch's own indices (replayable after a resume)."""
+        """A batch, each sample's draws seeded by its visit (the same on any rank, after a resume)."""
+        seeds = draw_seeds(self.seed, items)
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(self.seed, items))
             out: list[dict[str, Any]] = [{} for _ in items]
             by_shard: dict[int, list[int]] = {}
             for n, item in enumerate(items):
@@ -161,13 +162,13 @@ class ShardDataset(Dataset):
                     int(np.searchsorted(self.item_starts, item, side="right")) - 1, []
                 ).append(n)
             for shard, positions in by_shard.items():
-                for n, sample in zip(
-                    positions, self._load_in_shard(shard, [items[n] for n in positions]), strict=True
-                ):
+                shard_items = [int(items[n]) for n in positions]
+                loaded = self._load_in_shard(shard, shard_items, [seeds[n] for n in positions])
+                for n, sample in zip(positions, loaded, strict=True):
                     out[n] = sample
             return out
 
-    def _load_in_shard(self, shard: int, items: list[int]) -> list[dict[str, Any]]:
+    def _load_in_shard(self, shard: int, items: list[int], seeds: list[int]) -> list[dict[str, Any]]:
         # Replacements come from the same shard (already open or fetched), unless it has no valid sample.
         base = int(self.item_starts[shard])
         size = int(self.item_starts[shard + 1]) - base
@@ -178,9 +179,9 @@ class ShardDataset(Dataset):
             return sample
 
         try:
-            samples = self.policy.load_batch([i - base for i in items], load_local, size)
+            samples = self.policy.load_batch([i - base for i in items], load_local, size, seeds)
         except TooManyBadRecords:
-            return self.policy.load_batch(items, self.load, len(self))
+            return self.policy.load_batch(items, self.load, len(self), seeds)
         for sample in samples:
             sample["index"] += base
         return samples

@@ -12,7 +12,7 @@ shard``) lists shards with their sizes.
 Why ``wids`` and not webdataset's streaming pipeline: wids indexes each tar (``IndexedTarSamples`` over an
 mmap) so that sample ``i`` is a pure lookup. A map-style dataset lets the sampler (:mod:`.mixing`) decide
 the order from ``(seed, epoch)`` alone: every rank gets the same number of batches whatever the shard sizes,
-and a ``StatefulDataLoader`` resumes mid-epoch by skipping indices, not by re-reading a stream. Remote shards
+and a resume mid-epoch skips indices, not re-reading a stream. Remote shards
 are fetched whole (fsspec, so S3 endpoints and credentials come from ``storage_options``) into a local cache,
 a bounded number at a time per process, and removed again when evicted.
 """

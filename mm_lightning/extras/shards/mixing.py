@@ -1,19 +1,18 @@
-"""Epoch plans over shards and weighted source mixtures: same batch count on every rank, exact resume.
+"""Epoch streams over shards and weighted source mixtures, read by any number of ranks.
 
-An epoch is planned from ``(seed, epoch)`` alone, identically on every rank:
+An epoch's stream is planned from ``(seed, epoch)`` alone, identically on every rank and for any world size:
 
 1. Each source contributes ``round(weight * size)`` items (``weight`` 2 = every item twice, 0.5 = half of it,
    a different half each epoch). With ``epoch_samples`` set, the weights are shares of that fixed total.
 2. A source's items form a stream of whole shards in a shuffled shard order (repeated with a new order for
-   weights above 1). The stream is cut into ``world_size`` equal contiguous ranges, one per rank, so a rank reads
-   about ``1/world_size`` of the shards (the one or two on a cut are shared) and every rank gets exactly
-   ``items // world_size`` items of the source, whatever the shard sizes. The remainder (< ``world_size``) waits
-   for a later epoch.
-3. Within its range a rank shuffles the items of ``shuffle_shards`` consecutive shards at a time (locality: a
-   few shards open at once), and interleaves its sources at random with exact per-source counts.
+   weights above 1), whose items are shuffled ``shuffle_shards`` consecutive shards at a time (locality: a few
+   shards open at once).
+3. The sources' streams are interleaved at random with exact per-source counts.
 
-The sampler is a pure function of ``(seed, epoch, rank)``, so a ``StatefulDataLoader`` resumes mid-epoch by
-skipping the indices it already yielded, and memory is O(shards + ``shuffle_shards`` shards' items).
+Ranks read the stream by position (:class:`~mm_lightning.data.order.GlobalOrderSampler`): each global batch comes
+from the same few shards, of which every rank reads its share. A checkpoint's position is a sample count, so a
+resume on another number of ranks reads the rest of the epoch, each sample once. Memory is O(shards +
+``shuffle_shards`` shards' items): the stream is made and read block by block.
 """
 
 from __future__ import annotations
@@ -23,9 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from torch.utils.data import Dataset, DistributedSampler
+from torch.utils.data import Dataset
 
 from mm_lightning.data.loader import derived_rng
+from mm_lightning.data.order import GlobalOrderSampler, Visit
 
 MIX_BLOCK = 4096  # interleaving decisions drawn per block (vectorized, O(block) memory)
 # Distinct random streams per purpose: numpy seeds from (seed, epoch, purpose, ...), all non-negative.
@@ -66,20 +66,19 @@ def epoch_counts(plans: Sequence[SourcePlan], epoch_samples: int | None) -> list
     return counts.tolist()
 
 
-class ShardOrderSampler(DistributedSampler):
-    """Shard-aware, rank-balanced, deterministic sampler over one or several sources.
-
-    A ``DistributedSampler`` subclass so Lightning keeps it and calls ``set_epoch``.
+class ShardOrderSampler(GlobalOrderSampler):
+    """Shard-aware, deterministic epoch stream over one or several sources, read by position by each rank.
 
     Args:
         plans: the sources (see :class:`SourcePlan`).
         num_replicas: world size.
         rank: this process's global rank.
         seed: shuffle seed (same on every rank).
-        shuffle: shuffle shards and items (``False``: storage order, still split across ranks).
+        shuffle: shuffle shards and items (``False``: storage order).
         shuffle_shards: shards whose items are shuffled together.
         epoch_samples: fixed items per epoch (all ranks), drawn by weight share with resampling; ``None``:
             one weighted pass.
+        batch_size: items per rank per step.
     """
 
     def __init__(
@@ -91,49 +90,45 @@ class ShardOrderSampler(DistributedSampler):
         shuffle: bool = True,
         shuffle_shards: int = 4,
         epoch_samples: int | None = None,
+        batch_size: int = 1,
     ) -> None:
-        # The base class only needs a sized "dataset" for its bookkeeping; the plans define everything here.
         total = sum(p.size for p in plans)
-        super().__init__(range(total), num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
+        super().__init__(total, batch_size, num_replicas=num_replicas, rank=rank, seed=seed, shuffle=shuffle)
         self.plans, self.shuffle_shards = list(plans), max(1, shuffle_shards)
         self.counts = epoch_counts(self.plans, epoch_samples)
         for plan, count in zip(self.plans, self.counts, strict=True):
             if count and not plan.size:
                 raise ValueError("a source with weight > 0 has no items")
-        self.per_rank = [c // num_replicas for c in self.counts]
-        self.num_samples = sum(self.per_rank)
-        self.total_size = self.num_samples * num_replicas
 
-    def __len__(self) -> int:
-        return self.num_samples
+    def stream_length(self) -> int:
+        return int(sum(self.counts))
 
     def _rng(self, *keys: int) -> np.random.Generator:
         return derived_rng(self.seed, self.epoch, *keys)
 
     def _segments(self, s: int) -> Iterator[tuple[int, int, int]]:
-        """(shard, start, stop) pieces of source ``s``'s epoch stream that fall in this rank's range."""
+        """(shard, start, stop) pieces of source ``s``'s epoch stream, up to its count."""
         sizes = np.asarray(self.plans[s].shard_sizes, dtype=np.int64)
-        lo, hi = self.rank * self.per_rank[s], (self.rank + 1) * self.per_rank[s]
-        position, repeat = 0, 0
-        while position < hi:
+        position, repeat, end = 0, 0, self.counts[s]
+        while position < end:
             order = (
                 self._rng(SHARD_ORDER, s, repeat).permutation(len(sizes))
                 if self.shuffle
                 else np.arange(len(sizes))
             )
             for shard in order:
-                start, stop = max(lo, position), min(hi, position + int(sizes[shard]))
-                if start < stop:
-                    yield int(shard), start - position, stop - position
+                stop = min(end - position, int(sizes[shard]))
+                if stop > 0:
+                    yield int(shard), 0, stop
                 position += int(sizes[shard])
-                if position >= hi:
+                if position >= end:
                     return
             repeat += 1
 
     def _source_stream(self, s: int) -> Iterator[np.ndarray]:
-        """This rank's items of source ``s`` (dataset indices), in shuffled windows."""
+        """Source ``s``'s items (dataset indices), in shuffled windows."""
         plan = self.plans[s]
-        if not self.per_rank[s]:
+        if not self.counts[s]:
             return
         starts = np.concatenate([[0], np.cumsum(plan.shard_sizes)]).astype(np.int64) + plan.offset
         window: list[np.ndarray] = []
@@ -149,12 +144,16 @@ class ShardOrderSampler(DistributedSampler):
 
     def _shuffled(self, window: list[np.ndarray], s: int, number: int) -> np.ndarray:
         items = np.concatenate(window)
-        return self._rng(WINDOW, s, self.rank, number).permutation(items) if self.shuffle else items
+        return self._rng(WINDOW, s, number).permutation(items) if self.shuffle else items
 
-    def __iter__(self) -> Iterator[int]:
+    def epoch_order(self) -> np.ndarray:
+        blocks = list(self.epoch_blocks())
+        return np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.int64)
+
+    def epoch_blocks(self) -> Iterator[np.ndarray]:
         streams = [_Chunked(self._source_stream(s)) for s in range(len(self.plans))]
-        remaining = np.array(self.per_rank, dtype=np.int64)
-        rng = self._rng(INTERLEAVE, self.rank)
+        remaining = np.array(self.counts, dtype=np.int64)
+        rng = self._rng(INTERLEAVE)
         while remaining.sum() > 0:
             take = min(MIX_BLOCK, int(remaining.sum()))
             if len(streams) == 1:
@@ -171,7 +170,7 @@ class ShardOrderSampler(DistributedSampler):
                 if count:
                     out[labels == s] = streams[s].take(int(count))
             remaining -= per_source
-            yield from out.tolist()
+            yield out
 
 
 class _Chunked:
@@ -194,7 +193,7 @@ class _Chunked:
 class MixedDataset(Dataset):
     """Several datasets as one index space (source ``s`` owns ``[offsets[s], offsets[s + 1])``).
 
-    A batch is split by source and each part loaded by its source's ``__getitems__`` (its own per-batch seeding
+    A batch is split by source and each part loaded by its source's ``__getitems__`` (its own per-visit seeding
     and bad-record policy); ``index`` is shifted into the mixed space and image ids are made unique across
     sources.
 
@@ -226,7 +225,7 @@ class MixedDataset(Dataset):
             by_source.setdefault(self.source_of(index), []).append(n)
         for s, positions in by_source.items():
             base, dataset = int(self.offsets[s]), self.datasets[s]
-            local = [indices[n] - base for n in positions]
+            local = [_moved(indices[n], indices[n] - base) for n in positions]
             samples = (
                 dataset.__getitems__(local)
                 if hasattr(dataset, "__getitems__")
@@ -240,6 +239,11 @@ class MixedDataset(Dataset):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return self.__getitems__([index])[0]
+
+
+def _moved(item: int, index: int) -> int:
+    """``index`` as the same visit as ``item`` (a source's own index of a mixture's item)."""
+    return item.moved(index) if isinstance(item, Visit) else index
 
 
 def _id_span(dataset: Dataset) -> int:

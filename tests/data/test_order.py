@@ -1,0 +1,179 @@
+"""The training order: one stream per epoch that any number of ranks reads by position, positions saved as sample
+counts that a loader on another number of ranks resumes each sample once, and draws seeded per visit."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from mm_lightning.data import MultimodalDataModule
+from mm_lightning.data.order import GlobalOrderSampler, LayoutChangeError, ResumableDataLoader, Visit
+from mm_lightning.extras import LengthGroupedSampler
+from mm_lightning.extras.shards.mixing import ShardOrderSampler, SourcePlan
+from tests.data.helpers import TOKENIZER, coco_style
+
+SIZE = 96  # divisible by every global batch below: an epoch ends without a tail
+
+
+def loaders(world: int, batch: int, sampler_of: Any = None, epoch: int = 0) -> list[ResumableDataLoader]:
+    """One train loader per rank of ``world`` over the indices ``0..SIZE-1``."""
+    out = []
+    for rank in range(world):
+        sampler = (sampler_of or GlobalOrderSampler)(SIZE, batch, num_replicas=world, rank=rank, seed=5)
+        sampler.set_epoch(epoch)
+        out.append(ResumableDataLoader(list(range(SIZE)), sampler, batch_size=batch))
+    return out
+
+
+def read(ranks: list[ResumableDataLoader], steps: int | None = None) -> list[list[int]]:
+    """Each global step's samples, ranks in order (how the contrastive loss gathers them)."""
+    iterators = [iter(loader) for loader in ranks]
+    out = []
+    while steps is None or len(out) < steps:
+        batches = [next(it, None) for it in iterators]
+        if batches[0] is None:
+            assert all(b is None for b in batches)  # every rank ends at the same step
+            return out
+        out.append([i for b in batches for i in b.tolist()])
+    return out
+
+
+def resumed(state: dict, world: int, batch: int, sampler_of: Any = None) -> list[ResumableDataLoader]:
+    ranks = loaders(world, batch, sampler_of)
+    for loader in ranks:
+        loader.load_state_dict(state)
+    return ranks
+
+
+@pytest.mark.parametrize(("world", "batch"), [(2, 4), (4, 2), (8, 1)])
+def test_ranks_read_the_steps_one_process_reads(world: int, batch: int) -> None:
+    assert read(loaders(world, batch)) == read(loaders(1, 8))  # 2 x 4 reads the batches 1 x 8 reads, in order
+    assert read(loaders(world, batch, epoch=1)) != read(loaders(1, 8))  # control: a new epoch, a new order
+
+
+@pytest.mark.parametrize("after", [(1, 8), (3, 4), (3, 8), (4, 6)])
+def test_a_resume_on_another_layout_reads_the_rest_of_the_epoch_once(after: tuple[int, int]) -> None:
+    before = loaders(2, 4)
+    seen = sum(read(before, steps=6), [])  # 6 steps of 2 x 4 = 48 samples
+    state = before[0].state_dict()
+    assert state == before[1].state_dict()  # the position is the epoch's, not a rank's
+    assert state[ResumableDataLoader.KEY]["consumed"] == 48
+    rest = sum(read(resumed(state, *after)), [])
+    assert Counter(seen + rest) == Counter(range(SIZE))  # each sample of the epoch once
+    assert seen + rest == sum(read(loaders(1, 8)), [])  # in the epoch's own order
+
+    if after[0] * after[1] == 8:
+        return  # the same global batch: a per-process batch count names the same position
+    # Control: a position kept as each process's batch count (what per-rank loader states give) repeats or
+    # skips samples once the global batch changes.
+    legacy = {"mm_lightning_batches_yielded": 6}
+    with pytest.warns(UserWarning, match="per-process batch count"):
+        counted = sum(read(resumed(legacy, *after)), [])
+    assert Counter(seen + counted) != Counter(range(SIZE))
+
+
+def test_an_epoch_end_position_starts_the_next_epoch_on_any_layout() -> None:
+    before = loaders(2, 4)
+    read(before)
+    state = before[0].state_dict()
+    next_epoch = read(resumed(state, 3, 4))
+    ranks = loaders(3, 4, epoch=1)
+    assert next_epoch == read(ranks) and len(next_epoch) == SIZE // 12
+
+
+def test_loading_a_position_twice_changes_nothing() -> None:
+    before = loaders(2, 4)
+    read(before, steps=3)
+    state = before[0].state_dict()
+    (once,) = resumed(state, 1, 8)
+    (twice,) = resumed(state, 1, 8)
+    twice.load_state_dict(state)
+    assert read([once]) == read([twice])
+    assert twice.state_dict()[ResumableDataLoader.KEY]["layouts"] == [
+        {"epoch": 0, "consumed": 24, "world_size": 1, "batch_size": 8}
+    ]
+
+
+def test_workers_read_the_same_stream_and_save_the_same_position() -> None:
+    ranks = loaders(2, 4)
+    with_workers = []
+    for rank in range(2):
+        sampler = GlobalOrderSampler(SIZE, 4, num_replicas=2, rank=rank, seed=5)
+        with_workers.append(ResumableDataLoader(list(range(SIZE)), sampler, batch_size=4, num_workers=2))
+    assert read(with_workers, steps=3) == read(ranks, steps=3)
+    assert with_workers[0].state_dict() == ranks[0].state_dict()  # prefetched batches are not counted
+
+
+def length_grouped(size: int, batch: int, num_replicas: int = 1, rank: int = 0, seed: int = 0) -> Any:
+    lengths = torch.randint(1, 40, (size,), generator=torch.Generator().manual_seed(1)).numpy()
+    return LengthGroupedSampler(lengths, batch, num_replicas, rank, seed, window_batches=4)
+
+
+def test_length_groups_resume_on_other_processes_but_not_another_batch_size() -> None:
+    before = loaders(2, 4, length_grouped)
+    seen = sum(read(before, steps=3), [])
+    state = before[0].state_dict()
+    rest = sum(read(resumed(state, 3, 4, length_grouped)), [])
+    assert Counter(seen + rest) == Counter(range(SIZE))
+    with pytest.raises(LayoutChangeError, match="data.batch_size 4"):
+        resumed(state, 1, 8, length_grouped)  # its groups are batches: another size is another order
+
+
+def mixture(size: int, batch: int, num_replicas: int = 1, rank: int = 0, seed: int = 0) -> ShardOrderSampler:
+    """Two sources of 48 items in uneven shards, the second upsampled twice: 144 visits per epoch."""
+    plans = [SourcePlan((20, 8, 13, 7)), SourcePlan((30, 18), weight=2.0, offset=48)]
+    return ShardOrderSampler(plans, num_replicas, rank, seed, shuffle_shards=2, batch_size=batch)
+
+
+def test_a_two_source_mixture_resumes_on_other_processes_with_its_exact_counts() -> None:
+    full = sum(read(loaders(1, 12, mixture)), [])
+    expected = Counter({**dict.fromkeys(range(48), 1), **dict.fromkeys(range(48, 96), 2)})
+    assert Counter(full) == expected and len(full) == 144
+    for after in [(1, 12), (3, 4), (3, 2)]:
+        before = loaders(2, 6, mixture)
+        seen = sum(read(before, steps=5), [])
+        rest = sum(read(resumed(before[0].state_dict(), *after, mixture)), [])
+        assert seen + rest == full  # the rest of the same stream, each visit once
+
+
+def test_a_sample_looks_the_same_whichever_rank_reads_it(tmp_path: Path) -> None:
+    dm = MultimodalDataModule(
+        train_file=str(coco_style(tmp_path, num_images=8, captions_per_image=4, size=(80, 60))),
+        tokenizer=TOKENIZER,
+        batch_size=2,
+        images={"size": 24, "train_scale": (0.2, 1.0)},
+        loader={"caption_sampling": "random"},
+    )
+    dm.setup("fit")
+    dataset = dm.datasets["train"]
+
+    def samples(world: int, batch: int, epoch: int = 0) -> dict[int, dict]:
+        out = {}
+        for rank in range(world):
+            sampler = GlobalOrderSampler(len(dataset), batch, num_replicas=world, rank=rank, seed=5)
+            sampler.set_epoch(epoch)
+            for visit in sampler:
+                (sample,) = dataset.__getitems__([visit])
+                out[visit.position] = sample
+        return out
+
+    one, two = samples(1, 4), samples(2, 2)
+    assert one.keys() == two.keys() == set(range(8))
+    for position, sample in one.items():
+        assert sample["caption"] == two[position]["caption"] and sample["index"] == two[position]["index"]
+        assert torch.equal(sample["image"], two[position]["image"])
+    # Control: another epoch's visits draw other crops and captions.
+    other = samples(1, 4, epoch=1)
+    by_index = {s["index"]: s for s in other.values()}
+    assert any(not torch.equal(s["image"], by_index[s["index"]]["image"]) for s in one.values())
+
+
+def test_a_visit_survives_the_trip_to_a_worker() -> None:
+    import pickle
+
+    visit = pickle.loads(pickle.dumps(Visit(7, 2, 31)))
+    assert (int(visit), visit.epoch, visit.position) == (7, 2, 31) and isinstance(visit, Visit)
