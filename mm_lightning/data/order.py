@@ -165,7 +165,8 @@ class ResumableDataLoader(StartsWorkersOutsideTheGroup, DataLoader):
         self.global_batch_change: tuple[int, int] | None = (
             None  # (checkpoint's, this run's) after such a resume
         )
-        self.planned_steps: float | None = None  # the run's optimizer steps, counted across that change
+        self.planned_steps: float | None = None  # the run's optimizer steps, once the layout has changed
+        self._loaded_state: dict[str, Any] | None = None
         self.layouts: list[dict[str, int]] = []  # (world size, batch size) changes met by resumes
 
     @override
@@ -198,6 +199,9 @@ class ResumableDataLoader(StartsWorkersOutsideTheGroup, DataLoader):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continue after a saved position (loading the same state twice changes nothing)."""
+        if state_dict == self._loaded_state:  # the same position again (the data module's, then Lightning's)
+            return
+        self._loaded_state = state_dict
         sampler = self.sampler
         saved = state_dict.get(self.KEY)
         if saved is None:
@@ -256,50 +260,65 @@ class ResumableDataLoader(StartsWorkersOutsideTheGroup, DataLoader):
 
     def continue_progress(self, trainer: Any) -> None:
         """Lightning's count of this epoch's batches in this run's layout: the steps the consumed samples make,
-        so the epoch ends when its samples do (after a change of processes or batch size)."""
+        so the epoch ends when its samples do (after a change of processes or batch size), and the length of a
+        run whose layout changed, in the optimizer steps it really takes."""
         fit_loop = getattr(trainer, "fit_loop", None)
         if self.loaded is None or fit_loop is None:
             return
         sampler, saved = self.sampler, self.loaded
         epoch, consumed = int(saved["epoch"]), int(saved["consumed"])
-        done = sampler.steps() - sampler.steps(consumed)  # this epoch's steps, counted in this layout
-        progress = trainer.fit_loop.epoch_loop.batch_progress
-        if (
-            not trainer.fit_loop.restarting
-        ):  # the loops' state comes later, counted in the checkpoint's layout
-            if not self.layout_changed:
-                return
-            raise LayoutChangeError(
-                "The train loader was set up before the checkpoint's loop state was read (configure_optimizers"
-                " asked for trainer.estimated_stepping_batches), so its epoch cannot be counted in this run's"
-                " processes and batch size: resume with the checkpoint's"
-                f" {saved['world_size']} processes x data.batch_size {saved['batch_size']}, or ask for the"
-                " number of steps lazily (as mm_lightning.models.optim.warmup_cosine does)."
-            )
-        shift = done - progress.current.ready
-        for counter in ("ready", "started", "processed", "completed"):
-            setattr(progress.current, counter, getattr(progress.current, counter) + shift)
+        left = sampler.steps(consumed)  # this layout's batches left in the epoch
+        old_batch = int(saved["world_size"]) * int(saved["batch_size"])
         if self.layout_changed:
-            old_batch = int(saved["world_size"]) * int(saved["batch_size"])
             self.global_batch_change = (old_batch, sampler.global_batch)
-            accumulate = trainer.accumulate_grad_batches
-            left = math.ceil(sampler.steps(consumed) / accumulate)
-            per_epoch = math.ceil(sampler.steps() / accumulate)
-            planned = math.inf
-            if trainer.max_epochs is not None and trainer.max_epochs >= 0:
-                planned = trainer.global_step + left + (trainer.max_epochs - epoch - 1) * per_epoch
-            if trainer.max_steps != -1:
-                planned = min(planned, trainer.max_steps)
-            self.planned_steps = planned
+        progress = fit_loop.epoch_loop.batch_progress
+        if progress.total.ready == 0:  # the loops' state comes later (the loader was set up early)
+            if self.layout_changed and consumed > 0 and left > 0:
+                raise LayoutChangeError(
+                    "The train loader was set up before the checkpoint's loop state was read (configure_optimizers"
+                    " asked for trainer.estimated_stepping_batches), so its epoch cannot be counted in this run's"
+                    " processes and batch size: resume with the checkpoint's"
+                    f" {saved['world_size']} processes x data.batch_size {saved['batch_size']}, or ask for the"
+                    " number of steps lazily (as mm_lightning.models.optim.warmup_cosine does)."
+                )
+            self.loaded = None
+            return
+        if fit_loop.restarting:  # mid-epoch for Lightning: its batch count and last-batch flag in this layout
+            shift = sampler.steps() - left - progress.current.ready
+            for counter in ("ready", "started", "processed", "completed"):
+                setattr(progress.current, counter, getattr(progress.current, counter) + shift)
+            progress.is_last_batch = left == 0
+        elif left > 0:  # Lightning ended the epoch; its tail, short of a step in the old layout, waits
+            epoch, consumed, left = epoch + 1, 0, sampler.steps()
+            sampler.set_epoch(epoch)
+            sampler.resume_at(epoch, 0)
+        if self.layouts:
+            self.planned_steps = self._planned_steps(trainer, epoch, left)
+        if self.layout_changed:
+            per_epoch = math.ceil(sampler.steps() / trainer.accumulate_grad_batches)
+            before = math.ceil(sampler.stream_length() // old_batch / trainer.accumulate_grad_batches)
             rank_zero_info(
                 f"Resuming epoch {epoch} after {consumed} of its {sampler.stream_length()} samples, saved by"
                 f" {saved['world_size']} process(es) x {saved['batch_size']}; now {sampler.num_replicas} x"
-                f" {sampler.batch_size} = {sampler.global_batch} per step: {left} optimizer steps finish the epoch"
-                f" (to step {trainer.global_step + left}), {per_epoch} per epoch instead of"
-                f" {math.ceil(sampler.stream_length() // old_batch / accumulate)}; the learning-rate schedule ends"
-                f" at step {planned}."
+                f" {sampler.batch_size} = {sampler.global_batch} per step: {left} batches finish the epoch,"
+                f" {per_epoch} optimizer steps per epoch instead of {before}; the learning-rate schedule ends at"
+                f" step {self.planned_steps}."
             )
         self.loaded = None
+
+    def _planned_steps(self, trainer: Any, epoch: int, left: int) -> float:
+        """The run's optimizer steps: those done, then this layout's for the rest of ``epoch`` (``left`` batches)
+        and for the epochs after it. A first window shorter than the accumulation steps once, as Lightning does
+        after a resume that is not on its boundary."""
+        accumulate, steps = trainer.accumulate_grad_batches, self.sampler.steps()
+        per_epoch = math.ceil(steps / accumulate)
+        rest = per_epoch - (steps - left) // accumulate if left else 0
+        planned = math.inf
+        if trainer.max_epochs is not None and trainer.max_epochs >= 0:
+            planned = trainer.global_step + rest + max(0, trainer.max_epochs - epoch - 1) * per_epoch
+        if trainer.max_steps != -1:
+            planned = min(planned, trainer.max_steps)
+        return planned
 
 
 class TrainPosition:

@@ -195,20 +195,26 @@ class RecordSamples(Callback):
     SIGKILL keeps what was written) and, with ``kill_at_step``, SIGKILLs every rank when that step begins: after
     the checkpoint of the step before is written, before the batch trains.
 
+    Under torchrun the kill happens in the first attempt only (a restarted one resumes).
+
     Args:
         out: folder of the logs.
         kill_at_step: global step whose batch start kills the process.
+        leave_rank: rank whose launcher (its parent: torchrun's agent) is killed too, as a node that leaves.
     """
 
-    def __init__(self, out: str, kill_at_step: int | None = None) -> None:
-        self.out, self.kill_at_step = Path(out), kill_at_step
+    def __init__(self, out: str, kill_at_step: int | None = None, leave_rank: int | None = None) -> None:
+        self.out, self.kill_at_step, self.leave_rank = Path(out), kill_at_step, leave_rank
 
     @override
     def on_train_batch_start(
         self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if trainer.global_step == self.kill_at_step:
+        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        if trainer.global_step == self.kill_at_step and first_attempt:
             trainer.strategy.barrier()  # every rank is past the checkpoint's save
+            if trainer.global_rank == self.leave_rank:
+                os.kill(os.getppid(), signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
         self.out.mkdir(parents=True, exist_ok=True)
         row = {"epoch": trainer.current_epoch, "step": trainer.global_step, "index": batch["index"].tolist()}

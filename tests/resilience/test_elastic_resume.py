@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -17,8 +18,9 @@ import torch
 from mm_lightning.cli import main
 from mm_lightning.data.demo import demo_generator_args, generate_demo_dataset
 from mm_lightning.data.order import ResumableDataLoader
-from tests.conftest import DEMO_CONFIG, callback_args
+from tests.conftest import DEMO_CONFIG, REPO, callback_args
 from tests.resilience.helpers import recorded_samples
+from tests.strategies.launch import free_port, kill_all
 from tests.test_process_exit import exit_problems, run_or_report_hang
 
 unpatched = ResumableDataLoader.load_state_dict
@@ -42,8 +44,17 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def fit_args(data: Path, run: Path, world: int, batch: int, kill_at: int | None = None) -> list[str]:
-    """One epoch, deterministic, a checkpoint every step; no draw that depends on the rank (dropout, hard
+def fit_args(
+    data: Path,
+    run: Path,
+    world: int,
+    batch: int,
+    kill_at: int | None = None,
+    leave_rank: int | None = None,
+    epochs: int = 1,
+    every_step: bool = True,
+) -> list[str]:
+    """``epochs`` epochs, deterministic, last.ckpt every step (or at epoch ends); no draw that depends on the rank (dropout, hard
     negatives) and no statistics of a rank's own batch (BatchNorm), so only the layout differs between runs."""
     init_args = {
         "train_file": str(data / "train.jsonl"),
@@ -52,7 +63,7 @@ def fit_args(data: Path, run: Path, world: int, batch: int, kill_at: int | None 
         "num_workers": 0,
         "loader": {"caption_sampling": "random"},
     }
-    recorder = {"out": str(run / "samples"), "kill_at_step": kill_at}
+    recorder = {"out": str(run / "samples"), "kill_at_step": kill_at, "leave_rank": leave_rank}
     no_dropout = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
     vit = {"patch_size": 8, "num_layers": 1, "num_heads": 2, "hidden_dim": 32, "mlp_dim": 64}
     return [
@@ -65,12 +76,12 @@ def fit_args(data: Path, run: Path, world: int, batch: int, kill_at: int | None 
         "--model.objective.itm_weight", "0",
         "--trainer.devices", str(world),
         *(["--trainer.strategy", "ddp"] if world > 1 else []),
-        "--trainer.max_epochs", "1",
+        "--trainer.max_epochs", str(epochs),
         "--trainer.limit_val_batches", "0",
         "--trainer.deterministic", "true",
         "--trainer.enable_progress_bar", "false",
         "--trainer.default_root_dir", str(run),
-        *callback_args(run, checkpoint={"every_n_train_steps": 1}),
+        *callback_args(run, checkpoint={"every_n_train_steps": 1 if every_step else None}),
         "--trainer.callbacks+", json.dumps({"class_path": "tests.resilience.helpers.RecordSamples",
                                             "init_args": recorder}),
     ]  # fmt: skip
@@ -190,3 +201,74 @@ def distances(checkpoint: dict[str, Any], reference: dict[str, Any]) -> tuple[fl
         relative(weights(checkpoint), weights(reference)),
         relative(gradient_means(checkpoint), gradient_means(reference)),
     )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_torchrun_elastic_restarts_on_fewer_nodes_and_finishes_the_epoch(data: Path, tmp_path: Path) -> None:
+    """docs/scaling.md's torchrun command with two "nodes" on 127.0.0.1, one process each: at step 3 node 1 leaves
+    (its agent and worker killed) and node 0's worker dies with it; torchrun restarts node 0 alone, whose worker
+    resumes last.ckpt on 1 process and reads the rest of the epoch, each sample once."""
+    port, run = free_port(), tmp_path / "run"
+    fit = fit_args(data, run, 1, 4, kill_at=KILLED_AT, leave_rank=1)[1:]  # the options after "fit"
+    # num_nodes x devices must equal the world size, which changes between attempts: bash reads it at each start
+    script = (
+        'exec "$0" -m mm_lightning fit "$@" --trainer.num_nodes "$GROUP_WORLD_SIZE"'
+        ' --trainer.devices "$LOCAL_WORLD_SIZE"'
+    )
+    torchrun = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", "1:2", "--nproc-per-node", "1",
+        "--max-restarts", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+        "--rdzv-id", "elastic-test", "--rdzv-conf", "last_call_timeout=2,keep_alive_interval=1,is_host={}",
+        "--no-python", "bash", "-c", script, sys.executable, *fit, "--trainer.strategy", "ddp", "--ckpt_path", "last",
+    ]  # fmt: skip
+    conf = torchrun.index("--rdzv-conf") + 1
+    logs = [(tmp_path / f"node{n}.log").open("w") for n in (0, 1)]
+    nodes = []
+    for n, log in enumerate(logs):  # node 0 hosts the rendezvous store, so it outlives node 1's leaving
+        command = [*torchrun[:conf], torchrun[conf].format(str(n == 0).lower()), *torchrun[conf + 1 :]]
+        nodes.append(subprocess.Popen(command, cwd=REPO, stdout=log, stderr=log))
+    try:
+        nodes[0].wait(timeout=400)
+        nodes[1].wait(timeout=30)
+    finally:
+        kill_all(nodes)
+    node0 = (tmp_path / "node0.log").read_text()
+    assert nodes[0].returncode == 0, node0[-5000:]
+    assert nodes[1].returncode == -9  # the node that left
+    assert seen_in(run, run) == Counter(range(IMAGES))
+    assert last(run)["global_step"] == KILLED_AT + 6  # 24 samples left, 4 per step on one process
+
+
+def epochs_seen(run: Path, killed: Path | None = None, killed_at: int = 0) -> dict[int, Counter]:
+    """Samples per epoch: the killed run's before its checkpoint, then the resumed run's."""
+    out: dict[int, Counter] = {}
+    for folder, steps in ((killed, range(killed_at)), (run, range(killed_at, 10**6))):
+        for log in sorted((folder / "samples").glob("rank*.jsonl")) if folder else []:
+            for row in map(json.loads, log.read_text().splitlines()):
+                if row["step"] in steps:
+                    out.setdefault(row["epoch"], Counter()).update(row["index"])
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_epoch_ends_on_another_layout_start_the_next_epoch_once(data: Path, tmp_path: Path) -> None:
+    epoch = Counter(range(IMAGES))
+    # Killed at step 5 of 6 on 2 x 4: the 8 samples left are short of one step of 3 x 4, so epoch 0 is over and
+    # epoch 1 takes 4 steps (not a second pass over epoch 0).
+    killed = tmp_path / "killed"
+    launch(fit_args(data, killed, 2, 4, kill_at=5, epochs=2), killed=True)
+    on_three = resumed_copy(killed, tmp_path / "three")
+    launch([*fit_args(data, on_three, 3, 4, epochs=2), "--ckpt_path", "last"])
+    seen = epochs_seen(on_three, killed, killed_at=5)
+    assert sorted(seen) == [0, 1] and seen[1] == epoch and sum(seen[0].values()) == 40 == len(seen[0])
+    assert last(on_three)["global_step"] == 5 + 4
+
+    # last.ckpt written at the epoch's end (the default callbacks'), resumed on 1 x 4: epoch 1 in 12 steps.
+    ended = tmp_path / "ended"
+    launch(fit_args(data, ended, 2, 4, every_step=False))
+    assert main([*fit_args(data, ended, 1, 4, epochs=2, every_step=False), "--ckpt_path", "last"]) == 0
+    seen = epochs_seen(ended)
+    assert seen == {0: epoch, 1: epoch}
+    assert last(ended)["global_step"] == 6 + 12
