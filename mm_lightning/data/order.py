@@ -75,7 +75,7 @@ class GlobalOrderSampler(DistributedSampler):
         shuffle: ``False``: the data set's order.
     """
 
-    order_follows_batch_size = False  # a stream cut into per-rank groups changes with the batch size
+    order_follows_batch_size = False  # True where the stream is cut into groups of batch_size
 
     def __init__(
         self,
@@ -162,9 +162,7 @@ class ResumableDataLoader(StartsWorkersOutsideTheGroup, DataLoader):
         self._yielded = 0
         self.loaded: dict[str, Any] | None = None  # the position a checkpoint gave, as saved
         self.layout_changed = False  # the loaded position was saved by other processes or batch size
-        self.global_batch_change: tuple[int, int] | None = (
-            None  # (checkpoint's, this run's) after such a resume
-        )
+        self.global_batch_change: tuple[int, int] | None = None  # (saved, now) after such a resume
         self.planned_steps: float | None = None  # the run's optimizer steps, once the layout has changed
         self._loaded_state: dict[str, Any] | None = None
         self.layouts: list[dict[str, int]] = []  # (world size, batch size) changes met by resumes
@@ -199,7 +197,8 @@ class ResumableDataLoader(StartsWorkersOutsideTheGroup, DataLoader):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continue after a saved position (loading the same state twice changes nothing)."""
-        if state_dict == self._loaded_state:  # the same position again (the data module's, then Lightning's)
+        # the same position again (the data module's, then Lightning's copy)
+        if self.KEY in state_dict and state_dict == self._loaded_state:
             return
         self._loaded_state = state_dict
         sampler = self.sampler

@@ -53,12 +53,16 @@ def fit_args(
     leave_rank: int | None = None,
     epochs: int = 1,
     every_step: bool = True,
+    data_module: dict[str, Any] | None = None,
 ) -> list[str]:
     """``epochs`` epochs, deterministic, last.ckpt every step (or at epoch ends); no draw that depends on the rank (dropout, hard
     negatives) and no statistics of a rank's own batch (BatchNorm), so only the layout differs between runs."""
+    module = data_module or {
+        "class_path": "mm_lightning.data.MultimodalDataModule",
+        "init_args": {"train_file": str(data / "train.jsonl"), "val_file": str(data / "val.jsonl")},
+    }
     init_args = {
-        "train_file": str(data / "train.jsonl"),
-        "val_file": str(data / "val.jsonl"),
+        **module["init_args"],
         "batch_size": batch,
         "num_workers": 0,
         "loader": {"caption_sampling": "random"},
@@ -68,7 +72,7 @@ def fit_args(
     vit = {"patch_size": 8, "num_layers": 1, "num_heads": 2, "hidden_dim": 32, "mlp_dim": 64}
     return [
         "fit", "--config", str(DEMO_CONFIG),
-        "--data", json.dumps({"class_path": "mm_lightning.data.MultimodalDataModule", "init_args": init_args}),
+        "--data", json.dumps({"class_path": module["class_path"], "init_args": init_args}),
         "--model.image_tower.init_args.name", "vit_custom",  # LayerNorm: no statistics of a rank's batch
         "--model.image_tower.init_args.kwargs", json.dumps(vit),
         "--model.image_tower.init_args.image_size", "32",
@@ -272,3 +276,46 @@ def test_epoch_ends_on_another_layout_start_the_next_epoch_once(data: Path, tmp_
     seen = epochs_seen(ended)
     assert seen == {0: epoch, 1: epoch}
     assert last(ended)["global_step"] == 6 + 12
+
+
+@pytest.fixture(scope="module")
+def mixture(data: Path) -> dict[str, Any]:
+    """The data module of a two-source mix: the 48 JSONL images once and 24 other images, as shards, twice."""
+    lines = (data / "demo" / "train.jsonl").read_text().splitlines(keepends=True)[IMAGES : IMAGES + 24]
+    (data / "second.jsonl").write_text("".join(lines))
+    files = {"train_file": str(data / "second.jsonl"), "val_file": str(data / "val.jsonl")}
+    shard = [
+        "shard", "--config", str(DEMO_CONFIG),
+        "--data", json.dumps({"class_path": "mm_lightning.data.MultimodalDataModule", "init_args": files}),
+        "--model.image_tower.init_args.image_size", "32",
+        "--out", str(data / "shards"), "--samples_per_shard", "10", "--progress", "false",
+    ]  # fmt: skip
+    assert main(shard) == 0
+    sources = [
+        {"file": str(data / "train.jsonl")},
+        {"shards": str(data / "shards" / "train" / "shards.json"), "weight": 2.0},
+    ]
+    val = str(data / "shards" / "val" / "shards.json")
+    return {
+        "class_path": "mm_lightning.extras.ShardDataModule",
+        "init_args": {"sources": sources, "val_shards": val},
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_two_source_mixture_killed_on_2_processes_resumes_on_3_and_1_with_its_exact_counts(
+    data: Path, mixture: dict[str, Any], tmp_path: Path
+) -> None:
+    # 96 visits per epoch (mixed indices 0-47 once, 48-71 twice): 12 steps of 2 x 4; 72 left after 3 of them.
+    expected = Counter({**dict.fromkeys(range(IMAGES), 1), **dict.fromkeys(range(IMAGES, IMAGES + 24), 2)})
+    killed = tmp_path / "killed"
+    launch(fit_args(data, killed, 2, 4, kill_at=KILLED_AT, data_module=mixture), killed=True)
+    on_three = resumed_copy(killed, tmp_path / "three")
+    launch([*fit_args(data, on_three, 3, 4, data_module=mixture), "--ckpt_path", "last"])
+    assert seen_in(killed, on_three) == expected
+    assert last(on_three)["global_step"] == KILLED_AT + 6
+    on_one = resumed_copy(killed, tmp_path / "one")
+    assert main([*fit_args(data, on_one, 1, 4, data_module=mixture), "--ckpt_path", "last"]) == 0
+    assert seen_in(killed, on_one) == expected
+    assert last(on_one)["global_step"] == KILLED_AT + 18
