@@ -92,7 +92,9 @@ class MultimodalCLI(LightningCLI):
             expanded = expand_short_names(expand_strategy_name(given))
             args = args if expanded == given else expanded
         super().parse_arguments(parser, args)
-        check_run_folder(self.config, parser)
+        self.run_data_options = check_run_folder(
+            self.config, parser, given if isinstance(given, list) else ()
+        )
 
     @override
     def instantiate_classes(self) -> None:

@@ -128,12 +128,26 @@ def test_validate_test_predict_from_checkpoint(tiny_run: TinyRun, tmp_path: Path
         cli_main([*predict, *callback_args(tmp_path, EmbeddingWriter={"output_dir": str(a_file)})])
 
 
-def test_resume_with_other_options_warns_listing_them(tiny_run: TinyRun) -> None:
+def resumed_elsewhere(tiny_run: TinyRun, folder: Path) -> list[str]:
+    """Arguments that resume the tiny run for one more step, writing into ``folder``."""
+    return [
+        *tiny_demo_args(tiny_run.root, max_steps=7), "--trainer.max_epochs", "2", "--trainer.limit_val_batches", "0",
+        "--trainer.default_root_dir", str(folder), *callback_args(folder),
+    ]  # fmt: skip
+
+
+def test_resume_with_other_options_warns_listing_them(tiny_run: TinyRun, tmp_path: Path) -> None:
     ckpt = str(tiny_run.checkpoint_dir / "last.ckpt")
-    args = [*tiny_demo_args(tiny_run.root), "--model.fusion.heads", "2", "--data.init_args.batch_size", "8"]
+    args = [
+        *resumed_elsewhere(tiny_run, tmp_path),
+        "--model.fusion.heads",
+        "2",
+        "--data.init_args.batch_size",
+        "8",
+    ]
     args += ["--data.loader.caption_sampling", "all"]  # one key of a group
     with pytest.warns(UserWarning, match="Resuming from") as caught:
-        cli = cli_main(["validate", *args, "--ckpt_path", ckpt])
+        cli = cli_main(["fit", *args, "--ckpt_path", ckpt])
     message = next(str(w.message) for w in caught if "Resuming from" in str(w.message))
     assert "model.fusion.heads: given 2, used 4" in message  # the checkpoint's architecture wins
     assert "data.batch_size: given 8, checkpoint 16" in message  # data options are taken as given
@@ -150,7 +164,7 @@ def test_resume_compares_data_option_keys_left_out_with_their_defaults(
     saved["images"]["horizontal_flip"] = True  # a group the resume leaves out
     changed = tmp_path / "changed.ckpt"
     torch.save(ckpt, changed)
-    args = ["validate", *tiny_demo_args(tiny_run.root), "--trainer.limit_val_batches", "1"]
+    args = ["fit", *resumed_elsewhere(tiny_run, tmp_path / "resumed")]
     with pytest.warns(UserWarning, match="Resuming from") as caught:
         cli_main([*args, "--ckpt_path", str(changed)])
     message = next(str(w.message) for w in caught if "Resuming from" in str(w.message))
@@ -159,7 +173,14 @@ def test_resume_compares_data_option_keys_left_out_with_their_defaults(
     # control: the checkpoint as the run wrote it differs in no data option
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        cli_main([*args, "--ckpt_path", str(tiny_run.checkpoint_dir / "last.ckpt")])
+        cli_main(
+            [
+                "fit",
+                *resumed_elsewhere(tiny_run, tmp_path / "control"),
+                "--ckpt_path",
+                str(tiny_run.checkpoint_dir / "last.ckpt"),
+            ]
+        )
     assert [str(w.message) for w in caught if "data options differ" in str(w.message)] == []
 
 

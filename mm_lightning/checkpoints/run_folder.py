@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from importlib import import_module
 from typing import Any
 
@@ -42,13 +44,14 @@ def folders_of(saving: list[Any]) -> dict[str, str | None]:
 SPECIAL_CKPT_PATHS = ("hpc", "registry")  # --ckpt_path values Lightning resolves itself (not last, best)
 
 
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+def flattened(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested config as dotted keys (``images.size``); tuples become lists."""
     if hasattr(tree, "as_dict"):
         tree = tree.as_dict()
     if isinstance(tree, dict):
         out: dict[str, Any] = {}
         for key, value in tree.items():
-            out.update(_flatten(value, f"{prefix}{key}."))
+            out.update(flattened(value, f"{prefix}{key}."))
         return out if out or not prefix else {prefix[:-1]: {}}
     return {prefix[:-1]: list(tree) if isinstance(tree, tuple) else tree}
 
@@ -78,11 +81,12 @@ def refuse_earlier_checkpoints(dirpath: str | None, parser: Any) -> None:
     )
 
 
-def check_run_folder(cli_config: Any, parser: Any) -> None:
-    """Default the checkpoint folders, then :func:`check_resume` (a parsed config of the CLI, its parser)."""
+def check_run_folder(cli_config: Any, parser: Any, command_line: Sequence[str] = ()) -> RunDataOptions | None:
+    """Default the checkpoint folders, then :func:`check_resume` (a parsed config of the CLI, its parser, the
+    arguments it parsed); returns the run's data options an evaluation of a checkpoint carried over."""
     subcommand = cli_config.get("subcommand")
     default_checkpoint_dirs(cli_config[subcommand] if subcommand else cli_config, parser)
-    check_resume(cli_config, parser)
+    return check_resume(cli_config, parser, command_line)
 
 
 def default_checkpoint_dirs(config: Any, parser: Any) -> None:
@@ -101,13 +105,14 @@ def default_checkpoint_dirs(config: Any, parser: Any) -> None:
             callback.init_args.dirpath = folder
 
 
-def check_resume(cli_config: Any, parser: Any) -> None:
+def check_resume(cli_config: Any, parser: Any, command_line: Sequence[str] = ()) -> RunDataOptions | None:
     """Right after parsing: resolve ``--ckpt_path last``/``best`` in the run's checkpoint folder (or refuse),
     refuse a fresh ``fit`` over an earlier run's checkpoints, check the file and what it records, refuse a resume
-    with nothing left to train, and warn about the options the checkpoint replaces or that differ from it."""
+    with nothing left to train, carry the run's data options into ``test``/``validate``/``predict``
+    (:func:`carry_run_data_options`), and warn about the options the checkpoint replaces or that differ from it."""
     subcommand = cli_config.get("subcommand")
     if not subcommand:
-        return
+        return None
     config = cli_config[subcommand]
     ckpt_path = config.get("ckpt_path")
     folders = folders_of(checkpoint_callbacks(config))
@@ -116,7 +121,7 @@ def check_resume(cli_config: Any, parser: Any) -> None:
     if subcommand == "fit" and not ckpt_path:
         refuse_earlier_checkpoints(dirpath, parser)
     if not ckpt_path:
-        return
+        return None
     from mm_lightning.checkpoints.files import nothing_left_to_train, run_checkpoint
 
     if ckpt_path in ("last", "best") and not os.path.isfile(ckpt_path):
@@ -136,10 +141,10 @@ def check_resume(cli_config: Any, parser: Any) -> None:
             )  # other checkpoints there: this run would replace them
             rank_zero_info(f"--ckpt_path last: no checkpoint in {dirpath} yet; starting a new run")
             config.ckpt_path = None
-            return
+            return None
         config.ckpt_path = ckpt_path = found
     elif ckpt_path in SPECIAL_CKPT_PATHS and not os.path.isfile(ckpt_path):
-        return  # Lightning resolves it
+        return None  # Lightning resolves it
     from mm_lightning.checkpoints.loading import checked_resume_file
 
     try:  # before LightningCLI parses what the checkpoint records into the model's options
@@ -152,7 +157,18 @@ def check_resume(cli_config: Any, parser: Any) -> None:
     )
     if finished:
         parser.error(f"--ckpt_path {ckpt_path}: {finished}")
+    carried = None
+    if subcommand != "fit":
+        carried = carry_run_data_options(config, content, command_line_data_keys(command_line))
+        if carried.carried:
+            rank_zero_info(
+                f"{subcommand} with {ckpt_path}: the run's data options replace the config's: "
+                + ", ".join(
+                    f"data.{k} {run!r} (config {given!r})" for k, (given, run) in carried.carried.items()
+                )
+            )
     warn_if_overridden(cli_config, parser, content, str(ckpt_path))
+    return carried
 
 
 def _data_options(data: Any) -> dict[str, Any]:
@@ -176,25 +192,102 @@ def _data_options(data: Any) -> dict[str, Any]:
     return options
 
 
+# The data options that decide what an evaluation scores: with a checkpoint, ``test``, ``validate`` and
+# ``predict`` take the run's values of these unless the command line gives one (the tokenizer and the image
+# tower's preprocessing already follow the checkpoint's model).
+RUN_DATA_OPTIONS = (
+    "image_key",
+    "text_key",
+    "max_length",
+    "images.size",
+    "images.mean",
+    "images.std",
+    "images.max_pixels",
+    "images.confine_to_root",
+    "images.reduced_decode",
+    "loader.pad_to_multiple_of",
+)
+
+
+@dataclass
+class RunDataOptions:
+    """What an evaluation of a checkpoint did with the run's data options: ``carried`` replaced a config's or a
+    default value (key: (that value, the run's)); ``differing`` were given on the command line and differ from
+    the run's (key: (given, the run's))."""
+
+    carried: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    differing: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+
+
+def command_line_data_keys(args: Sequence[str]) -> set[str]:
+    """The data options an argument list sets by name (``--data.init_args.images.size 64`` → ``images.size``);
+    a whole group given (``--data.init_args.images '{...}'``) names the group."""
+    keys = set()
+    for arg in args:
+        if not (isinstance(arg, str) and arg.startswith("--data.")):
+            continue
+        key = arg[len("--data.") :].split("=", 1)[0].removesuffix("+")
+        keys.add(key.removeprefix("init_args."))
+    return keys
+
+
+def _given_on_command_line(key: str, explicit: set[str]) -> bool:
+    parts = key.split(".")
+    return any(".".join(parts[:n]) in explicit for n in range(1, len(parts) + 1))
+
+
+def carry_run_data_options(config: Any, content: dict[str, Any], explicit: set[str]) -> RunDataOptions:
+    """Set :data:`RUN_DATA_OPTIONS` to the checkpoint's values, except those ``explicit`` (given on the command
+    line), so that a run is scored under the protocol it was trained with whatever config file is given."""
+    found = RunDataOptions()
+    data = config.get("data")
+    options = data.get("init_args", data) if data is not None else None
+    saved = flattened(content.get("datamodule_hyper_parameters") or {})
+    if options is None or not saved:
+        return found
+    current = flattened(_data_options(data))
+    for key in RUN_DATA_OPTIONS:
+        group, _, name = key.rpartition(".")
+        if key not in saved or key not in current or current[key] == saved[key]:
+            continue  # an option this data module does not take, or one the run did not record
+        if _given_on_command_line(key, explicit):
+            found.differing[key] = (current[key], saved[key])
+            continue
+        found.carried[key] = (current[key], saved[key])
+        if group:
+            options[group] = {**(options.get(group) or {}), name: saved[key]}
+        else:
+            options[key] = saved[key]
+    return found
+
+
 def warn_if_overridden(cli_config: Any, parser: Any, content: dict[str, Any], path: str) -> None:
     """Warn once, listing the model options the checkpoint replaces (as LightningCLI will, right after parsing)
-    and the data options that differ from the checkpoint's."""
+    and the data options that differ from the checkpoint's: every one when resuming ``fit``, else those that
+    decide what is scored (:data:`RUN_DATA_OPTIONS`, left as given only when the command line gave them)."""
     subcommand = cli_config.subcommand
     config = cli_config[subcommand]
     hparams = {k: v for k, v in (content.get("hyper_parameters") or {}).items() if k != "_instantiator"}
     replaced = []
     if hparams and "_class_path" not in hparams:
         final = parser.parse_object({subcommand: {"model": hparams}}, cli_config)
-        replaced = _differences(_flatten(config.get("model")), _flatten(final[subcommand].get("model")))
-    given_data = _flatten(_data_options(config.get("data")))
-    differing_data = _differences(given_data, _flatten(content.get("datamodule_hyper_parameters", {})))
+        replaced = _differences(flattened(config.get("model")), flattened(final[subcommand].get("model")))
+    given_data = flattened(_data_options(config.get("data")))
+    if subcommand != "fit":
+        given_data = {k: v for k, v in given_data.items() if k in RUN_DATA_OPTIONS}
+    differing_data = _differences(given_data, flattened(content.get("datamodule_hyper_parameters", {})))
     if not replaced and not differing_data:
         return
-    lines = [f"Resuming from {path}:"]
+    lines = [f"Resuming from {path}:" if subcommand == "fit" else f"{subcommand} with {path}:"]
     if replaced:
         lines.append("  the checkpoint's model options replace the given ones (the weights need them):")
         lines += [f"    model.{k}: given {g!r}, used {s!r}" for k, g, s in replaced]
     if differing_data:
-        lines.append("  data options differ from the checkpoint's (the given ones are used):")
+        lines.append(
+            "  data options differ from the checkpoint's (the given ones are used):"
+            if subcommand == "fit"
+            else "  data options given on the command line differ from the run's (the given ones are used, so"
+            " the figures are not the run's protocol):"
+        )
         lines += [f"    data.{k}: given {g!r}, checkpoint {s!r}" for k, g, s in differing_data]
     rank_zero_warn("\n".join(lines))

@@ -31,6 +31,7 @@ from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 
 from mm_lightning import ExplainedError
 from mm_lightning.callbacks.run_report import sha256_of
+from mm_lightning.checkpoints.run_folder import RUN_DATA_OPTIONS, RunDataOptions, flattened
 from mm_lightning.evaluation.intervals import (
     CLASSIFICATION_UNIT,
     RETRIEVAL_UNIT,
@@ -162,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         def test(
             self, model: LightningModule, datamodule: LightningDataModule, ckpt_path: str | None, **_: Any
         ) -> None:
-            run_evaluation(self.trainer, model, datamodule, ckpt_path, options)
+            run_evaluation(self.trainer, model, datamodule, ckpt_path, options, self.run_data_options)
 
     cli_main(["test", *test_args], cli_class=EvaluateCLI)
     return 0
@@ -174,9 +175,11 @@ def run_evaluation(
     datamodule: LightningDataModule,
     ckpt_path: str | None,
     options: argparse.Namespace,
+    run_data_options: RunDataOptions | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Tests ``model`` on the data's test split (with zero-shot classification when ``options.zeroshot`` is
-    given) and, on rank 0, writes the results; returns them by file name."""
+    given) and, on rank 0, writes the results; returns them by file name. ``run_data_options``: what the CLI
+    did with the checkpoint's data options (the results record it)."""
     if not (hasattr(datamodule, "has_split") and datamodule.has_split("test")):
         raise NoTestSplit(
             "evaluate scores the data's test split: give it an image-caption JSONL with --data.init_args.test_file"
@@ -219,6 +222,9 @@ def run_evaluation(
     results = {f"{dump['dataset']}_{RETRIEVAL}.json": dump}
     source = test_set_digest(datamodule)
     queries = {f"{dump['dataset']}_{RETRIEVAL}.json": retrieval_queries(ranks) | {"source": np.array(source)}}
+    dump["protocol"] = protocol_of(
+        datamodule, source, queries[f"{dump['dataset']}_{RETRIEVAL}.json"], run_data_options
+    )
     reranked = model.evaluation.last_reranked
     if reranked is not None:
         k = model.evaluation.reranker.k
@@ -233,7 +239,7 @@ def run_evaluation(
     if classifier is not None:
         zs_dump = {**dump, "dataset": classifier.name, "task": CLASSIFICATION, "metrics": classifier.scores}
         zs_dump.update(images=len(classifier.images.paths), classes=len(classifier.images.classnames))
-        del zs_dump["captions"]
+        del zs_dump["captions"], zs_dump["protocol"]  # the test split's, not the labeled images'
         results[f"{classifier.name}_{CLASSIFICATION}.json"] = zs_dump
         outcomes = {key: value.cpu().numpy() for key, value in classifier.last_outcomes.items()}
         queries[f"{classifier.name}_{CLASSIFICATION}.json"] = outcomes | {
@@ -250,6 +256,55 @@ def run_evaluation(
     finally:  # a comparison that fails leaves the evaluation's own results written
         write_results(Path(options.output), results, queries)
     return results
+
+
+def protocol_of(
+    datamodule: LightningDataModule,
+    source: str,
+    queries: dict[str, np.ndarray],
+    run_options: RunDataOptions | None,
+) -> dict[str, Any]:
+    """What decided the scores: the test set, captions per image, the tokenizer, image preparation and the data
+    options of :data:`RUN_DATA_OPTIONS`; which of those came from the run's checkpoint in place of the config's
+    (``from_run``) and which the command line set to other values than the run's (``differs_from_run``)."""
+    hparams = dict(getattr(datamodule, "hparams", {}))
+    normalize = getattr(datamodule, "normalize", None)
+    _, per_image = np.unique(queries["caption_image_id"], return_counts=True)
+    run_options = run_options or RunDataOptions()
+    options = {key: value for key, value in flattened(hparams).items() if key in RUN_DATA_OPTIONS}
+    return {
+        "test_file": getattr(datamodule, "files", {}).get("test"),
+        "test_file_sha256": source,
+        "captions_per_image": {"min": int(per_image.min()), "max": int(per_image.max())},
+        "tokenizer": hparams.get("tokenizer"),
+        "image_size": getattr(datamodule, "image_size", None),
+        "mean": getattr(normalize, "mean", None),
+        "std": getattr(normalize, "std", None),
+        "data_options": options,
+        "from_run": {key: {"config": given, "run": run} for key, (given, run) in run_options.carried.items()},
+        "differs_from_run": {
+            key: {"used": given, "run": run} for key, (given, run) in run_options.differing.items()
+        },
+    }
+
+
+def protocol_lines(protocol: dict[str, Any]) -> list[str]:
+    """The protocol in words; an option is marked where it is the run's in place of the config's, or where the
+    command line made it differ from the run's."""
+    low, high = protocol["captions_per_image"]["min"], protocol["captions_per_image"]["max"]
+    options = []
+    for key, value in protocol["data_options"].items():
+        if key in protocol["from_run"]:
+            value = f"{value} (the run's; the config says {protocol['from_run'][key]['config']})"
+        elif key in protocol["differs_from_run"]:
+            value = f"{value} (**differs from the run's: {protocol['differs_from_run'][key]['run']}**)"
+        options.append(f"{key}: {value}")
+    return [
+        f"test file: {protocol['test_file']} (SHA-256 {protocol['test_file_sha256']}); captions per image:"
+        f" {low if low == high else f'{low}-{high}'}; tokenizer: {protocol['tokenizer']}; images:"
+        f" {protocol['image_size']} px, mean {protocol['mean']}, std {protocol['std']}",
+        "data options: " + ", ".join(options),
+    ]
 
 
 def test_set_digest(datamodule: LightningDataModule) -> str:
@@ -445,6 +500,9 @@ def markdown_tables(dumps: list[dict[str, Any]]) -> str:
         for path, sha in dict.fromkeys((d.get("pretrained"), d.get("checkpoint_sha256")) for d in dumps)
         if path
     ]
+    protocols = [d["protocol"] for d in dumps if d.get("protocol")]
+    if protocols:
+        tables.append("\n".join(protocol_lines(protocols[0])))
     retrieval = [d for d in dumps if d["task"] == RETRIEVAL]
     if retrieval:
         names = retrieval[0]["metrics"]
