@@ -4,9 +4,13 @@ whatever config file is given, and its results say which options decided the pro
 from __future__ import annotations
 
 import json
+import re
+import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from mm_lightning.cli import cli_main, main
 from mm_lightning.data.demo import TEMPLATES, generate_demo_dataset
@@ -69,7 +73,7 @@ def evaluate(run: Path, files: dict[str, Path], out: Path, *extra: str) -> dict:
 
 
 def evaluated(out: Path, *args: str) -> dict:
-    assert main(["evaluate", *args, "--output", str(out), "--bootstrap_resamples", "0"]) == 0
+    assert main(["evaluate", "--bootstrap_resamples", "0", "--output", str(out), *args]) == 0
     (result,) = out.glob("*_zeroshot_retrieval.json")
     return json.loads(result.read_text())
 
@@ -104,3 +108,100 @@ def test_evaluate_scores_the_runs_captions_per_image(
     assert (given["images"], given["captions"]) == (12, 12)
     assert given["protocol"]["differs_from_run"] == {"text_key": {"used": "text", "run": "captions"}}
     assert "differs from the run's" in (tmp_path / "given" / "results.md").read_text()
+
+
+def with_missing_images(test_file: Path, out: Path, missing: int) -> Path:
+    """``test_file`` with ``missing`` more records whose images do not exist."""
+    lines = test_file.read_text().splitlines()
+    for n in range(missing):
+        lines.append(
+            json.dumps({"image": str(out.parent / f"gone-{n}.png"), "captions": [f"gone {n}"], "text": "x"})
+        )
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def test_results_say_which_test_records_were_skipped(
+    captions_run: tuple[Path, dict[str, Path]], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    run, files = captions_run
+    broken = with_missing_images(files["test"], tmp_path / "broken.jsonl", 1)
+    skip = ["--data.init_args.test_file", str(broken), "--data.init_args.on_bad_record", "skip"]
+    result = evaluate(run, files, tmp_path / "broken", *skip, "--bootstrap_resamples", "20")
+    assert result["images"] == 12  # the broken record is left out of the figures
+    assert result["skipped"] == {
+        "count": 1,
+        "by_kind": {"missing_image": 1},
+        "reasons_file": "broken_skipped.txt",
+    }
+    table = (tmp_path / "broken" / "results.md").read_text()
+    assert "**test records skipped: 1** (missing_image 1)" in table
+    assert f"{broken}:13" in (tmp_path / "broken" / "broken_skipped.txt").read_text()
+
+    # control: the same images without the broken record skip none
+    clean = evaluate(
+        run,
+        files,
+        tmp_path / "clean",
+        "--data.init_args.on_bad_record",
+        "skip",
+        "--bootstrap_resamples",
+        "20",
+    )
+    assert clean["skipped"] == {"count": 0, "by_kind": {}, "reasons_file": None}
+    assert "test records skipped: none" in (tmp_path / "clean" / "results.md").read_text()
+    # a comparison of evaluations that skipped other records is refused, naming the record
+    compare = [
+        "--dataset_name",
+        "broken",
+        "--compare_to",
+        str(tmp_path / "broken"),
+        "--bootstrap_resamples",
+        "20",
+    ]
+    args = ["--config", str(DEMO_CONFIG), *data_args(files), "--trainer.default_root_dir", str(run)]
+    args += [
+        *callback_args(run.parent),
+        "--ckpt_path",
+        "last",
+        "--output",
+        str(tmp_path / "refused"),
+        *compare,
+    ]
+    assert main(["evaluate", *args]) == 1
+    assert re.search(
+        rf"skipped other test records \(0 here, 1 there; .*{broken.name}:13", capsys.readouterr().err
+    )
+
+
+def test_skips_are_counted_without_any_callback(
+    captions_run: tuple[Path, dict[str, Path]], tmp_path: Path
+) -> None:
+    run, files = captions_run
+    config = yaml.safe_load(DEMO_CONFIG.read_text())
+    del config["trainer"]["callbacks"]
+    config["data"] = {
+        "class_path": "mm_lightning.data.MultimodalDataModule",
+        "init_args": {"on_bad_record": "skip"},
+    }
+    config_file = tmp_path / "own.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+
+    def tested(test_file: Path) -> tuple[list[str], Any]:
+        args = [
+            "test", "--config", str(config_file), "--data.init_args.test_file", str(test_file),
+            "--model.image_tower.init_args.image_size", "32", "--trainer.default_root_dir", str(tmp_path),
+            "--ckpt_path", str(run / "checkpoints" / "last.ckpt"),
+        ]  # fmt: skip
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cli = cli_main(args)
+        return [str(w.message) for w in caught if "bad records skipped" in str(w.message)], cli.datamodule
+
+    broken = with_missing_images(files["test"], tmp_path / "broken.jsonl", 7)
+    summaries, datamodule = tested(broken)
+    assert len(summaries) == 1 and "7 bad records skipped (test 7; by kind: missing_image 7)" in summaries[0]
+    assert datamodule.skipped.report("test")["count"] == 7
+    # control: the records without the missing images
+    summaries, datamodule = tested(files["test"])
+    assert summaries == [] and datamodule.skipped.report("test")["count"] == 0

@@ -15,7 +15,8 @@ from mm_lightning.models.module import loggers_write_this_step
 
 class BadRecordLogger(pl.Callback):
     """Logs ``data/skipped`` (cumulative over ranks, indexing drops included), warns on the first skip, and
-    at each stage's end warns a summary, also written as ``data/skipped_summary`` (to loggers that take text).
+    at each stage's end writes a summary as ``data/skipped_summary`` (to loggers that take text). The data
+    module counts and prints skips itself, with or without this callback.
 
     Args:
         keep: how many skip reasons the summary keeps."""
@@ -176,7 +177,6 @@ class BadRecordLogger(pl.Callback):
         if not log.count:
             return log
         summary = log.summary()
-        rank_zero_warn(summary)
         if trainer.is_global_zero:
             from mm_lightning.callbacks.logger_media import log_text  # loaded only when a run skipped records
 

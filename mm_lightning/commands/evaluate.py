@@ -219,9 +219,14 @@ def run_evaluation(
         "images": int(ranks.i2t.numel()),
         "captions": int(ranks.t2i.numel()),
     }
-    results = {f"{dump['dataset']}_{RETRIEVAL}.json": dump}
     source = test_set_digest(datamodule)
-    queries = {f"{dump['dataset']}_{RETRIEVAL}.json": retrieval_queries(ranks) | {"source": np.array(source)}}
+    skipped = skips_of_test_split(datamodule)
+    # the records both evaluations skipped must be the same for a comparison (file:line of each)
+    identity = {"source": np.array(source), "skipped": np.array(skipped.pop("records"), dtype=str)}
+    reasons = skipped.pop("reasons")
+    dump["skipped"] = skipped | {"reasons_file": f"{dataset}_skipped.txt" if reasons else None}
+    results = {f"{dump['dataset']}_{RETRIEVAL}.json": dump}
+    queries = {f"{dump['dataset']}_{RETRIEVAL}.json": retrieval_queries(ranks) | identity}
     dump["protocol"] = protocol_of(
         datamodule, source, queries[f"{dump['dataset']}_{RETRIEVAL}.json"], run_data_options
     )
@@ -235,11 +240,15 @@ def run_evaluation(
             "metrics": clip_benchmark_retrieval(reranked),
             "rerank": {"k": k, "score": "matching head's match logit + cosine similarity"},
         }
-        queries[f"{name}_{RETRIEVAL}.json"] = retrieval_queries(reranked) | {"source": np.array(source)}
+        queries[f"{name}_{RETRIEVAL}.json"] = retrieval_queries(reranked) | identity
     if classifier is not None:
         zs_dump = {**dump, "dataset": classifier.name, "task": CLASSIFICATION, "metrics": classifier.scores}
         zs_dump.update(images=len(classifier.images.paths), classes=len(classifier.images.classnames))
-        del zs_dump["captions"], zs_dump["protocol"]  # the test split's, not the labeled images'
+        del (
+            zs_dump["captions"],
+            zs_dump["protocol"],
+            zs_dump["skipped"],
+        )  # the test split's, not the labeled images'
         results[f"{classifier.name}_{CLASSIFICATION}.json"] = zs_dump
         outcomes = {key: value.cpu().numpy() for key, value in classifier.last_outcomes.items()}
         queries[f"{classifier.name}_{CLASSIFICATION}.json"] = outcomes | {
@@ -255,7 +264,18 @@ def run_evaluation(
                 add_comparisons(results, queries, Path(options.compare_to), bootstrap)
     finally:  # a comparison that fails leaves the evaluation's own results written
         write_results(Path(options.output), results, queries)
+        if reasons:
+            reasons_file = Path(options.output) / dump["skipped"]["reasons_file"]
+            reasons_file.write_text("".join(f"{reason}\n" for reason in reasons), encoding="utf-8")
     return results
+
+
+def skips_of_test_split(datamodule: LightningDataModule) -> dict[str, Any]:
+    """The test split's skipped records (``count``, ``by_kind``, ``records``, ``reasons``), over all processes."""
+    skipped = getattr(datamodule, "skipped", None)
+    if skipped is None:  # a data module of another kind: it counts no skips
+        return {"count": 0, "by_kind": {}, "records": [], "reasons": []}
+    return skipped.report("test")
 
 
 def protocol_of(
@@ -305,6 +325,17 @@ def protocol_lines(protocol: dict[str, Any]) -> list[str]:
         f" {protocol['image_size']} px, mean {protocol['mean']}, std {protocol['std']}",
         "data options: " + ", ".join(options),
     ]
+
+
+def skipped_line(skipped: dict[str, Any]) -> str:
+    """The test records skipped under ``on_bad_record: skip``, in words."""
+    if not skipped["count"]:
+        return "test records skipped: none"
+    kinds = ", ".join(f"{kind} {n}" for kind, n in skipped["by_kind"].items())
+    return (
+        f"**test records skipped: {skipped['count']}** ({kinds}); every figure leaves them out (the reasons:"
+        f" {skipped['reasons_file']})"
+    )
 
 
 def test_set_digest(datamodule: LightningDataModule) -> str:
@@ -385,6 +416,7 @@ def add_comparisons(
             continue
         theirs = read_queries(path, dump["task"])
         ours = queries[file_name]
+        check_same_skips(path, ours, theirs)
         for key in ("source", *QUERY_KEYS[dump["task"]][0]):
             if not np.array_equal(ours[key], theirs[key]):
                 what = "the test set's digest" if key == "source" else key
@@ -408,6 +440,26 @@ def add_comparisons(
             },
             "figures": figures,
         }
+
+
+def check_same_skips(path: Path, ours: dict[str, np.ndarray], theirs: dict[str, np.ndarray]) -> None:
+    """Refuses a comparison of evaluations that skipped other test records (their figures cover other
+    subsets); a baseline that does not record its skips is compared with a notice."""
+    if "skipped" not in ours:
+        return
+    if "skipped" not in theirs:
+        print(
+            f"evaluate: {path} does not record which test records it skipped; compared as if none", flush=True
+        )
+        theirs = {"skipped": np.array([], dtype=str)}
+    if not np.array_equal(np.sort(ours["skipped"]), np.sort(theirs["skipped"])):
+        only_ours = sorted(set(ours["skipped"].tolist()) - set(theirs["skipped"].tolist()))
+        only_theirs = sorted(set(theirs["skipped"].tolist()) - set(ours["skipped"].tolist()))
+        raise NotComparable(
+            f"{path}: the two evaluations skipped other test records ({len(ours['skipped'])} here,"
+            f" {len(theirs['skipped'])} there; only here: {only_ours[:3]}, only there: {only_theirs[:3]}), so"
+            " their figures cover other subsets: fix or remove those records and evaluate both again"
+        )
 
 
 def baseline_checkpoint(result_file: Path) -> dict[str, str | None]:
@@ -449,6 +501,8 @@ def read_queries(path: Path, task: str) -> dict[str, np.ndarray]:
     for key in (*identity, *outcomes, *accuracies):
         if arrays[key].ndim != 1 or arrays[key].dtype.kind not in "biu":
             raise NotComparable(f"{path}: {key} is not a list of integers")
+    if "skipped" in arrays and (arrays["skipped"].ndim != 1 or arrays["skipped"].dtype.kind not in "U"):
+        raise NotComparable(f"{path}: skipped is not a list of records")
     lengths = (
         {"captions": ("caption_index", "caption_image_id", "t2i_rank"), "images": ("image_id", "i2t_rank")}
         if task == RETRIEVAL
@@ -500,9 +554,11 @@ def markdown_tables(dumps: list[dict[str, Any]]) -> str:
         for path, sha in dict.fromkeys((d.get("pretrained"), d.get("checkpoint_sha256")) for d in dumps)
         if path
     ]
-    protocols = [d["protocol"] for d in dumps if d.get("protocol")]
+    protocols = [d for d in dumps if d.get("protocol")]
     if protocols:
-        tables.append("\n".join(protocol_lines(protocols[0])))
+        tables.append(
+            "\n".join([*protocol_lines(protocols[0]["protocol"]), skipped_line(protocols[0]["skipped"])])
+        )
     retrieval = [d for d in dumps if d["task"] == RETRIEVAL]
     if retrieval:
         names = retrieval[0]["metrics"]

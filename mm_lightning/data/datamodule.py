@@ -20,7 +20,14 @@ from mm_lightning.data.images import decode_image_bytes
 from mm_lightning.data.jsonl import JsonlIndex, RecordParser
 from mm_lightning.data.loader import WorkerSafeDataLoader, global_seed, ignore_stop_signals
 from mm_lightning.data.order import GlobalOrderSampler, ResumableDataLoader, TrainPosition, draw_seeds
-from mm_lightning.data.records import IMAGE_KINDS, EmptySplitError, NoTrainingBatch, RecordError, SkipLog
+from mm_lightning.data.records import (
+    IMAGE_KINDS,
+    EmptySplitError,
+    NoTrainingBatch,
+    RecordError,
+    SkipLog,
+    SkippedRecords,
+)
 from mm_lightning.data.samples import BadRecordPolicy, SampleBuilder
 from mm_lightning.data.transforms import (
     DEFAULT_IMAGE_SIZE,
@@ -39,6 +46,14 @@ STAGE_SPLITS: dict[str, tuple[str, ...]] = {
     "validate": ("val",),
     "test": ("test",),
     "predict": ("predict",),
+}
+# the split a loop of the Trainer reads (its ``state.stage``)
+LOOP_SPLITS = {
+    "train": "train",
+    "sanity_check": "val",
+    "validate": "val",
+    "test": "test",
+    "predict": "predict",
 }
 
 
@@ -95,6 +110,7 @@ class MultimodalDataModule(pl.LightningDataModule):
         self.datasets: dict[str, ImageTextDataset] = {}
         self._collates: dict[bool, MultimodalCollate] = {}
         self.train_position = TrainPosition()
+        self.skipped = SkippedRecords()  # this process's, until a stage ends; then every process's
         self.follow_image_tower(image_config)
 
     @override
@@ -318,6 +334,31 @@ class MultimodalDataModule(pl.LightningDataModule):
     @override
     def predict_dataloader(self) -> DataLoader:
         return WorkerSafeDataLoader(self._dataset("predict"), shuffle=False, **self._loader_kwargs())
+
+    @override
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        # skipped records travel from the workers inside the batches; count them here, whatever callbacks run
+        if self.trainer is not None and self.trainer.state.stage is not None:
+            self.skipped.add_batch(batch, LOOP_SPLITS.get(self.trainer.state.stage.value, "train"))
+        return batch
+
+    @override
+    def teardown(self, stage: str) -> None:
+        """At a stage's end: join every process's skipped records of its splits (a collective: Lightning calls
+        it on every process) and, if any, print a summary."""
+        splits = STAGE_SPLITS.get(stage, ())
+        for split in splits:
+            dataset = self.datasets.get(split)
+            for part in getattr(dataset, "datasets", [dataset] if dataset is not None else []):
+                if hasattr(part, "index"):  # lines dropped while indexing (shards find theirs while reading)
+                    self.skipped.join(split, [part.index.skipped.found.get("index", {})])
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                every_process: list = [None] * torch.distributed.get_world_size()
+                torch.distributed.all_gather_object(every_process, self.skipped.found.get(split, {}))
+                self.skipped.join(split, every_process)
+        summary = self.skipped.summary(splits)
+        if summary:
+            rank_zero_warn(f"{stage}: {summary}")
 
     @override
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:

@@ -11,7 +11,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mm_lightning.data.records import Record, RecordError, SkipLog, record_errors, validate_captions
+from mm_lightning.data.records import (
+    Record,
+    RecordError,
+    SkipLog,
+    SkippedRecords,
+    record_errors,
+    validate_captions,
+)
 
 
 class RecordParser:
@@ -137,6 +144,7 @@ class JsonlIndex:
     def __init__(self, parser: RecordParser, on_bad_record: str = "raise") -> None:
         self.parser, self.file = parser, parser.file
         self.skips = SkipLog()
+        self.skipped = SkippedRecords()  # the same records with every reason, for the stage's report
         self.lines = 0
         offsets, lines, cap_line, cap_pos = array("q"), array("i"), array("i"), array("i")
         hashes, words = array("q"), array("h")
@@ -161,6 +169,7 @@ class JsonlIndex:
                     if on_bad_record == "raise":
                         raise
                     self.skips.add(err, "index")
+                    self.skipped.add(err, "index")
                     continue
                 h = _path_hash(rec.image)
                 for pos, caption in enumerate(rec.captions):

@@ -242,6 +242,69 @@ class SkipLog:
         return head + " First reasons:\n" + "\n".join(f"- {r}" for r in self.first)
 
 
+@dataclass
+class SkippedRecords:
+    """The distinct records each split skipped, whichever pass met them: ``(file, line or sample) -> (kind,
+    reason)``. A record met again (another caption of a bad image, another epoch) counts once; the reasons of
+    the first ``keep_reasons`` records of a split are kept (the kinds of all)."""
+
+    keep_reasons: int = 10_000
+    found: dict = field(default_factory=dict)  # split -> {(file, line or sample): (kind, reason or None)}
+
+    def add(self, err: RecordError, split: str) -> None:
+        records = self.found.setdefault(split, {})
+        for where in err.lines or (err.sample if err.sample is not None else f"#{id(err)}",):
+            if (err.file, where) not in records:
+                records[(err.file, where)] = (
+                    err.kind,
+                    str(err) if len(records) < self.keep_reasons else None,
+                )
+
+    def add_batch(self, batch: Any, split: str) -> None:
+        """The records a batch's samples stand in for."""
+        if isinstance(batch, dict):
+            for err in batch.get(SKIPPED_KEY, ()):
+                self.add(err, split)
+
+    def join(self, split: str, found: list[dict]) -> None:
+        """Add other processes' records of ``split`` (their ``found[split]``)."""
+        records = self.found.setdefault(split, {})
+        for other in found:
+            for key, value in other.items():
+                records.setdefault(key, value)
+
+    def report(self, split: str) -> dict[str, Any]:
+        """One split's skipped records: ``count``, ``by_kind``, ``records`` (``file:line`` or ``file:sample``) and
+        ``reasons`` (as far as kept), in file order."""
+        records = self.found.get(split, {})
+        kinds = Counter(kind for kind, _ in records.values())
+        ordered = sorted(records.items(), key=lambda item: (item[0][0], str(item[0][1]).zfill(12)))
+        return {
+            "count": len(records),
+            "by_kind": {kind: kinds[kind] for kind in ERROR_KINDS if kinds[kind]},
+            "records": [f"{file}:{where}" for (file, where), _ in ordered],
+            "reasons": [reason for _, (_, reason) in ordered if reason is not None],
+        }
+
+    def summary(self, splits: tuple[str, ...], first: int = 5) -> str:
+        """How many records ``splits`` skipped, by split and by kind, and each split's ``first`` reasons; ``""``
+        if none."""
+        reports = {split: self.report(split) for split in splits}
+        reports = {split: report for split, report in reports.items() if report["count"]}
+        if not reports:
+            return ""
+        kinds: Counter = Counter()
+        for report in reports.values():
+            kinds.update(report["by_kind"])
+        counts = ", ".join(f"{split} {report['count']}" for split, report in reports.items())
+        by_kind = ", ".join(f"{kind} {kinds[kind]}" for kind in ERROR_KINDS if kinds[kind])
+        total = sum(report["count"] for report in reports.values())
+        reasons = [f"- {reason}" for report in reports.values() for reason in report["reasons"][:first]]
+        return f"{total} bad records skipped ({counts}; by kind: {by_kind}). First reasons:\n" + "\n".join(
+            reasons
+        )
+
+
 class NoTrainingBatch(ExplainedError, ValueError):
     """The training split holds fewer samples than one batch per device: no training step would run."""
 
