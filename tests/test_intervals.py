@@ -11,8 +11,10 @@ from mm_lightning.evaluation.intervals import (
     Figures,
     classification_figures,
     grouped_ratio,
+    holm_step_down,
     intervals,
     paired_differences,
+    paired_p_values,
     retrieval_figures,
 )
 from mm_lightning.evaluation.metrics import retrieval_metrics
@@ -175,3 +177,51 @@ def test_the_seed_decides_the_resamples() -> None:
 def test_bootstrap_options_out_of_range_are_refused(options: dict) -> None:
     with pytest.raises(ValueError, match="bootstrap"):
         Bootstrap(**options)
+
+
+def null_retrieval_pair(rng: np.random.Generator, images: int = 60) -> tuple[Figures, Figures]:
+    """Two checkpoints that score alike: each image's difficulty is shared, each one's ranks drawn apart."""
+    difficulty = rng.uniform(0.5, 30, images)
+    column = np.repeat(np.arange(images), CAPTIONS)
+
+    def ranks() -> Figures:
+        t2i = np.floor(rng.exponential(difficulty[column])).astype(int)
+        return retrieval_figures(t2i, np.floor(rng.exponential(difficulty / 2)).astype(int), column)
+
+    return ranks(), ranks()
+
+
+def test_holm_keeps_the_family_wise_error_of_six_figures_under_the_null() -> None:
+    rng, alpha, trials = np.random.default_rng(5), 0.05, 200
+    holm = per_figure = 0
+    for number in range(trials):
+        p_values = paired_p_values(*null_retrieval_pair(rng), Bootstrap(resamples=400, seed=number))
+        assert len(p_values) == 6
+        holm += any(outside for _, outside in holm_step_down(p_values, alpha).values())
+        per_figure += any(p <= alpha for p in p_values.values())
+    assert holm / trials <= alpha
+    # the control: each figure tested at 5 % alone calls some difference in far more than 5 % of null trials
+    assert per_figure / trials > 2 * alpha
+
+
+def test_holm_calls_a_real_gain_outside_the_noise() -> None:
+    rng = np.random.default_rng(6)
+    a, b = null_retrieval_pair(rng, images=200)
+    better = Figures(a.names, b.numerator.copy(), b.denominator, b.groups)
+    better.numerator[:3] = np.maximum(b.numerator[:3], b.denominator[:3] * (rng.random(200) < 0.3))
+    verdict = holm_step_down(paired_p_values(better, b, Bootstrap(resamples=1000)), 0.05)
+    assert all(verdict[f"image_retrieval_recall@{k}"][1] for k in (1, 5, 10))
+    assert not any(verdict[f"text_retrieval_recall@{k}"][1] for k in (1, 5, 10))  # the same outcomes
+
+
+def test_holm_step_down_equals_statsmodels() -> None:
+    from statsmodels.stats.multitest import multipletests
+
+    rng = np.random.default_rng(7)
+    cases = [rng.uniform(0, 0.1, 6), rng.uniform(0, 1, 6), [0.01, 0.01, 0.04, 1.0, 0.0, 0.02], [0.2] * 3]
+    for p_values in cases:
+        named = {f"figure{i}": float(p) for i, p in enumerate(p_values)}
+        ours = holm_step_down(named, 0.05)
+        rejected, adjusted, _, _ = multipletests(list(named.values()), 0.05, method="holm")
+        assert [ours[name][0] for name in named] == pytest.approx(adjusted.tolist())
+        assert [ours[name][1] for name in named] == rejected.tolist()

@@ -34,12 +34,15 @@ from mm_lightning.callbacks.run_report import sha256_of
 from mm_lightning.checkpoints.run_folder import RUN_DATA_OPTIONS, RunDataOptions, flattened
 from mm_lightning.evaluation.intervals import (
     CLASSIFICATION_UNIT,
+    HOLM_RULE,
     RETRIEVAL_UNIT,
     Bootstrap,
     Figures,
     classification_figures,
+    holm_step_down,
     intervals,
     paired_differences,
+    paired_p_values,
     retrieval_figures,
 )
 from mm_lightning.evaluation.metrics import DEFAULT_KS, Ranks
@@ -424,20 +427,29 @@ def add_comparisons(
                     f"{path}: scores another test set than this evaluation ({what} differs): a paired comparison"
                     " needs the same queries"
                 )
+        this, that = figures_of(dump["task"], ours), figures_of(dump["task"], theirs)
         try:
-            figures = paired_differences(
-                figures_of(dump["task"], ours), figures_of(dump["task"], theirs), bootstrap
-            )
+            figures = paired_differences(this, that, bootstrap)
         except ValueError as err:  # e.g. another number of classes, so other top-k figures
             raise NotComparable(f"{path}: {err}") from err
+        alpha = 1 - bootstrap.confidence
+        p_values = paired_p_values(this, that, bootstrap)
+        for name, (adjusted, outside) in holm_step_down(p_values, alpha).items():
+            figures[name] |= {"p_value": p_values[name], "p_holm": adjusted, "outside_noise": outside}
+        needed = math.ceil(2 * len(figures) / alpha)  # a permutation p-value is at least 2 / (resamples + 1)
+        if bootstrap.resamples + 1 < needed:
+            print(
+                f"evaluate: with {bootstrap.resamples} resamples no figure of {dump['dataset']} can be called a"
+                f" difference over {len(figures)} figures; use --bootstrap_resamples {needed} or more",
+                flush=True,
+            )
         dump["comparison"] = {
             "baseline": {
                 "folder": str(baseline),
                 **baseline_checkpoint(baseline / file_name),
-                "metrics": figures_of(
-                    dump["task"], theirs
-                ).values(),  # from its queries, as the differences are
+                "metrics": that.values(),  # from its queries, as the differences are
             },
+            "rule": HOLM_RULE.format(n=len(figures), alpha=100 * alpha),
             "figures": figures,
         }
 
@@ -618,15 +630,17 @@ def interval_table(dumps: list[dict[str, Any]], keys: list[str]) -> list[str]:
 
 def comparison_table(dump: dict[str, Any]) -> str:
     """Each figure of ``dump`` against the baseline's: the difference in points, its paired interval, how often
-    this checkpoint came out ahead; then in words which differences are inside the noise."""
+    this checkpoint came out ahead, its Holm-adjusted p-value; then in words which differences are outside the
+    noise by the comparison's rule (over all its figures at once) and which are inside."""
     comparison, confidence = dump["comparison"], dump["bootstrap"]["confidence"]
     baseline = comparison["baseline"]
     lines = [
         f"{dump['dataset']}: this checkpoint against {baseline['pretrained'] or baseline['folder']} on the same"
-        f" queries (points; {100 * confidence:g} % paired bootstrap interval)",
+        f" queries (points; {100 * confidence:g} % paired bootstrap interval; p: paired permutation test,"
+        " Holm-adjusted over the figures)",
         "",
-        "| figure | this | baseline | difference | interval | this ahead in | baseline ahead in |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| figure | this | baseline | difference | interval | this ahead in | baseline ahead in | p (Holm) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     inside, outside = [], []
     for name, figure in comparison["figures"].items():
@@ -636,16 +650,15 @@ def comparison_table(dump: dict[str, Any]) -> str:
             f"| {figure_label(name)} | {_percent(dump['metrics'][name])} |"
             f" {'n/a' if theirs is None else _percent(theirs)} | {100 * figure['difference']:+.2f} |"
             f" {100 * low:+.2f} to {100 * high:+.2f} | {100 * figure['share_better']:.1f} % |"
-            f" {100 * figure['share_worse']:.1f} % |"
+            f" {100 * figure['share_worse']:.1f} % | {figure['p_holm']:.3f} |"
         )
-        if low <= 0 <= high:
-            inside.append(figure_label(name))
+        if figure["outside_noise"]:
+            outside.append(f"{figure_label(name)} ({'higher' if figure['difference'] > 0 else 'lower'})")
         else:
-            outside.append(f"{figure_label(name)} ({'higher' if low > 0 else 'lower'})")
+            inside.append(figure_label(name))
     words = [
-        f"Outside the noise (the interval leaves out 0): {', '.join(outside)}." if outside else "",
-        f"Inside the noise (the interval holds 0, so this test set cannot tell the two apart): {', '.join(inside)}."
-        if inside
-        else "",
+        f"The rule: {comparison['rule']}.",
+        f"Outside the noise: {', '.join(outside)}." if outside else "Outside the noise: none.",
+        f"Inside the noise (this test set cannot tell the two apart): {', '.join(inside)}." if inside else "",
     ]
     return "\n".join(lines) + "\n\n" + " ".join(w for w in words if w)
