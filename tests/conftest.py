@@ -30,14 +30,21 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
 def _role(entry: dict) -> str:
     name = entry["class_path"].rpartition(".")[2]
     if name == "ModelCheckpoint":
-        return "best_checkpoint" if (entry.get("init_args") or {}).get("monitor") else "checkpoint"
+        args = entry.get("init_args") or {}
+        return (
+            "best_checkpoint"
+            if args.get("monitor")
+            else "timed_checkpoint"
+            if args.get("train_time_interval")
+            else "checkpoint"
+        )
     return name
 
 
 def callback_args(root: Path, **changes: dict | None) -> list[str]:
     """``--trainer.callbacks <file>``: a copy of the long-run callbacks (the demo's, then
     the NaN guard, preemption saves and exact resume) written under ``root``, with ``changes``
-    keyed by class name (``checkpoint``/``best_checkpoint`` for the two ModelCheckpoints): new init_args, or
+    keyed by class name (``checkpoint``/``timed_checkpoint``/``best_checkpoint`` for the ModelCheckpoints): new init_args, or
     None to drop one; the way a user tunes them."""
     import yaml
 

@@ -88,7 +88,7 @@ def test_fit_writes_checkpoints_and_config(tiny_run: TinyRun) -> None:
     assert len(best) == 1, best  # top-1 by val/r1_t2i
     checkpoint = torch.load(best[0], map_location="cpu", weights_only=False)
     monitors = [v["monitor"] for k, v in checkpoint["callbacks"].items() if k.startswith("ModelCheckpoint")]
-    assert sorted(monitors, key=str) == [None, "val/r1_t2i"]  # last.ckpt's keeper and the best's
+    assert sorted(monitors, key=str) == [None, None, "val/r1_t2i"]  # last.ckpt's two keepers and the best's
     saved = (tiny_run.log_dir / "config.yaml").read_text()
     assert "mm_lightning.data.DemoDataModule" in saved and "heads: 4" in saved
 

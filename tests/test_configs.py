@@ -142,7 +142,7 @@ def test_run_dir_moves_logs_and_checkpoints(capsys: pytest.CaptureFixture[str]) 
     assert config["trainer"]["default_root_dir"] == "runs/a"
     # derived from the run directory after parsing, unless set (tests below), so printed as unset
     saving = [c for c in config["trainer"]["callbacks"] if c["class_path"].endswith(".ModelCheckpoint")]
-    assert len(saving) == 2 and all(c["init_args"]["dirpath"] is None for c in saving)
+    assert len(saving) == 3 and all(c["init_args"]["dirpath"] is None for c in saving)  # best, last, timed last
     assert "save_dir" not in config["trainer"]["logger"]["init_args"]
     assert config["trainer"]["plugins"][0]["class_path"] == "mm_lightning.checkpoints.AtomicCheckpointIO"
 
@@ -151,8 +151,8 @@ def _checkpoint_dir(*args: str) -> str:
     cli = cli_main(
         ["--config", str(CONFIGS / "demo.yaml"), "--trainer.default_root_dir", "runs/a", *args], run=False
     )
-    best, last = cli.trainer.checkpoint_callbacks  # best first: last.ckpt then records its fresh state
-    assert (last.monitor, best.monitor) == (None, "val/r1_t2i") and best.dirpath == last.dirpath
+    best, last, timed = cli.trainer.checkpoint_callbacks  # best first: last.ckpt then records its fresh state
+    assert (last.monitor, best.monitor) == (None, "val/r1_t2i") and best.dirpath == last.dirpath == timed.dirpath
     return os.path.relpath(last.dirpath)
 
 
@@ -217,7 +217,7 @@ def test_every_callback_of_a_demo_run_is_in_its_printed_config(capsys: pytest.Ca
     printed = _print_config(capsys, "--config", str(CONFIGS / "demo.yaml"))
     trainer = cli_main(["--config", str(CONFIGS / "demo.yaml")], run=False).trainer
     assert _not_in_config(trainer.callbacks, printed) == []
-    assert len(printed["trainer"]["callbacks"]) == 9
+    assert len(printed["trainer"]["callbacks"]) == 10
     # control: a callback the config does not name is found
     from lightning.pytorch.callbacks import EarlyStopping
 

@@ -34,6 +34,15 @@ def _duration(seconds: float) -> str:
     return str(timedelta(seconds=round(seconds)))
 
 
+def _checkpoint_option(best: ModelCheckpoint | None, last: str) -> str:
+    """What ``--ckpt_path`` names to test the run: ``best`` or ``last`` where the run folder resolves them (so the
+    command stays right after training further replaces the best file), else the file's path."""
+    if best is not None:
+        one_best = best.save_top_k == 1 and os.path.basename(best.best_model_path).startswith("best")
+        return "best" if one_best else best.best_model_path
+    return "last" if os.path.basename(last) == "last.ckpt" else last
+
+
 def _log_dir(trainer: Trainer) -> str | None:
     """The logger's folder of this run (``trainer.log_dir`` is a collective: every rank would have to ask)."""
     logger = trainer.logger
@@ -101,13 +110,19 @@ class RunSummary(Callback):
         if log_dir:
             lines.append(f"  logs: {log_dir}  (tensorboard --logdir {os.path.dirname(log_dir)})")
         if config and os.path.exists(config):
-            tested = best.best_model_path if best is not None else last
+            tested = _checkpoint_option(best, last)
             more = _train_further(trainer)
             lines.append(
                 f"  train further{more[0]}: python -m mm_lightning fit --config {config} --ckpt_path last{more[1]}"
             )
             if tested:
                 lines.append(f"  test it: python -m mm_lightning test --config {config} --ckpt_path {tested}")
+            if tested and getattr(trainer.datamodule, "files", {}).get("test"):
+                output = os.path.join(log_dir, "evaluation")
+                lines.append(
+                    f"  evaluate it: python -m mm_lightning evaluate --config {config} --ckpt_path {tested}"
+                    f" --output {output}"
+                )
         print("\n".join(lines), flush=True)
 
     @override

@@ -268,6 +268,14 @@ def run_audit(
             f"  {split}: {rep['records']} records, {rep['images']} images, bad {rep['bad_lines'] or 'none'}, "
             f"overlong captions {rep['overlong_captions']}, duplicate captions {rep['duplicate_captions']}"
         )
+        first = [
+            messages[0] for messages in rep["examples"].values() if messages
+        ]  # file:line: reason, a kind each
+        for message in first:
+            print(f"    {message}")
+        if rep["errors"] > len(first):
+            where = f"every one in {output}" if output else "--audit.output FILE lists every one"
+            print(f"    and {rep['errors'] - len(first)} more bad records ({where})")
     for split in report["splits_without_valid_records"]:
         print(f"  {split}: 0 valid records in {report['splits'][split]['file']}: training would stop")
     for pair, found in report["leakage"]["pairs"].items():

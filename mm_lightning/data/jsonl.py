@@ -48,7 +48,11 @@ class RecordParser:
                 raise
             where = "at the end of the line" if decode.pos >= len(decode.doc) else f"at column {decode.colno}"
             raise RecordError(
-                self.file, line, f"malformed JSON: {decode.msg} {where}", kind="malformed_json"
+                # "Unterminated string starting at" + "at column 7": say "at" once
+                self.file,
+                line,
+                f"malformed JSON: {decode.msg.removesuffix(' at')} {where}",
+                kind="malformed_json",
             ) from decode
         stub = Record("", [], self.file, line)
         if not isinstance(obj, dict):

@@ -297,7 +297,7 @@ class ResumableDataLoader(StartsWorkersOutsideTheGroup, DataLoader):
             per_epoch = math.ceil(sampler.steps() / trainer.accumulate_grad_batches)
             before = math.ceil(sampler.stream_length() // old_batch / trainer.accumulate_grad_batches)
             rank_zero_info(
-                f"Resuming epoch {epoch} after {consumed} of its {sampler.stream_length()} samples, saved by"
+                f"Resuming epoch {epoch + 1} after {consumed} of its {sampler.stream_length()} samples, saved by"
                 f" {saved['world_size']} process(es) x {saved['batch_size']}; now {sampler.num_replicas} x"
                 f" {sampler.batch_size} = {sampler.global_batch} per step: {left} batches finish the epoch,"
                 f" {per_epoch} optimizer steps per epoch instead of {before}; the learning-rate schedule ends at"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -74,7 +75,7 @@ def _config(root: Path, train: Path, **other_splits: Path) -> Path:
 
 
 @pytest.mark.timeout(180)
-def test_audit_report_and_exit_code(tmp_path: Path) -> None:
+def test_audit_report_and_exit_code(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     config = _config(tmp_path, _dataset(tmp_path))
     out = tmp_path / "report.json"
     args = [
@@ -88,6 +89,10 @@ def test_audit_report_and_exit_code(tmp_path: Path) -> None:
         "false",
     ]
     assert main(args) == 1  # default threshold 0: any error fails
+    printed = (
+        capsys.readouterr().out
+    )  # the console names the first bad record of each kind: file:line: reason
+    assert re.search(r"^    .*train\.jsonl:8: malformed JSON", printed, re.MULTILINE)
     rep = json.loads(out.read_text())["splits"]["train"]
     assert rep["records"] == 10
     assert rep["bad_lines"] == {

@@ -7,8 +7,10 @@ import pickle
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from mm_lightning.data.jsonl import JsonlIndex, RecordParser
+from mm_lightning.data.records import RecordError
 
 
 def _index(path: Path, **kwargs: object) -> JsonlIndex:
@@ -60,3 +62,21 @@ def test_skip_mode_counts_and_keeps_first_reasons(tmp_path: Path) -> None:
     index = _index(path, on_bad_record="skip")
     assert index.skips.count == 30 and len(index.skips.first) == 20
     assert index.num_captions == 1 and "bad.jsonl:1" in index.skips.first[0]
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        (b'{"image": "a.jpg", "text": "cut', "Unterminated string starting at column 28"),
+        (b'{"image": "a.jpg", "text": "tab\there"}', "Invalid control character at column 32"),
+        (
+            b'{"image": "a.jpg" "text": "x"}',
+            "Expecting ',' delimiter at column 19",
+        ),  # the control: no "at" to drop
+    ],
+)
+def test_json_errors_say_at_once(tmp_path: Path, line: bytes, expected: str) -> None:
+    parser = RecordParser(str(tmp_path / "x.jsonl"), "image", "text", str(tmp_path), False)
+    with pytest.raises(RecordError) as info:
+        parser.parse(line, 3)
+    assert str(info.value) == f"{tmp_path / 'x.jsonl'}:3: malformed JSON: {expected}"

@@ -145,3 +145,28 @@ def test_fit_last_into_a_folder_of_other_checkpoints_is_refused_not_started(
     assert exit_info.value.code == 2
     assert "already holds an earlier run's checkpoints" in _error_line(capsys)
     assert "starting a new run" not in caplog.text
+
+
+def test_the_printed_test_and_evaluate_commands_still_run_after_training_further(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a best checkpoint at every validation (the step only grows), so training further replaces the first one
+    newest = {"best_checkpoint": {"monitor": "step", "mode": "max"}}
+    assert main(["fit", *tiny_demo_args(tmp_path, max_steps=3, callbacks=newest), *SHORT]) == 0
+    summary = capsys.readouterr().out.splitlines()
+    first_best = next(line for line in summary if line.startswith("  best step: ")).split()[-1]
+    printed = {
+        name: shlex.split(
+            next(line for line in summary if line.startswith(f"  {name}")).split(
+                "python -m mm_lightning ", 1
+            )[1]
+        )
+        for name in ("train further", "test it", "evaluate it")
+    }
+    assert printed["test it"][-2:] == ["--ckpt_path", "best"]
+    assert main(printed["train further"]) == 0
+    assert not Path(first_best).exists()  # the control: the first run's best file is gone
+    assert main(printed["test it"]) == 0
+    assert "Finished test: test/r1_t2i " in capsys.readouterr().out
+    assert main(printed["evaluate it"]) == 0
+    assert list((tmp_path / "version_0" / "evaluation").glob("*_zeroshot_retrieval.json"))
