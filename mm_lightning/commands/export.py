@@ -1,8 +1,9 @@
-"""Export a trained checkpoint as a Hugging Face model directory that ``transformers`` loads as-is.
+"""Export a trained checkpoint as a model directory that ``transformers`` or ``sentence-transformers`` loads as-is.
 
     python -m mm_lightning export --ckpt_path logs/run/checkpoints/last.ckpt --format hf --out my-model
+    python -m mm_lightning export --ckpt_path logs/lit/checkpoints/last.ckpt --format sentence-transformers --out my-lit
 
-Two layouts, picked from the towers:
+``--format hf`` picks one of two layouts from the towers:
 
 - both towers from one ``CLIPModel`` / ``SiglipModel`` directory (``CLIPImageTower`` + ``CLIPTextTower``): written
   back as that class, fine-tuned towers, projections and logit scale (and bias) included, with the source
@@ -17,6 +18,18 @@ Either way ``get_image_features(...).pooler_output`` / ``get_text_features(...).
 model equal the checkpoint's projected (pre-normalization) embeddings: export checks this on a small input
 (:func:`check_same_embeddings`) and refuses to write otherwise, naming the half that differs. Not expressible: text
 ``pooling: mean``, a DINOv2 tower with a projection bias, timm / torchvision towers.
+
+``--format sentence-transformers`` takes what ``hf`` cannot: a timm image tower (``TimmTower``, LiT's) with an
+``HFTextTower`` pooled by ``mean`` or ``cls``. It writes one ``SentenceTransformer`` directory whose ``Router`` picks
+the route by input: images go through a transformers ``TimmWrapperModel`` (the timm model as trained, its
+``pooler_output`` the tower's pooled vector) and a ``Dense`` layer holding the image projection, if any; text goes
+through the text model, a ``Pooling`` module pooling as the tower does, and a ``Dense`` layer holding the text
+projection (with its bias). ``SentenceTransformer(out).encode(images or captions)`` then gives the checkpoint's
+projected (pre-normalization) embeddings of the inputs as the export prepares them: export checks this on a small
+input (:func:`check_sentence_transformer`) before writing. Images are prepared by timm's evaluation transform (shorter
+side resized, center crop, the data's mean and std), captions by the data's tokenizer (truncating at its
+``max_length``). The loss's logit scale (and bias) go to ``logit_scale.json``: ``SentenceTransformer`` has no place
+for them.
 
 How a module becomes a ``VisionTextDualEncoderModel``: the library model computes
 ``visual_projection(vision_model(x).pooler_output)`` (and the same for text) with bias-free projections. The module
@@ -43,6 +56,7 @@ import copy
 import inspect
 import json
 import logging
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -51,20 +65,23 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel, VisionTextDualEncoderConfig, VisionTextDualEncoderModel
 from transformers.activations import LinearActivation
 
+from mm_lightning import ExplainedError
 from mm_lightning.callbacks.run_report import sha256_of
 from mm_lightning.models import DualEncoder
 from mm_lightning.models.towers.clip import CLIPImageTower, CLIPTextTower, load_dual_encoder
 from mm_lightning.models.towers.hf_text import HFTextTower
 from mm_lightning.models.towers.hf_vision import HFVisionTower
+from mm_lightning.models.towers.timm import TimmTower
 
 log = logging.getLogger(__name__)
-FORMATS = ("hf",)
+FORMATS = ("hf", "sentence-transformers")
 SOURCE_FILE = "source_checkpoint.json"  # the checkpoint an export came from, by path and SHA-256
+LOGIT_SCALE_FILE = "logit_scale.json"  # a sentence-transformers export's logit scale and bias
 # relative tolerance of the embedding check (float32 rounding of reordered sums stays far below it)
 TOLERANCE = 1e-5
 
 
-class ExportError(ValueError):
+class ExportError(ExplainedError, ValueError):
     """The checkpoint cannot be written in the requested format; the message says which part and why."""
 
 
@@ -183,11 +200,12 @@ def parse_checkpoint_command(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m mm_lightning export --ckpt_path CKPT --format hf --out DIR``."""
+    """``python -m mm_lightning export --ckpt_path CKPT --format hf|sentence-transformers --out DIR``."""
     parser = build_parser()
     args, module = parse_checkpoint_command(parser, argv)
+    export = export_hf if args.format == "hf" else export_sentence_transformers
     try:
-        out = export_hf(module, args.out, _data_hyperparameters(args.ckpt_path))
+        out = export(module, args.out, _data_hyperparameters(args.ckpt_path))
     except ExportError as error:
         parser.exit(1, f"export: {args.ckpt_path}: {error}\n")
     source = {"checkpoint": str(args.ckpt_path), "checkpoint_sha256": sha256_of(args.ckpt_path)}
@@ -419,14 +437,34 @@ def check_same_embeddings(module: nn.Module, target: PreTrainedModel) -> None:
         "text": (module.encode_text(on_device)[1], target.get_text_features(**text)),
     }
     for side, (want, got) in pairs.items():
-        want, got = want.float().cpu(), got.pooler_output.float()
-        difference = float((got - want).abs().max()) if got.shape == want.shape else float("inf")
-        if not difference <= TOLERANCE * max(1.0, float(want.abs().max())):
-            raise ExportError(
-                f"{side}: the exported {type(target).__name__}'s features differ from the checkpoint's "
-                f"embeddings (max difference {difference:.3g}); its {side} model pools or projects differently "
-                f"from the {side} tower {getattr(getattr(module, side + '_encoder'), 'name', '(no name)')!r}"
-            )
+        _check_close(module, side, want, got.pooler_output, type(target).__name__)
+
+
+def _check_close(module: nn.Module, side: str, want: Tensor, got: Tensor, exported: str) -> None:
+    """Raises unless ``got`` equals the checkpoint's ``want`` to :data:`TOLERANCE` (relative to its largest value)."""
+    want, got = want.float().cpu(), got.float().cpu()
+    difference = float((got - want).abs().max()) if got.shape == want.shape else float("inf")
+    if not difference <= TOLERANCE * max(1.0, float(want.abs().max())):
+        raise ExportError(
+            f"{side}: the exported {exported}'s features differ from the checkpoint's embeddings (max difference "
+            f"{difference:.3g}); its {side} model pools or projects differently from the {side} tower "
+            f"{getattr(getattr(module, side + '_encoder'), 'name', '(no name)')!r}"
+        )
+
+
+def image_preprocessing(module: nn.Module, data: dict[str, Any]) -> tuple[int, list[float], list[float]]:
+    """The side, mean and std the checkpoint's images were prepared with: the data's options, else the tower's."""
+    towers = module.data_config["image"]
+    # data.images; a checkpoint from before the options were grouped has them at the top
+    images = data.get("images") or {
+        "size": data.get("image_size"),
+        "mean": data.get("mean"),
+        "std": data.get("std"),
+    }
+    side = int(images.get("size") or towers["input_size"][-1])
+    mean = [float(m) for m in images.get("mean") or towers["mean"]]
+    std = [float(s) for s in images.get("std") or towers["std"]]
+    return side, mean, std
 
 
 def save_processor(module: nn.Module, out: Path, data: dict[str, Any]) -> None:
@@ -445,23 +483,220 @@ def save_processor(module: nn.Module, out: Path, data: dict[str, Any]) -> None:
 
     from mm_lightning.assets import resolve_pretrained
 
-    towers = module.data_config["image"]
-    # data.images; a checkpoint from before the options were grouped has them at the top
-    images = data.get("images") or {
-        "size": data.get("image_size"),
-        "mean": data.get("mean"),
-        "std": data.get("std"),
-    }
-    side = int(images.get("size") or towers["input_size"][-1])
+    side, mean, std = image_preprocessing(module, data)
     image_processor = CLIPImageProcessor(
         size={"shortest_edge": side},
         crop_size={"height": side, "width": side},
         resample=Image.Resampling.BILINEAR,
-        image_mean=[float(m) for m in images.get("mean") or towers["mean"]],
-        image_std=[float(s) for s in images.get("std") or towers["std"]],
+        image_mean=mean,
+        image_std=std,
     )
     tokenizer_name = data.get("tokenizer") or module.data_config["text"]["tokenizer"]
     tokenizer = AutoTokenizer.from_pretrained(resolve_pretrained(tokenizer_name))
     if data.get("max_length"):  # the captions were truncated there in training
         tokenizer.model_max_length = int(data["max_length"])
     VisionTextDualEncoderProcessor(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(out)
+
+
+# A module as a SentenceTransformer (--format sentence-transformers; the module docstring says how)
+
+ST_FEATURE = "export --format sentence-transformers"
+# the image route: TimmWrapperModel's pooler_output (timm's pooled features) is the route's sentence embedding
+TIMM_IMAGE_ROUTE = {"image": {"method": "forward", "method_output_name": "pooler_output"}}
+
+
+def _st_towers(module: nn.Module) -> tuple[TimmTower, HFTextTower]:
+    image, text = module.image_encoder, module.text_encoder
+    if isinstance(image, TimmTower) and isinstance(text, HFTextTower):
+        return image, text
+    names = tuple(getattr(tower, "name", "(no name)") for tower in (image, text))
+    hint = (
+        "; Hugging Face image towers export with --format hf"
+        if isinstance(image, (HFVisionTower, CLIPImageTower))
+        else ""
+    )
+    raise ExportError(
+        f"{ST_FEATURE} supports image tower TimmTower with text tower HFTextTower; this checkpoint has image tower "
+        f"{names[0]!r} ({type(image).__name__}) and text tower {names[1]!r} ({type(text).__name__}){hint}"
+    )
+
+
+def _dense(side: str, projection: nn.Module) -> list[nn.Module]:
+    """The projection as a ``Dense`` module without activation (none for ``Identity``)."""
+    from sentence_transformers.sentence_transformer.modules import Dense
+
+    if isinstance(projection, nn.Identity):
+        return []
+    if not isinstance(projection, nn.Linear):
+        raise ExportError(f"{side}: projection {type(projection).__name__} is not a Linear layer")
+    dense = Dense(
+        projection.in_features,
+        projection.out_features,
+        bias=projection.bias is not None,
+        activation_function=nn.Identity(),
+    )
+    dense.linear.load_state_dict(projection.state_dict())
+    return [dense]
+
+
+def _save_timm_wrapper(tower: TimmTower, directory: Path, pretrained_cfg: dict[str, Any]) -> None:
+    """The tower's timm model as a ``TimmWrapperModel`` directory, its image preprocessing in the config."""
+    from transformers import TimmWrapperConfig, TimmWrapperModel
+
+    # where timm's pretrained weights come from: the export carries its own
+    model_args = {k: v for k, v in tower.create_kwargs.items() if k != "pretrained_cfg_overlay"}
+    config = TimmWrapperConfig(
+        architecture=tower.model.pretrained_cfg.get("architecture", tower.name),
+        num_labels=0,
+        model_args=model_args or None,
+    )
+    config.num_features = tower.pooled_dim  # the width sentence-transformers reads for timm models
+    config.pretrained_cfg = pretrained_cfg  # what TimmWrapperImageProcessor builds its transform from
+    wrapper = TimmWrapperModel(config)
+    _load_backbone("image", tower.model, wrapper.timm_model, None)
+    wrapper.save_pretrained(directory)
+
+
+@torch.no_grad()
+def _save_text_model(tower: HFTextTower, tokenizer: Any, directory: Path) -> None:
+    """The text model (with the pooler ``HFTextTower`` drops, zeroed: unused, but loading it then reports no
+    missing weights) and the tokenizer, as one directory."""
+    model = tower.model
+    if getattr(model, "pooler", "absent") is None:
+        full = type(model)(model.config)
+        _load_backbone("text", model, full, full.pooler)
+        for parameter in full.pooler.parameters():
+            parameter.zero_()
+        model = full
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+
+
+@torch.no_grad()
+def build_sentence_transformer(module: nn.Module, staging: Path, data: dict[str, Any]) -> Any:
+    """The module's towers and projections as a ``SentenceTransformer`` routing images and text.
+
+    Args:
+        module: a ``MultimodalModule`` with a ``TimmTower`` and an ``HFTextTower``.
+        staging: an empty directory for the sub-models the ``Transformer`` modules load from.
+        data: the data module's hyperparameters (``images``' size, mean and std, ``tokenizer``, ``max_length``).
+
+    Raises:
+        ExportError: towers or projections that the format cannot express.
+    """
+    from mm_lightning.models.towers.optional import require
+
+    require("sentence_transformers", "sentence-transformers", ST_FEATURE)
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Router, Transformer
+
+    from mm_lightning.data.collate import load_tokenizer
+    from mm_lightning.data.transforms import INTERPOLATIONS
+
+    image, text = _st_towers(module)
+    image_dense, text_dense = _dense("image", module.image_proj), _dense("text", module.text_proj)
+    side, mean, std = image_preprocessing(module, data)
+    interpolation = image.data_config.get("interpolation")
+    pretrained_cfg = {
+        "input_size": [3, side, side],
+        "mean": mean,
+        "std": std,
+        # as the data module resizes: the tower's interpolation where it has it, else bilinear
+        "interpolation": interpolation if interpolation in INTERPOLATIONS else "bilinear",
+        "crop_pct": 1.0,  # shorter side to `side`, then the central square: the evaluation crop
+        "crop_mode": "center",
+    }
+    _save_timm_wrapper(image, staging / "image", pretrained_cfg)
+    tokenizer = load_tokenizer(data.get("tokenizer") or module.data_config["text"]["tokenizer"])
+    if data.get("max_length"):  # the captions were truncated there in training
+        tokenizer.model_max_length = int(data["max_length"])
+    _save_text_model(text, tokenizer, staging / "text")
+    routes = {
+        "text": [
+            Transformer(str(staging / "text")),
+            Pooling(text.dim, pooling_mode=text.pooling),
+            *text_dense,
+        ],
+        "image": [
+            Transformer(
+                str(staging / "image"),
+                modality_config=TIMM_IMAGE_ROUTE,
+                module_output_name="sentence_embedding",
+            ),
+            *image_dense,
+        ],
+    }
+    return SentenceTransformer(modules=[Router(routes)], device="cpu").eval()
+
+
+@torch.no_grad()
+def check_sentence_transformer(module: nn.Module, model: Any) -> None:
+    """Raises unless ``model.encode`` of images and captions equals the module's projected embeddings of the same
+    preprocessed inputs.
+
+    Args:
+        module: the trained module (in eval mode).
+        model: the ``SentenceTransformer`` about to be written.
+
+    Raises:
+        ExportError: naming the half that differs and by how much.
+    """
+    from PIL import Image
+
+    generator = torch.Generator().manual_seed(0)
+    # two shapes, so that the check runs the resize and crop too
+    pixels = [
+        torch.randint(0, 256, (h, w, 3), dtype=torch.uint8, generator=generator)
+        for h, w in ((48, 64), (64, 40))
+    ]
+    inputs = {
+        "image": [Image.fromarray(p.numpy()) for p in pixels],
+        "text": ["a photo", "two small dogs play on the grass next to a red house"],  # padding in one row
+    }
+    device = next(module.parameters()).device
+    for side, batch in inputs.items():
+        features = {k: v.to(device) for k, v in model.preprocess(batch).items() if isinstance(v, Tensor)}
+        if side == "image":
+            want = module.encode_images(features["pixel_values"])[1]
+        else:
+            want = module.encode_text(features)[1]
+        got = model.encode(batch, batch_size=len(batch), convert_to_tensor=True)
+        _check_close(module, side, want, got, "SentenceTransformer")
+
+
+def export_sentence_transformers(
+    module: DualEncoder, out: str | Path, data: dict[str, Any] | None = None
+) -> Path:
+    """Writes ``module`` as a ``SentenceTransformer`` directory that encodes images and captions.
+
+    Args:
+        module: a trained module with a ``TimmTower`` and an ``HFTextTower``.
+        out: output directory (created).
+        data: the data module's hyperparameters the checkpoint was trained with; missing keys follow the towers.
+
+    Returns:
+        The output directory.
+
+    Raises:
+        ExportError: the towers cannot be expressed in the format, or the exported model's embeddings would
+            differ from the checkpoint's (the message says which part and why).
+    """
+    was_training = module.training
+    module.eval()
+    try:
+        with tempfile.TemporaryDirectory() as staging:
+            model = build_sentence_transformer(module, Path(staging), data or {})
+            check_sentence_transformer(module, model)
+            out = Path(out)
+            model.save(str(out))
+    finally:
+        module.train(was_training)
+    loss = module.contrastive
+    bias = getattr(loss, "logit_bias", None)
+    # logits = exp(logit_scale) * cosine similarity (+ logit_bias), as the loss computed them
+    scores = {
+        "logit_scale": float(effective_logit_scale(loss)),
+        "logit_bias": float(bias.detach()) if isinstance(bias, Tensor) else None,
+    }
+    (out / LOGIT_SCALE_FILE).write_text(json.dumps(scores, indent=2) + "\n", encoding="utf-8")
+    return out

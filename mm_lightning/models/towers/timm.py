@@ -104,6 +104,7 @@ class TimmTower(ConfiguredTower):
         if from_file:
             self._load_file(name, weights, create_kwargs, strict, key_mapping)
         self.name = name
+        self.create_kwargs = create_kwargs  # what an export rebuilds the architecture with (img_size, ...)
         self.token_dim: int = self.model.num_features
         self.pooled_dim: int = getattr(self.model, "head_hidden_size", self.model.num_features)
         self.channels_last_output = getattr(self.model, "output_fmt", "NCHW") == "NHWC"
