@@ -94,8 +94,9 @@ FITTED: set[tuple[str, ...]] = set()  # the runs fit_before made in this session
 
 
 def fit_before(argv: list[str], sandbox: Path, fitted: set[tuple[str, ...]]) -> None:
-    """For a command that reads ``--ckpt_path last`` of its config's run: that run's fit, where the config puts its
-    checkpoints (its own ``default_root_dir``, inside the sandbox), with the command's model options."""
+    """For a command that reads ``--ckpt_path last`` or ``best`` of its config's run: that run's fit (validated at
+    its last step, so it keeps a best checkpoint), where the config puts its checkpoints (its own
+    ``default_root_dir``, inside the sandbox), with the command's model options."""
     config = argv[argv.index("--config") + 1]
     model = [a for i, a in enumerate(argv) if a.startswith("--model.") or argv[i - 1].startswith("--model.")]
     fit = ("fit", "--config", config, *model)
@@ -106,6 +107,8 @@ def fit_before(argv: list[str], sandbox: Path, fitted: set[tuple[str, ...]]) -> 
         "data/coco/train.jsonl",
         "--data.init_args.val_file",
         "data/coco/val.jsonl",
+        "--trainer.val_check_interval",
+        "2",
     ]
     assert main(shrunk([*fit, *data], sandbox, "", run_dir=None)) == 0
     fitted.add((str(sandbox), *fit))
@@ -150,7 +153,7 @@ def test_readme_command_runs(
     if argv[0].startswith("PYTHONPATH="):
         monkeypatch.syspath_prepend(str(REPO / argv[0].split("=", 1)[1]))
         argv = argv[1:]
-    if "last" in argv and argv[argv.index("last") - 1] == "--ckpt_path":
+    if "--ckpt_path" in argv and argv[argv.index("--ckpt_path") + 1] in ("last", "best"):
         fit_before(argv, sandbox, FITTED)
         assert main(shrunk(argv, sandbox, line, run_dir=None)) == 0
         return

@@ -57,6 +57,8 @@ import inspect
 import json
 import logging
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -116,9 +118,7 @@ def export_hf(module: DualEncoder, out: str | Path, data: dict[str, Any] | None 
         ExportError: the towers cannot be expressed in the format, or the exported model's embeddings would
             differ from the checkpoint's (the message says which part and why).
     """
-    was_training = module.training
-    module.eval()
-    try:
+    with in_eval_mode(module):
         source_dir = _single_source_directory(module)
         if source_dir is not None:
             target = _clip_model(module, source_dir)
@@ -131,9 +131,18 @@ def export_hf(module: DualEncoder, out: str | Path, data: dict[str, Any] | None 
             _copy_preprocessing(source_dir, out)
         else:
             save_processor(module, out, data or {})
+    return out
+
+
+@contextmanager
+def in_eval_mode(module: nn.Module) -> Iterator[None]:
+    """``module`` in eval mode (dropout off: the check compares exact embeddings), its own mode restored after."""
+    was_training = module.training
+    module.eval()
+    try:
+        yield
     finally:
         module.train(was_training)
-    return out
 
 
 def _clip_model(module: DualEncoder, source_dir: str) -> nn.Module:
@@ -681,16 +690,11 @@ def export_sentence_transformers(
         ExportError: the towers cannot be expressed in the format, or the exported model's embeddings would
             differ from the checkpoint's (the message says which part and why).
     """
-    was_training = module.training
-    module.eval()
-    try:
-        with tempfile.TemporaryDirectory() as staging:
-            model = build_sentence_transformer(module, Path(staging), data or {})
-            check_sentence_transformer(module, model)
-            out = Path(out)
-            model.save(str(out))
-    finally:
-        module.train(was_training)
+    with in_eval_mode(module), tempfile.TemporaryDirectory() as staging:
+        model = build_sentence_transformer(module, Path(staging), data or {})
+        check_sentence_transformer(module, model)
+        out = Path(out)
+        model.save(str(out))
     loss = module.contrastive
     bias = getattr(loss, "logit_bias", None)
     # logits = exp(logit_scale) * cosine similarity (+ logit_bias), as the loss computed them
