@@ -1,6 +1,6 @@
-"""The core a one-step demo ``fit`` as shipped (its callbacks, its worker, a validation batch) loads stays small,
-and the opt-in parts load only when a config names them (``tests/core_size.py`` runs the fits in a fresh process
-and reports the loaded modules)."""
+"""The opt-in parts load only when a config names them, not in a one-step demo ``fit`` as shipped (its callbacks, its
+worker, a validation batch); the size of what that fit loads is reported (README's "Where things are"), not capped
+(``tests/core_size.py`` runs the fits in a fresh process and reports the loaded modules)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-# today's core, as README's "Where things are" says; lower these as the core shrinks
-MAX_CORE_MODULES = 41
-MAX_CORE_LINES = 6_417
 OPT_IN = {
     "mm_lightning.extras.explicit_allreduce.strategy",
     "mm_lightning.extras.explicit_allreduce.reducers",
@@ -52,7 +50,7 @@ OPT_IN = {
 
 
 @pytest.mark.timeout(300)
-def test_a_one_step_demo_fit_loads_the_core_only(tmp_path: Path) -> None:
+def test_a_one_step_demo_fit_loads_the_core_only(tmp_path: Path, record_property: Any) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run(
         [sys.executable, "tests/core_size.py", str(tmp_path)],
@@ -63,10 +61,10 @@ def test_a_one_step_demo_fit_loads_the_core_only(tmp_path: Path) -> None:
     core = loaded["core"]
     assert sorted(OPT_IN & set(core)) == []
     assert [name for name in core if name.startswith("mm_lightning.extras")] == []
-    assert len(core) <= MAX_CORE_MODULES and sum(core.values()) <= MAX_CORE_LINES, (
-        len(core),
-        sum(core.values()),
-    )
+    package = [len(path.read_text().splitlines()) for path in (REPO / "mm_lightning").rglob("*.py")]
+    figure = f"{len(core)} of {len(package)} modules ({sum(core.values())} of {sum(package)} lines)"
+    record_property("demo_fit_loads", figure)  # the figure README states (with -rA: printed)
+    print(f"a one-step demo fit loads {figure}")
     # control: a run that names gradient caching and the SigLIP loss loads them
     assert loaded["opt_in"] == [
         "mm_lightning.extras",

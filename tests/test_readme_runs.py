@@ -22,7 +22,10 @@ GPU_RECIPE = (
 TWO_PROCESSES = "two processes (test_strategies_cli.py runs ddp and ddp_explicit through the CLI)"
 USERS_FILES = "a model folder of the user's (/models/...)"
 HELP = "help text (test_readme_commands.py parses it)"
-HF_EXPORT = "export --format hf of a run with Hugging Face towers (tests/towers/test_export_dual_encoder.py)"
+HF_EXPORT = (
+    "export of a run with the towers its format takes (tests/towers/test_export_dual_encoder.py,"
+    " test_export_sentence_transformers.py)"
+)
 EARLIER_OUTPUT = (
     "an earlier evaluate's output (test_evaluate.py compares two evaluations of the same test set)"
 )
