@@ -1,6 +1,7 @@
 """Step time of stock DDP vs ``ddp_explicit`` (bucketed, bucketed + overlap, per_parameter) on 2 gloo processes.
 
-Run: ``python benchmarks/allreduce.py`` (add ``--models demo`` or ``--steps 4 --reps 1`` for a quick look).
+Run: ``python benchmarks/allreduce.py`` (add ``--models demo`` or ``--steps 4 --reps 1`` for a quick look);
+``python benchmarks/allreduce.py --quick`` checks that it runs: the demo model, batches of 8, one timed step, one rep.
 
 Two CPU processes (gloo, one thread each) train the project's ``MultimodalModule`` on synthetic batches:
 ``demo`` is the configs/demo.yaml model, ``25m`` swaps in a ResNet-50 image tower (~25M parameters, 100 MB
@@ -124,7 +125,7 @@ def worker(rank: int, port: int, out_dir: str, args: argparse.Namespace) -> None
     torch.set_num_threads(1)
     times: dict[str, dict[str, list[float]]] = {}
     for model_name in args.models:
-        batch_size = 32 if model_name == "demo" else 8
+        batch_size = 32 if model_name == "demo" and not args.quick else 8
         for _ in range(args.reps):
             for variant in VARIANTS:
                 step_times = time_fit(model_name, variant, args.steps, batch_size)
@@ -138,7 +139,10 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["demo", "25m"], choices=["demo", "25m"])
     parser.add_argument("--steps", type=int, default=8, help="timed steps per fit (after 2 warm-up steps)")
     parser.add_argument("--reps", type=int, default=3, help="interleaved repetitions of every variant")
+    parser.add_argument("--quick", action="store_true", help="--models demo --steps 1 --reps 1, batches of 8")
     args = parser.parse_args()
+    if args.quick:
+        args.models, args.steps, args.reps = ["demo"], 1, 1
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]

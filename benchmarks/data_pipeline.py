@@ -3,9 +3,10 @@
     python benchmarks/data_pipeline.py [--images DIR_OR_JSONL ...] [--downscale 500] [--sets coco,flickr500]
                                        [--workers 2] [--batch-size 32] [--rounds 3] [--synthetic]
                                        [--config configs/base.yaml]
+    python benchmarks/data_pipeline.py --quick   # seconds: the same path on a few photos, one short pass each
 
 Images: by default JPEGs derived from real photographs shipped in scikit-image's and matplotlib's wheels
-(``benchmarks/real_photos.py``: crops and mosaics of the photos, re-encoded at COCO-like 640x480 q90-95,
+(``benchmarks/support/real_photos.py``: crops and mosaics of the photos, re-encoded at COCO-like 640x480 q90-95,
 Flickr-like 500x375 and phone sizes up to 4032x3024, baseline/progressive, 4:2:0/4:4:4; cached under the
 system temp folder), or your own (``--images``: folders of images and/or JSONLs with ``image``/``text`` keys, merged into one set);
 ``--downscale 500`` adds a copy of them resized to 500 px on the long side (Flickr8k/30k's and many web
@@ -32,12 +33,14 @@ alternating so load from other processes hits all alike (best round counts). The
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -49,13 +52,14 @@ from torchvision import transforms as T
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from real_photos import PHOTO_SETS, bits_per_pixel, build, caption, source_photos  # noqa: E402
+from support.real_photos import PHOTO_SETS, bits_per_pixel, build, caption, source_photos  # noqa: E402
 
 from mm_lightning.data import MultimodalDataModule  # noqa: E402
 from mm_lightning.data.collate import load_tokenizer  # noqa: E402
 from mm_lightning.data.images import EncodedImage, read_image_bytes  # noqa: E402
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif"}
+QUICK_PHOTOS = 8  # per set under --quick, listed twice: 4 batches of 4 per pass
 
 
 def photo_tokenizer() -> str:
@@ -226,6 +230,29 @@ def samples_per_second(loader: DataLoader, min_seconds: float, after: object = N
     return count / (time.perf_counter() - start)
 
 
+def quick(args: argparse.Namespace, root: Path) -> argparse.Namespace:
+    """``--quick``'s arguments: files under ``root``, one worker, one pass of 4 batches of 4 per measurement."""
+    args.data, args.workers, args.batch_size, args.rounds, args.seconds = root, 1, 4, 1, 0.0
+    args.epoch_images = 2 * QUICK_PHOTOS
+    return args
+
+
+def quick_photos(root: Path) -> Path:
+    """A JSONL of a few COCO-like photos derived from the bundled camera photos, under ``root``."""
+    return build(root, dataclasses.replace(PHOTO_SETS["coco"], count=QUICK_PHOTOS))
+
+
+def run_on_photos(args: argparse.Namespace, name: str, run: Callable[[argparse.Namespace], None]) -> None:
+    """``run(args)``; with ``--quick``, on a few small photos in a temporary folder that goes afterwards."""
+    if not args.quick:
+        run(args)
+        return
+    with tempfile.TemporaryDirectory(prefix=f"mm_lightning_{name}_") as scratch:
+        args = quick(args, Path(scratch))
+        args.images = [quick_photos(args.data)]
+        run(args)
+
+
 class Bench:
     """Builds the three pipelines for one JSONL and times them."""
 
@@ -338,7 +365,21 @@ def main() -> None:
         help="ours takes this run config's data options (default: configs/base.yaml)",
     )
     parser.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "mm_lightning_real_photos")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="the same path in seconds: a few photos of the first set, one worker, one short pass each,"
+        " in a fresh temporary folder",
+    )
     args = parser.parse_args()
+    if args.quick:
+        with tempfile.TemporaryDirectory(prefix="mm_lightning_data_pipeline_") as scratch:
+            run(quick(args, Path(scratch)))
+    else:
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     torch.set_num_threads(1)  # workers are the parallelism; the main thread must not compete with them
     tokenizer = photo_tokenizer()
@@ -353,19 +394,17 @@ def main() -> None:
         print(f"images: {source}")
     else:
         names = [n for n in args.sets.split(",") if n]
+        specs = [PHOTO_SETS[n] for n in names]
+        if args.quick:  # the first set, a few photos
+            names, specs = names[:1], [dataclasses.replace(specs[0], count=QUICK_PHOTOS)]
         with ProcessPoolExecutor(len(names)) as pool:  # first run only: the sets are cached
-            sets = dict(
-                zip(
-                    names,
-                    pool.map(build, [args.data] * len(names), [PHOTO_SETS[n] for n in names]),
-                    strict=True,
-                )
-            )
+            sets = dict(zip(names, pool.map(build, [args.data] * len(names), specs), strict=True))
         print(
-            "images: derived from real photographs (" + ", ".join(source_photos()) + "), see real_photos.py"
+            "images: derived from real photographs (" + ", ".join(source_photos()) + "),"
+            " see benchmarks/support/real_photos.py"
         )
     if args.synthetic:
-        from synthetic_images import build_synthetic
+        from support.synthetic_images import build_synthetic
 
         sets["SYNTHETIC"] = build_synthetic(args.data / "synthetic", 200)
 

@@ -7,6 +7,11 @@ model is fitted for one step on it, and ``python -m mm_lightning evaluate`` scor
 
     python benchmarks/evaluate_intervals.py
     python benchmarks/evaluate_intervals.py --rounds 5 --images 2000
+    python benchmarks/evaluate_intervals.py --quick    # one round on 16 test images, in a temporary folder
+
+``--quick`` checks the script end to end without the dev set: the 16 test images are 8 JPEGs cut from the
+photographs that ship with scikit-image (``benchmarks/support/real_photos.py``), each under 2 names, the model is fitted
+and scored at batch size 8, and every file goes to a fresh temporary folder, removed at the end.
 
 The last line is ``RESULT evaluate_intervals ratio=<median wall time with intervals / without>``.
 """
@@ -14,20 +19,24 @@ The last line is ``RESULT evaluate_intervals ratio=<median wall time with interv
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from recipes import CACHE, DEV_SET, REPO, dev_records  # noqa: E402
+from recipes import CACHE, DEV_SET, REPO, dev_records, quick_photos  # noqa: E402
 from rerank import run  # noqa: E402
 
 
-def test_set(images: int, out: Path) -> Path:
-    """``images`` records of the dev set's photos, each under a name of its own, 5 captions each."""
-    records = dev_records(DEV_SET)
+def test_set(source: Path, images: int, out: Path) -> Path:
+    """``images`` records of the photos in ``source`` (the dev set's layout), each under a name of its own, 5
+    captions each."""
+    records = dev_records(source)
     links = out / "images"
     links.mkdir(parents=True, exist_ok=True)
     lines = []
@@ -46,13 +55,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=1000, help="test images (5 captions each)")
     parser.add_argument("--rounds", type=int, default=3, help="runs of each setting, alternating")
+    parser.add_argument(
+        "--quick", action="store_true", help="one round on 16 test images, in a temporary folder"
+    )
     args = parser.parse_args()
+    folder, photos, batch_size = CACHE / "evaluate_intervals", DEV_SET, 128
+    if args.quick:
+        folder = Path(tempfile.mkdtemp(prefix="evaluate_intervals_quick_"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        photos, batch_size = quick_photos(folder, 8), 8  # 16 images hold no full training batch of 128
+        parser.set_defaults(images=16, rounds=1)
+        args = parser.parse_args()  # the options given still win
 
-    folder = CACHE / "evaluate_intervals"
-    file = test_set(args.images, folder)
+    file = test_set(photos, args.images, folder)
     data = {
         "class_path": "mm_lightning.data.MultimodalDataModule",
-        "init_args": {"train_file": str(file), "test_file": str(file), "batch_size": 128, "num_workers": 1},
+        "init_args": {
+            "train_file": str(file),
+            "test_file": str(file),
+            "batch_size": batch_size,
+            "num_workers": 1,
+        },
     }
     common = ["--config", str(REPO / "configs" / "demo.yaml"), "--data", json.dumps(data)]
     run_dir = folder / "run"

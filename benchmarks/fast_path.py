@@ -3,6 +3,7 @@ with one part off at a time, then with all of them off.
 
     python benchmarks/fast_path.py --images <coco_mini>/train.jsonl <coco_mini>/val.jsonl
                                    [--workers 2] [--batch-size 32] [--rounds 7] [--seconds 3]
+    python benchmarks/fast_path.py --quick   # seconds: the same path on a few photos, one short pass each
 
 Parts (``MultimodalDataModule`` options):
   reduced_decode    ``data.images.reduced_decode``: JPEGs decoded at 1/2, 1/4 or 1/8 size where the crop allows;
@@ -28,7 +29,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from data_pipeline import photo_tokenizer, repeated, samples_per_second, user_jsonl  # noqa: E402
+from data_pipeline import (  # noqa: E402
+    photo_tokenizer,
+    repeated,
+    run_on_photos,
+    samples_per_second,
+    user_jsonl,
+)
 
 from mm_lightning.data import MultimodalDataModule  # noqa: E402
 
@@ -54,7 +61,13 @@ def loader_for(jsonl: Path, tokenizer: str, batch_size: int, workers: int, parts
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--images", type=Path, nargs="+", required=True, help="JSONLs or image folders")
+    given = parser.add_mutually_exclusive_group(required=True)
+    given.add_argument("--images", type=Path, nargs="+", help="JSONLs or image folders")
+    given.add_argument(
+        "--quick",
+        action="store_true",
+        help="the same path in seconds on a few photos, in a fresh temporary folder",
+    )
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=7)
@@ -62,6 +75,10 @@ def main() -> None:
     parser.add_argument("--epoch-images", type=int, default=1024, help="list smaller sets several times")
     parser.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "mm_lightning_fast_path")
     args = parser.parse_args()
+    run_on_photos(args, "fast_path", run)
+
+
+def run(args: argparse.Namespace) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     torch.set_num_threads(1)  # the workers are the parallelism
     tokenizer = photo_tokenizer()

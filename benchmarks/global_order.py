@@ -4,6 +4,7 @@ replaced (torchdata's ``StatefulDataLoader`` with a shuffled sampler, the draws 
 
     python benchmarks/global_order.py --images <coco_mini>/train.jsonl <coco_mini>/val.jsonl
                                       [--workers 2] [--batch-size 32] [--rounds 7] [--seconds 3]
+    python benchmarks/global_order.py --quick   # seconds: the same path on a few photos, one short pass each
 
 Same data module options, images, batch size and workers for both; samples/s of the model-ready batch, the two
 variants once per round, so load from other processes hits them alike; the median of the per-round ratios counts.
@@ -25,7 +26,13 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from data_pipeline import photo_tokenizer, repeated, samples_per_second, user_jsonl  # noqa: E402
+from data_pipeline import (  # noqa: E402
+    photo_tokenizer,
+    repeated,
+    run_on_photos,
+    samples_per_second,
+    user_jsonl,
+)
 
 from mm_lightning.data import MultimodalDataModule  # noqa: E402
 from mm_lightning.data.datamodule import ImageTextDataset  # noqa: E402
@@ -56,7 +63,13 @@ def data_module(jsonl: Path, tokenizer: str, batch_size: int, workers: int) -> M
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--images", type=Path, nargs="+", required=True, help="JSONLs or image folders")
+    given = parser.add_mutually_exclusive_group(required=True)
+    given.add_argument("--images", type=Path, nargs="+", help="JSONLs or image folders")
+    given.add_argument(
+        "--quick",
+        action="store_true",
+        help="the same path in seconds on a few photos, in a fresh temporary folder",
+    )
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=7)
@@ -66,6 +79,10 @@ def main() -> None:
         "--data", type=Path, default=Path(tempfile.gettempdir()) / "mm_lightning_global_order"
     )
     args = parser.parse_args()
+    run_on_photos(args, "global_order", run)
+
+
+def run(args: argparse.Namespace) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     torch.set_num_threads(1)  # the workers are the parallelism
     tokenizer = photo_tokenizer()

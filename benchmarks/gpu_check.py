@@ -5,7 +5,8 @@ gradient caching's memory, FSDP, the CUDA-only tests, DDP over NCCL.
     python benchmarks/gpu_check.py --photos DIR/train.jsonl    # real photos to feed the loader (default: the dev set)
     python benchmarks/gpu_check.py --stages env train_eager    # some stages only
     python benchmarks/gpu_check.py --bound train_compiled=400  # a stage's own time bound, in seconds
-    python benchmarks/gpu_check.py --dry-run                   # every stage on CPU at tiny sizes (a test runs this)
+    python benchmarks/gpu_check.py --dry-run                   # every stage on CPU at tiny sizes
+    python benchmarks/gpu_check.py --quick                     # the dry run on 16 small photos (a test runs this)
 
 Each stage runs in a process of its own under a time bound (``STAGES``; all of them within ``--budget``). A stage
 that fails, hangs or runs out of time is recorded with its reason and the next one runs; the JSON is rewritten
@@ -26,6 +27,10 @@ after every stage, so a run cut short keeps what it measured.
   train_resnet50  ``configs/base.yaml``'s towers (ResNet-50 + BERT-base), eager
   ddp             stock DDP vs the explicit all-reduce (``configs/ddp_explicit.yaml``), 2 GPUs over NCCL
                   (skipped on one; the dry run runs the explicit one on 2 CPU processes over gloo)
+
+``--quick`` is the dry run without the dev set and without writing outside a fresh temporary folder (the photos, the
+demo data of the ddp stage and, unless ``--out`` says otherwise, the JSON): 16 small JPEGs cut from the photographs
+that ship with scikit-image (``benchmarks/support/real_photos.py``), and the ddp stage stopped at 3 s, past its start.
 
 The last line is ``RESULT gpu_check mfu=<train_compiled's, else train_eager's> samples_per_s=<its> (...)``.
 """
@@ -112,6 +117,8 @@ DRY = Scale(
     "cpu", 4, 2, 1, 32, {"name": "vit_custom", "kwargs": TINY_VIT}, "resnet18", BERT_TINY,
     {"layers": 1, "heads": 2}, 256, bounds={}
 )  # fmt: skip
+# no 2-process Lightning run finishes in 3 s: the ddp stage is started, then stopped with what it started
+QUICK = dataclasses.replace(DRY, bounds={"ddp": 3})
 
 
 def module(scale: Scale, image_tower: dict[str, Any], **options: Any) -> MultimodalModule:
@@ -459,11 +466,13 @@ def stage_ddp(scale: Scale, args: argparse.Namespace) -> dict:
     if scale.device == "cpu":  # stock DDP on 2 CPU processes is what tests/test_strategies_cli.py runs
         del strategies["ddp"]
     out = {}
+    # a quick run writes only in its own folder; the others keep the demo data in the repository's data/demo
+    demo = ["--data.init_args.data_dir", str(args.work / "demo")] if args.quick else []
     for name, strategy in strategies.items():
         command = [
             sys.executable, "-m", "mm_lightning", "fit", "--config", "configs/demo.yaml", "--config",
-            "configs/demo_data.yaml", *strategy, *hardware, "--trainer.devices", "2", "--trainer.limit_val_batches", "0",
-            "--trainer.default_root_dir", str(args.work / f"ddp_{name}"),
+            "configs/demo_data.yaml", *demo, *strategy, *hardware, "--trainer.devices", "2",
+            "--trainer.limit_val_batches", "0", "--trainer.default_root_dir", str(args.work / f"ddp_{name}"),
         ]  # fmt: skip
         start = time.perf_counter()
         done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
@@ -509,7 +518,17 @@ def run_stage(name: str, scale: Scale, args: argparse.Namespace, result_file: Pa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dry-run", action="store_true", help="every stage on CPU at tiny sizes")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "_cache" / "gpu_check.json")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="the dry run on 16 small photos, everything in a temporary folder",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="the JSON (default: benchmarks/_cache/gpu_check.json; --quick: its folder)",
+    )
     parser.add_argument(
         "--photos", type=Path, default=None, help="a JSONL of real photos (default: the dev set)"
     )
@@ -523,7 +542,8 @@ def main() -> None:
         help="a stage's own time bound (within --budget)",
     )
     args = parser.parse_args()
-    scale = DRY if args.dry_run else GPU
+    args.dry_run |= args.quick
+    scale = QUICK if args.quick else DRY if args.dry_run else GPU
     bounds = dict(scale.bounds)
     for given in args.bound:
         name, _, seconds = given.partition("=")
@@ -536,17 +556,21 @@ def main() -> None:
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     if not args.dry_run and not torch.cuda.is_available():
         parser.error("no CUDA device: run with --dry-run to check the script on CPU")
+    args.work = Path(tempfile.mkdtemp(prefix="gpu_check_"))
+    args.out = args.out or (args.work if args.quick else REPO / "benchmarks" / "_cache") / "gpu_check.json"
     if args.photos is None:
-        if DEV_PHOTOS.exists():
+        from support.real_photos import PHOTO_SETS, build
+
+        spec = PHOTO_SETS["coco"]
+        if args.quick:  # not the dev set even where it is: the same few photos on every machine
+            spec = dataclasses.replace(spec, name="coco_quick", size=(160, 120), count=16)
+            args.photos = build(args.work, spec)
+        elif DEV_PHOTOS.exists():
             args.photos = DEV_PHOTOS
         else:
-            from real_photos import PHOTO_SETS, build
-
-            spec = PHOTO_SETS["coco"]
             if args.dry_run:
                 spec = dataclasses.replace(spec, name="coco_check", count=64)
             args.photos = build(Path(tempfile.gettempdir()) / "mm_lightning_real_photos", spec)
-    args.work = Path(tempfile.mkdtemp(prefix="gpu_check_"))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"dry_run": args.dry_run, "photos": str(args.photos), "stages": {}}
     deadline = time.monotonic() + args.budget

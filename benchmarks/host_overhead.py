@@ -2,6 +2,7 @@
 small that the plain loop's step takes a few milliseconds on a CPU.
 
     python benchmarks/host_overhead.py [--steps 300] [--warmup 30] [--rounds 5] [--threads 1]
+    python benchmarks/host_overhead.py --quick   # checks that it runs: 4 steps, 1 round, a temporary folder
 
 On a GPU, host work per step is free only while the host runs ahead of the device; with a 135 ms device step,
 20 ms of hooks is 15 %. ``lightning_overhead.py`` measures the demo's step (about a second on a CPU), where such
@@ -25,11 +26,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-from lightning_overhead import Harness, print_attribution, quiet_process
+from lightning_overhead import QUICK, Harness, data_folder, print_attribution, quiet_process
 
 # towers of a few thousand parameters: the model's own step is a few ms, so the host's share is what is measured
 SMALL_MODEL = [
@@ -44,18 +44,8 @@ SMALL_MODEL = [
 ]  # fmt: skip
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=300, help="batches per run, warm-up included")
-    parser.add_argument("--warmup", type=int, default=30)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument(
-        "--data", type=Path, default=Path(tempfile.gettempdir()) / "mm_lightning_host_overhead"
-    )
-    args = parser.parse_args()
-    quiet_process(args.threads)
-    harness = Harness(args.steps, args.data, SMALL_MODEL)
+def report(args: argparse.Namespace, harness: Harness) -> None:
+    """The runs, the added times (medians over rounds), the attribution and the RESULT line."""
     print(f"default callbacks: {', '.join(harness.callback_names)}", flush=True)
     kinds = ["plain", "bare", "default"]
     walls: dict[str, list[float]] = defaultdict(list)
@@ -76,6 +66,26 @@ def main() -> None:
         f"{step['bare']:.3f} / default {step['default']:.3f} ms; {args.steps} steps ({args.warmup} warm-up) x "
         f"{args.rounds} interleaved rounds, {args.threads} thread(s))"
     )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=300, help="batches per run, warm-up included")
+    parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--data",
+        type=Path,
+        help="data and run folder (default: mm_lightning_host_overhead in the temp folder)",
+    )
+    parser.add_argument("--quick", action="store_true", help="4 steps, 1 round, in a fresh temporary folder")
+    args = parser.parse_args()
+    if args.quick:
+        args.steps, args.warmup, args.rounds = 4, 1, 1
+    quiet_process(args.threads)
+    with data_folder(args.data, args.quick, "mm_lightning_host_overhead") as data:
+        report(args, Harness(args.steps, data, [*SMALL_MODEL, *QUICK] if args.quick else SMALL_MODEL))
 
 
 if __name__ == "__main__":

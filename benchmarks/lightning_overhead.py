@@ -1,6 +1,7 @@
 """Per-step cost of Lightning and of the CLI's default callbacks on the demo model, vs a plain PyTorch loop.
 
     python benchmarks/lightning_overhead.py [--steps 30] [--warmup 5] [--rounds 3] [--threads 1]
+    python benchmarks/lightning_overhead.py --quick   # checks that it runs: 4 small steps, 1 round, a temp folder
 
 Same model (``configs/demo.yaml``, same initial weights), same optimizer and LR schedule (the module's own
 ``configure_optimizers``), same in-memory batches (taken once from the demo datamodule, already normalized),
@@ -32,6 +33,7 @@ target <= 1.02.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import functools
 import logging
@@ -42,9 +44,8 @@ import tempfile
 import time
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import lightning.pytorch as pl
@@ -66,6 +67,17 @@ STEP_HOOKS = (
     "on_before_optimizer_step",
     "on_before_zero_grad",
 )
+# --quick: small batches of a small generated set, and a warmup short enough that the runs reach the LR decay
+# (which asks the trainer for the run's length)
+QUICK = [
+    "--model.image_tower.init_args.image_size", "32",
+    "--data.init_args.render_size", "32",
+    "--data.init_args.train_renders", "1",
+    "--data.init_args.num_val", "24",
+    "--data.init_args.num_test", "24",
+    "--data.init_args.batch_size", "8",
+    "--model.optim.warmup_steps", "2",
+]  # fmt: skip
 
 
 class WorkMeter:
@@ -247,11 +259,15 @@ class Harness:
         return DataLoader(self.batches, batch_size=None, shuffle=False)
 
     def plain(self, warmup: int) -> tuple[float, float]:
-        model = self.model()
-        # configure_optimizers reads only the number of steps from the trainer; give it just that.
-        model._trainer = SimpleNamespace(estimated_stepping_batches=self.batches_per_run)
+        cli = self.cli()
+        model = self.model(cli)
+        # The module's own optimizer and schedule, with the trainer the CLI built attached as a fit attaches it.
+        # Before a fit that trainer has no train loader, so the run's length it gives the schedule is max_steps,
+        # which is the fit runs' length too (their loader holds that many batches).
+        assert cli.trainer.estimated_stepping_batches == self.batches_per_run, "the fit runs' schedule length"
+        model.trainer = cli.trainer
         config = model.configure_optimizers()
-        model._trainer = None
+        model.trainer = None  # training_step then runs as in any plain loop
         optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
         meter = WorkMeter(warmup)
         meter.instrument_model(model)
@@ -337,6 +353,17 @@ def hook_costs(durations: dict[str, list[float]], warmup: int, steps: int) -> di
     return costs
 
 
+@contextlib.contextmanager
+def data_folder(given: Path | None, quick: bool, name: str) -> Iterator[Path]:
+    """``given``; else with ``quick`` a fresh temporary folder; else ``name`` in the temp folder, where the generated
+    data stays for the next run."""
+    if given is None and quick:
+        with tempfile.TemporaryDirectory() as tmp:
+            yield Path(tmp)
+    else:
+        yield given or Path(tempfile.gettempdir()) / name
+
+
 def quiet_process(threads: int) -> None:
     """The benchmark process: ``threads`` torch threads, no tokenizer threads, no warnings or Lightning notices."""
     torch.set_num_threads(threads)
@@ -359,17 +386,8 @@ def print_attribution(harness: Harness, warmup: int, steps: int) -> None:
         print(f"  {name:32s} {1000 * seconds / measured:7.3f} ms/step ({timer.calls[name]} calls)")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=30, help="measured batches per run, warm-up included")
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--no-attribute", action="store_true", help="skip the profiled run")
-    parser.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "mm_lightning_overhead")
-    args = parser.parse_args()
-    quiet_process(args.threads)
-    harness = Harness(args.steps, args.data)
+def report(args: argparse.Namespace, harness: Harness) -> None:
+    """The runs, their medians over rounds, the attribution and the RESULT line."""
     print(f"default callbacks: {', '.join(harness.callback_names)}", flush=True)
     kinds = ["plain", "bare", "default"]
     runs: dict[str, list[tuple[float, float]]] = defaultdict(list)
@@ -395,6 +413,27 @@ def main() -> None:
         f"demo model, {args.steps} steps ({args.warmup} warm-up) x {args.rounds} interleaved rounds, "
         f"{args.threads} thread(s))"
     )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=30, help="measured batches per run, warm-up included")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-attribute", action="store_true", help="skip the profiled run")
+    parser.add_argument(
+        "--data", type=Path, help="data and run folder (default: mm_lightning_overhead in the temp folder)"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="4 small steps, 1 round, in a fresh temporary folder"
+    )
+    args = parser.parse_args()
+    if args.quick:
+        args.steps, args.warmup, args.rounds = 4, 1, 1
+    quiet_process(args.threads)
+    with data_folder(args.data, args.quick, "mm_lightning_overhead") as data:
+        report(args, Harness(args.steps, data, QUICK if args.quick else ()))
 
 
 if __name__ == "__main__":

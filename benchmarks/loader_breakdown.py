@@ -1,6 +1,7 @@
 """Where the train loader's time goes, per sample: each stage in one process, then the split with workers.
 
-    python benchmarks/loader_breakdown.py --images DIR_OR_JSONL ... [--workers 2] [--batch-size 32]
+    python benchmarks/loader_breakdown.py --images DIR_OR_JSONL ... [--workers 2] [--batch-size 32] [--seconds 4]
+    python benchmarks/loader_breakdown.py --quick   # seconds: the same path on a few photos, one short pass each
 
 One process, one thread: the loader's own stages timed separately on the same images (best of 3 passes):
 reading the file, the JPEG header and crop draw, the (DCT-scaled) decode, the antialiased resize, the rest of
@@ -27,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from data_pipeline import photo_tokenizer, repeated, user_jsonl  # noqa: E402
+from data_pipeline import photo_tokenizer, repeated, run_on_photos, user_jsonl  # noqa: E402
 
 from mm_lightning.data import MultimodalDataModule  # noqa: E402
 from mm_lightning.data.images import EncodedImage, read_image_bytes  # noqa: E402
@@ -90,8 +91,9 @@ def one_process(dm: MultimodalDataModule, batch_size: int) -> tuple[dict[str, fl
     return {k: v / n for k, v in t.items()}, n
 
 
-def with_workers(dm: MultimodalDataModule, seconds: float = 4.0) -> dict[str, float]:
-    """samples/s, worker and main-process CPU seconds per sample, and core utilization (best of 3 rounds)."""
+def with_workers(dm: MultimodalDataModule, seconds: float) -> dict[str, float]:
+    """samples/s, worker and main-process CPU seconds per sample, and core utilization (best of 3 rounds), each
+    timing whole passes for at least ``seconds``."""
     loader = dm.train_dataloader()
     for _ in loader:  # start the workers
         pass
@@ -101,7 +103,7 @@ def with_workers(dm: MultimodalDataModule, seconds: float = 4.0) -> dict[str, fl
         kids = me.children(recursive=True)
         cpu0 = sum(me.cpu_times()[:2]), {k.pid: sum(k.cpu_times()[:2]) for k in kids}
         start, n = time.perf_counter(), 0
-        while time.perf_counter() - start < seconds:
+        while n == 0 or time.perf_counter() - start < seconds:
             for batch in loader:
                 dm.normalize_batch(batch)
                 n += batch["image"].shape[0]
@@ -121,12 +123,25 @@ def with_workers(dm: MultimodalDataModule, seconds: float = 4.0) -> dict[str, fl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--images", type=Path, nargs="+", required=True, help="folders of images or JSONLs")
+    given = parser.add_mutually_exclusive_group(required=True)
+    given.add_argument("--images", type=Path, nargs="+", help="folders of images or JSONLs")
+    given.add_argument(
+        "--quick",
+        action="store_true",
+        help="the same path in seconds on a few photos, in a fresh temporary folder",
+    )
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--epoch-images", type=int, default=1024)
+    parser.add_argument(
+        "--seconds", type=float, default=4.0, help="minimum timed seconds of each measurement with workers"
+    )
     parser.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "mm_lightning_real_photos")
     args = parser.parse_args()
+    run_on_photos(args, "loader_breakdown", run)
+
+
+def run(args: argparse.Namespace) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     torch.set_num_threads(1)
     tokenizer = photo_tokenizer()
@@ -156,7 +171,7 @@ def main() -> None:
     for name, seconds in stages.items():
         print(f"  {name:42s} {1000 * seconds:6.3f}  ({100 * seconds / total:4.1f} %)")
     print(f"  {'total':42s} {1000 * total:6.3f}  -> {1 / total:.0f} samples/s per core")
-    w = with_workers(datamodule(args.workers))
+    w = with_workers(datamodule(args.workers), args.seconds)
     in_workers = total - stages["normalization (after the handover)"]
     print(
         f"{args.workers} workers, batch {args.batch_size}: {w['rate']:.0f} samples/s; CPU per sample: workers"

@@ -12,6 +12,7 @@ none).
 
     python benchmarks/pretrained_lit.py               # ~4-12 min on 2 CPU cores (contention-dependent)
     python benchmarks/pretrained_lit.py --holdout 5   # validate on 5 photos (25 pairs) never trained on
+    python benchmarks/pretrained_lit.py --quick       # checks that it runs: 1 step, 1 training crop per region
 
 Caveat of the default split: validation crops are the exact regions of photos whose jittered crops (shifted by at
 most 6% of the photo) are trained on, so it measures fitting near-duplicate views; ``--holdout`` measures transfer.
@@ -154,10 +155,15 @@ def main() -> None:
     parser.add_argument(
         "--text_tower", default=None, help="override configs/lit.yaml's text tower name (e.g. a folder)"
     )
+    parser.add_argument("--quick", action="store_true", help="1 step, 1 training crop per region")
     args = parser.parse_args()
+    if args.quick:
+        args.steps = 1
     torch.set_num_threads(2)
     with tempfile.TemporaryDirectory() as tmp:
-        train, val = build_dataset(Path(tmp) / "photos", holdout=args.holdout)
+        train, val = build_dataset(
+            Path(tmp) / "photos", train_jitters=1 if args.quick else 8, holdout=args.holdout
+        )
         n_val = sum(1 for _ in val.open())
         results = {}
         for label, weights in (("pretrained", args.image_weights), ("random", None)):

@@ -14,6 +14,7 @@ trainable parameters and the wall time.
     python benchmarks/recipes.py --recipes lit lora --folds 5   # 5-fold cross-validation over all the images
     python benchmarks/recipes.py --recipes lit --epochs 15      # more epochs than the recipe's own
     python benchmarks/recipes.py --recipes lit finetune --logs benchmarks/_cache/tb --curves docs/recipes.png
+    python benchmarks/recipes.py --quick                        # 16 small real photos, 32 px, one epoch: seconds
 
 The dev set (239 COCO-2017 photos x 5 human captions) is re-split by image with a fixed seed into
 150 train / 30 val / 59 test under ``benchmarks/_cache/`` (the photos stay where they are). A test split that small
@@ -25,18 +26,25 @@ the baseline's R@1 being the best test figure any of its initializations reached
 one validation picked). A second table gives each figure with its 95 % bootstrap interval over the test images of
 every fold together, and each recipe against the baseline on the same images: the paired difference, its interval
 and the share of resamples where the recipe leads (``mm_lightning.evaluation.intervals``, as ``evaluate`` does).
+
+``--quick`` checks the script end to end without the dev set: 16 JPEGs cut from the photographs that ship with
+scikit-image (``benchmarks/support/real_photos.py``), split 8 / 4 / 4 as the dev set is, at 32 px for one epoch, with every
+file in a fresh temporary folder, removed at the end; options given beside it still apply (``--folds 2``, say).
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import copy
+import dataclasses
 import importlib
 import json
 import random
 import resource
 import shutil
 import statistics
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
@@ -63,6 +71,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEV_SET = REPO.parent / "shared" / "devdata" / "coco_mini"
 CACHE = REPO / "benchmarks" / "_cache"
 SPLIT_SIZES = {"train": 150, "val": 30}  # the rest is test
+QUICK_SPLIT = {"train": 8, "val": 4}  # of a --quick run's 16 photos
 KS = (1, 5, 10)
 PARTS = ("image_tower", "text_tower", "loss")  # the model's parts: objects named by class_path + init_args
 
@@ -75,7 +84,8 @@ def dev_records(source: Path) -> list[dict[str, Any]]:
             continue
         for line in file.read_text().splitlines():
             record = json.loads(line)
-            captions = record.get("captions") or [record["text"]]
+            captions = record.get("captions") or record["text"]  # the dev set's list, or a caption or list
+            captions = captions if isinstance(captions, list) else [captions]
             records.append({"image": str((source / record["image"]).resolve()), "text": captions})
     return records
 
@@ -91,6 +101,15 @@ def folder_records(folder: Path) -> list[dict[str, Any]]:
     return [{"image": image, "text": text} for image, text in captions.items()]
 
 
+def quick_photos(root: Path, count: int) -> Path:
+    """A folder of ``count`` small JPEGs cut from real photographs (``real_photos.py``: no download, no dev set),
+    5 captions each, in the dev set's layout: a --quick run's data."""
+    from support.real_photos import PHOTO_SETS, build
+
+    spec = dataclasses.replace(PHOTO_SETS["coco"], name="photos", size=(160, 120), count=count)
+    return build(root, spec).parent
+
+
 def write_split(out: Path, parts: dict[str, list[dict[str, Any]]]) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     for split, part in parts.items():
@@ -98,11 +117,12 @@ def write_split(out: Path, parts: dict[str, list[dict[str, Any]]]) -> Path:
     return out
 
 
-def split_dev_set(source: Path, out: Path, seed: int = 0) -> Path:
-    """Re-splits the dev set's records by image into train/val/test JSONL under ``out`` (absolute image paths)."""
+def split_dev_set(source: Path, out: Path, seed: int = 0, sizes: dict[str, int] = SPLIT_SIZES) -> Path:
+    """Re-splits the dev set's records by image into train/val/test JSONL under ``out`` (absolute image paths):
+    ``sizes["train"]`` and ``sizes["val"]`` images, the rest test."""
     records = dev_records(source)
     random.Random(seed).shuffle(records)
-    train, val = SPLIT_SIZES["train"], SPLIT_SIZES["val"]
+    train, val = sizes["train"], sizes["val"]
     return write_split(
         out, {"train": records[:train], "val": records[train : train + val], "test": records[train + val :]}
     )
@@ -478,18 +498,29 @@ def main() -> None:
     )
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a recipe option, e.g. model.text.lr=1e-5 (repeatable)")  # fmt: skip
+    parser.add_argument(
+        "--quick", action="store_true", help="16 small real photos, 32 px, one epoch, in a temporary folder"
+    )
     args = parser.parse_args()
+    source, cache, sizes = DEV_SET, CACHE, SPLIT_SIZES
+    if args.quick:
+        cache = Path(tempfile.mkdtemp(prefix="recipes_quick_"))
+        atexit.register(shutil.rmtree, cache, ignore_errors=True)  # a checkpoint holds both towers
+        source, sizes = quick_photos(cache, 16), QUICK_SPLIT
+        parser.set_defaults(image_size=32, epochs=1, baseline_steps=4, batch_size=4, workers=0,
+                            runs_dir=cache / "recipes_runs")  # fmt: skip
+        args = parser.parse_args()  # the options given still win
     if args.folds < 1:
         parser.error("--folds must be 1 (the fixed split) or more")
     if args.folds > 1:
-        records = folder_records(args.data) if args.data else dev_records(DEV_SET)
+        records = folder_records(args.data) if args.data else dev_records(source)
         if args.folds > len(records) // 2:
             parser.error(
                 f"--folds {args.folds}: {len(records)} images give at most {len(records) // 2} folds"
             )
         splits = fold_splits(records, args.folds, args.runs_dir / f"folds{args.folds}")
     else:
-        splits = [args.data or split_dev_set(DEV_SET, CACHE / "coco_mini_split")]
+        splits = [args.data or split_dev_set(source, cache / "coco_mini_split", sizes=sizes)]
     kinds = ([] if args.no_baseline else [("baseline", args.recipes[0])]) + [
         ("recipe", n) for n in args.recipes
     ]

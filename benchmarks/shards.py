@@ -1,6 +1,7 @@
 """Shard loader vs JSONL loader: samples/s on the same images, open files and memory vs dataset size.
 
     python benchmarks/shards.py [--images 400] [--workers 2] [--batch-size 32] [--rounds 3] [--photos DIR]
+    python benchmarks/shards.py --quick   # seconds: the same path on 16 images, each loader timed once
 
 Writes ``--images`` JPEGs (COCO-size natural-looking images generated here, or the JPEGs of ``--photos``) with
 captions as JSONL, converts them with ``write_shards`` (images copied as is), serves the shards from a local
@@ -12,8 +13,9 @@ S3 endpoint (moto's server on 127.0.0.1), then times one training epoch of
 with the same workers, batch size, image size and transforms; rounds alternate a/b/c and the best round of
 each counts. Then, for the shard loader, open file descriptors and memory (USS of the loader process and its
 workers, psutil) after the same number of batches from datasets of 1x and 4x the samples: both must stay flat.
-Last line: ``RESULT shards ratio=<(b)/(a) samples/s> (...)``. Real photos: ``python benchmarks/real_photos.py
-/tmp/photos`` (when present) writes COCO-like JPEGs derived from camera photos; pass ``--photos /tmp/photos/coco``.
+Last line: ``RESULT shards ratio=<(b)/(a) samples/s> (...)``. Real photos:
+``python benchmarks/support/real_photos.py /tmp/photos`` (when present) writes COCO-like JPEGs derived from camera
+photos; pass ``--photos /tmp/photos/coco``.
 """
 
 from __future__ import annotations
@@ -32,11 +34,9 @@ import psutil
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from mm_lightning.data import (
-    MultimodalDataModule,  # noqa: E402
-    ShardDataModule,  # noqa: E402
-)
+from mm_lightning.data import MultimodalDataModule  # noqa: E402
 from mm_lightning.data.jsonl import RecordParser  # noqa: E402
+from mm_lightning.extras import ShardDataModule  # noqa: E402
 from mm_lightning.extras.shards.writer import write_shards  # noqa: E402
 from tests.shards.servers import CREDENTIALS, s3_server, upload  # noqa: E402
 
@@ -121,12 +121,26 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--photos", type=Path, default=None, help="folder of real JPEG photos to use")
     parser.add_argument("--footprint", default=None, help=argparse.SUPPRESS)  # internal: one measurement
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="the same path in seconds: 16 images, one worker, batch 4, each loader timed once, in a fresh temporary"
+        " folder",
+    )
     args = parser.parse_args()
     if args.footprint is not None:
         footprint(args)
-        return
+    elif args.quick:
+        # shards of 4: 4 and 16 shards, as in the full run, so the footprint's 2 open shards are fewer than either
+        args.images, args.workers, args.batch_size, args.rounds, args.samples_per_shard = 16, 1, 4, 1, 4
+        with tempfile.TemporaryDirectory(prefix="mm_lightning_shards_") as scratch:
+            run(args, Path(scratch))
+    else:
+        run(args, Path(tempfile.gettempdir()) / "mm_lightning_bench_shards")
+
+
+def run(args: argparse.Namespace, root: Path) -> None:
     os.environ.update(CREDENTIALS)
-    root = Path(tempfile.gettempdir()) / "mm_lightning_bench_shards"
     common = {
         "tokenizer": TOKENIZER,
         "batch_size": args.batch_size,

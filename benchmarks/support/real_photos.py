@@ -7,7 +7,7 @@ sizes a mosaic of such crops, so the pixels keep a camera photo's statistics (te
 re-encoded by PIL at COCO-like and phone-like settings. Synthetic images decode much faster than photos of
 the same size, so loader speed must be measured on these.
 
-    python benchmarks/real_photos.py /tmp/photos    # writes the sets and prints a summary
+    python benchmarks/support/real_photos.py /tmp/photos    # writes the sets and prints a summary
 """
 
 from __future__ import annotations

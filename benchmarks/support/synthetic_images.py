@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
-from real_photos import caption
+from support.real_photos import caption
 
 
 def natural_image(rng: np.random.Generator, width: int = 640, height: int = 480) -> Image.Image:
