@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,10 @@ def evaluate(run: Path, files: dict[str, Path], out: Path, *extra: str) -> dict:
 
 def evaluated(out: Path, *args: str) -> dict:
     assert main(["evaluate", "--bootstrap_resamples", "0", "--output", str(out), *args]) == 0
+    return read_result(out)
+
+
+def read_result(out: Path) -> dict:
     (result,) = out.glob("*_zeroshot_retrieval.json")
     return json.loads(result.read_text())
 
@@ -127,7 +132,26 @@ def test_results_say_which_test_records_were_skipped(
     run, files = captions_run
     broken = with_missing_images(files["test"], tmp_path / "broken.jsonl", 1)
     skip = ["--data.init_args.test_file", str(broken), "--data.init_args.on_bad_record", "skip"]
-    result = evaluate(run, files, tmp_path / "broken", *skip, "--bootstrap_resamples", "20")
+    # control: while the image is there, the same file skips none
+    first_image = json.loads(files["test"].read_text().splitlines()[0])["image"]
+    shutil.copy(first_image, tmp_path / "gone-0.png")
+    present = evaluate(run, files, tmp_path / "present", *skip, "--bootstrap_resamples", "20")
+    assert present["images"] == 13 and present["skipped"] == {"count": 0, "by_kind": {}, "reasons_file": None}
+    assert "test records skipped: none" in (tmp_path / "present" / "results.md").read_text()
+
+    # the image gone: its record is skipped and said so; a comparison with the first evaluation is refused
+    (tmp_path / "gone-0.png").unlink()
+    args = ["--config", str(DEMO_CONFIG), *data_args(files), "--trainer.default_root_dir", str(run), *skip]
+    args += [*callback_args(run.parent), "--ckpt_path", "last", "--output", str(tmp_path / "broken")]
+    assert (
+        main(["evaluate", *args, "--bootstrap_resamples", "20", "--compare_to", str(tmp_path / "present")])
+        == 1
+    )
+    assert re.search(
+        rf"skipped other test records \(1 here, 0 there; only here: .*{broken.name}:13",
+        capsys.readouterr().err,
+    )
+    result = read_result(tmp_path / "broken")  # written all the same
     assert result["images"] == 12  # the broken record is left out of the figures
     assert result["skipped"] == {
         "count": 1,
@@ -137,41 +161,6 @@ def test_results_say_which_test_records_were_skipped(
     table = (tmp_path / "broken" / "results.md").read_text()
     assert "**test records skipped: 1** (missing_image 1)" in table
     assert f"{broken}:13" in (tmp_path / "broken" / "broken_skipped.txt").read_text()
-
-    # control: the same images without the broken record skip none
-    clean = evaluate(
-        run,
-        files,
-        tmp_path / "clean",
-        "--data.init_args.on_bad_record",
-        "skip",
-        "--bootstrap_resamples",
-        "20",
-    )
-    assert clean["skipped"] == {"count": 0, "by_kind": {}, "reasons_file": None}
-    assert "test records skipped: none" in (tmp_path / "clean" / "results.md").read_text()
-    # a comparison of evaluations that skipped other records is refused, naming the record
-    compare = [
-        "--dataset_name",
-        "broken",
-        "--compare_to",
-        str(tmp_path / "broken"),
-        "--bootstrap_resamples",
-        "20",
-    ]
-    args = ["--config", str(DEMO_CONFIG), *data_args(files), "--trainer.default_root_dir", str(run)]
-    args += [
-        *callback_args(run.parent),
-        "--ckpt_path",
-        "last",
-        "--output",
-        str(tmp_path / "refused"),
-        *compare,
-    ]
-    assert main(["evaluate", *args]) == 1
-    assert re.search(
-        rf"skipped other test records \(0 here, 1 there; .*{broken.name}:13", capsys.readouterr().err
-    )
 
 
 def test_skips_are_counted_without_any_callback(

@@ -194,7 +194,8 @@ def _data_options(data: Any) -> dict[str, Any]:
 
 # The data options that decide what an evaluation scores: with a checkpoint, ``test``, ``validate`` and
 # ``predict`` take the run's values of these unless the command line gives one (the tokenizer and the image
-# tower's preprocessing already follow the checkpoint's model).
+# tower's preprocessing already follow the checkpoint's model). The checks of untrusted files (max_pixels,
+# confine_to_root) stay the config's: a run's looser setting must not loosen an evaluation's.
 RUN_DATA_OPTIONS = (
     "image_key",
     "text_key",
@@ -202,8 +203,6 @@ RUN_DATA_OPTIONS = (
     "images.size",
     "images.mean",
     "images.std",
-    "images.max_pixels",
-    "images.confine_to_root",
     "images.reduced_decode",
     "loader.pad_to_multiple_of",
 )

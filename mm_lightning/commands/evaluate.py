@@ -427,9 +427,11 @@ def add_comparisons(
             continue
         theirs = read_queries(path, dump["task"])
         ours = queries[file_name]
-        check_same_skips(path, ours, theirs)
-        for key in ("source", *QUERY_KEYS[dump["task"]][0]):
-            if not np.array_equal(ours[key], theirs[key]):
+        # the same test set first, then the records each left out (named), then the same queries
+        for key in ("source", "skipped", *QUERY_KEYS[dump["task"]][0]):
+            if key == "skipped":
+                check_same_skips(path, ours, theirs)
+            elif not np.array_equal(ours[key], theirs[key]):
                 what = "the test set's digest" if key == "source" else key
                 raise NotComparable(
                     f"{path}: scores another test set than this evaluation ({what} differs): a paired comparison"
