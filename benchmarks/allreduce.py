@@ -26,39 +26,14 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 import torch.multiprocessing as mp
-import yaml
-from lightning.pytorch.cli import instantiate_class
-from lightning.pytorch.strategies import DDPStrategy, Strategy
 from torch.utils.data import DataLoader, Dataset
 from typing_extensions import override
 
-from mm_lightning.extras import ExplicitAllReduceDDPStrategy
-from mm_lightning.models import MultimodalModule
+from mm_lightning.cli import cli_main
 
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = ("ddp", "bucketed", "bucketed_overlap", "per_parameter")
 WARMUP_STEPS = 2
-
-
-PARTS = ("image_tower", "text_tower", "loss")  # the model's parts: objects named by class_path + init_args
-
-
-def model_args(name: str) -> dict[str, Any]:
-    args = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())["model"]
-    args["image_tower"]["init_args"]["image_size"] = 64
-    if name == "25m":
-        args["image_tower"] = {
-            "class_path": "mm_lightning.models.towers.TorchvisionTower",
-            "init_args": {"name": "resnet50", "image_size": 64},
-        }
-    return args
-
-
-def build_model(name: str) -> MultimodalModule:
-    """``MultimodalModule`` from :func:`model_args`, its parts built from their class_path + init_args."""
-    args = model_args(name)
-    parts = {k: instantiate_class((), args[k]) for k in PARTS if isinstance(args.get(k), dict)}
-    return MultimodalModule(**{**args, **parts})
 
 
 class SyntheticPairs(Dataset):
@@ -96,26 +71,49 @@ class StepTimer(pl.Callback):
         self.times.append(time.perf_counter() - self._start)
 
 
-def make_strategy(variant: str) -> Strategy:
+def strategy_option(variant: str) -> str:
+    """The variant as a ``--trainer.strategy`` value (``configs/ddp_explicit.yaml`` names the explicit one)."""
     if variant == "ddp":
-        return DDPStrategy()
-    if variant == "bucketed_overlap":
-        return ExplicitAllReduceDDPStrategy(mode="bucketed", overlap_backward=True)
-    return ExplicitAllReduceDDPStrategy(mode=variant)
+        return "ddp"
+    mode = (
+        {"mode": "bucketed", "overlap_backward": True} if variant == "bucketed_overlap" else {"mode": variant}
+    )
+    return json.dumps({"class_path": "mm_lightning.extras.ExplicitAllReduceDDPStrategy", "init_args": mode})
 
 
-def time_fit(model_name: str, variant: str, steps: int, batch_size: int) -> list[float]:
-    torch.manual_seed(0)
-    model = build_model(model_name)
-    timer = StepTimer()
-    trainer = pl.Trainer(
-        accelerator="cpu", devices=2, strategy=make_strategy(variant), max_steps=WARMUP_STEPS + steps,
-        callbacks=[timer], logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, limit_val_batches=0,
+def time_fit(
+    model_name: str, variant: str, steps: int, batch_size: int, run_dir: str
+) -> tuple[list[float], int]:
+    """The demo's module and a 2-process trainer as the CLI builds them (no logger or callbacks besides the
+    timer), fed the synthetic batches; the step times after the warm-up and the module's parameter count."""
+    resnet50 = [
+        "--model.image_tower.init_args.name",
+        "resnet50",
+        "--model.image_tower.init_args.kwargs",
+        "{}",
+    ]
+    cli = cli_main(
+        [
+            "--config", str(REPO / "configs" / "demo.yaml"),
+            *(resnet50 if model_name == "25m" else []),
+            "--trainer.devices", "2",
+            "--trainer.strategy", strategy_option(variant),
+            "--trainer.max_steps", str(WARMUP_STEPS + steps),
+            "--trainer.logger", "false",
+            "--trainer.callbacks", "[]",
+            "--trainer.enable_checkpointing", "false",
+            "--trainer.enable_progress_bar", "false",
+            "--trainer.enable_model_summary", "false",
+            "--trainer.limit_val_batches", "0",
+            "--trainer.default_root_dir", run_dir,
+        ],
+        run=False,
     )  # fmt: skip
+    timer = StepTimer()
+    cli.trainer.callbacks.append(timer)  # an instrument, not part of the run
     data = SyntheticPairs(2 * batch_size * (WARMUP_STEPS + steps), image_size=64)
-    trainer.fit(model, train_dataloaders=DataLoader(data, batch_size=batch_size))
-    return timer.times[WARMUP_STEPS:]
+    cli.trainer.fit(cli.model, train_dataloaders=DataLoader(data, batch_size=batch_size))
+    return timer.times[WARMUP_STEPS:], sum(p.numel() for p in cli.model.parameters())
 
 
 def worker(rank: int, port: int, out_dir: str, args: argparse.Namespace) -> None:
@@ -124,14 +122,17 @@ def worker(rank: int, port: int, out_dir: str, args: argparse.Namespace) -> None
                       GROUP_RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")  # fmt: skip
     torch.set_num_threads(1)
     times: dict[str, dict[str, list[float]]] = {}
+    params: dict[str, int] = {}
     for model_name in args.models:
         batch_size = 32 if model_name == "demo" and not args.quick else 8
         for _ in range(args.reps):
             for variant in VARIANTS:
-                step_times = time_fit(model_name, variant, args.steps, batch_size)
+                step_times, params[model_name] = time_fit(
+                    model_name, variant, args.steps, batch_size, out_dir
+                )
                 times.setdefault(model_name, {}).setdefault(variant, []).extend(step_times)
     if rank == 0:
-        (Path(out_dir) / "times.json").write_text(json.dumps(times))
+        (Path(out_dir) / "times.json").write_text(json.dumps({"times": times, "params": params}))
 
 
 def main() -> None:
@@ -148,11 +149,12 @@ def main() -> None:
         port = sock.getsockname()[1]
     with tempfile.TemporaryDirectory() as out_dir:
         mp.spawn(worker, args=(port, out_dir, args), nprocs=2, join=True)
-        times = json.loads((Path(out_dir) / "times.json").read_text())
+        measured = json.loads((Path(out_dir) / "times.json").read_text())
+    times, params = measured["times"], measured["params"]
 
     summary = {}
     for model_name, per_variant in times.items():
-        n_params = sum(p.numel() for p in build_model(model_name).parameters())
+        n_params = params[model_name]
         medians = {v: statistics.median(t) for v, t in per_variant.items()}
         summary[model_name] = {v: medians[v] / medians["ddp"] for v in VARIANTS}
         print(

@@ -66,7 +66,6 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from mm_lightning.data.images import EncodedImage
 from mm_lightning.data.transforms import IMAGENET_MEAN, IMAGENET_STD, DecodeResizedCrop
 from mm_lightning.models import MultimodalModule
-from mm_lightning.models.towers import HFTextTower, TorchvisionTower
 
 REPO = Path(__file__).resolve().parents[1]
 DEV_PHOTOS = REPO.parent / "shared" / "devdata" / "coco_mini" / "train.jsonl"
@@ -121,18 +120,42 @@ DRY = Scale(
 QUICK = dataclasses.replace(DRY, bounds={"ddp": 3})
 
 
+def base_cli(scale: Scale, image_tower: dict[str, Any], jsonl: Path | None = None, **options: Any) -> Any:
+    """``configs/base.yaml``'s module and data module as the CLI builds them (not run), random init, offline: the
+    scale's towers (the demo's BERT vocabulary), ``options`` as ``--model.<key>`` values, the data on ``jsonl``."""
+    from mm_lightning.cli import cli_main
+
+    def value(item: Any) -> str:  # as typed on a command line: a string bare, anything else as JSON
+        return item if isinstance(item, str) else json.dumps(item)
+
+    tower = {"weights": None, "image_size": scale.image_size, "kwargs": {}, **image_tower}
+    data = ["--data.init_args.train_file", str(jsonl), "--data.init_args.val_file", "null"] if jsonl else []
+    args = [
+        "--config", str(REPO / "configs" / "base.yaml"),
+        *(arg for key, item in tower.items() for arg in (f"--model.image_tower.init_args.{key}", value(item))),
+        "--model.text_tower.init_args.name", "mm-lightning/demo-bert",
+        "--model.text_tower.init_args.pretrained", "false",
+        "--model.text_tower.init_args.config_overrides", json.dumps(scale.bert),
+        "--model.fusion", json.dumps(scale.fusion),
+        "--model.optim.warmup_steps", "10",
+        *(arg for key, item in options.items() for arg in (f"--model.{key}", value(item))),
+        *data,
+        "--data.init_args.test_file", "null",
+        "--data.init_args.tokenizer", "mm-lightning/demo-bert",
+        "--data.init_args.max_length", str(scale.tokens),
+        "--data.init_args.batch_size", str(scale.batch),
+        "--data.init_args.num_workers", str(loader_workers(scale)),
+        "--trainer.accelerator", scale.device,
+        "--trainer.devices", "1",
+        "--trainer.strategy", "auto",
+        "--trainer.logger", "false",
+    ]  # fmt: skip
+    return cli_main(args, run=False)
+
+
 def module(scale: Scale, image_tower: dict[str, Any], **options: Any) -> MultimodalModule:
-    """The check's model, random init, built offline."""
-    return MultimodalModule(
-        image_tower=TorchvisionTower(weights=None, image_size=scale.image_size, **image_tower),
-        text_tower=HFTextTower(
-            "mm-lightning/demo-bert", pretrained=False, config_overrides=scale.bert, pooling="cls"
-        ),
-        embed_dim=256,
-        fusion=scale.fusion,
-        optim={"lr": 1e-4, "weight_decay": 0.05, "warmup_steps": 10},
-        **options,
-    )
+    """The check's model: ``configs/base.yaml``'s module with the scale's towers, random init, built offline."""
+    return base_cli(scale, image_tower, **options).model
 
 
 def synchronize(device: str) -> None:
@@ -210,28 +233,16 @@ def fit_rate(scale: Scale, image_tower: dict[str, Any], jsonl: Path | None = Non
     """samples/s, TFLOP/s, MFU and peak memory of ``Trainer.fit`` (bf16-mixed, channels-last) on an in-memory device
     batch, or fed by ``MultimodalDataModule`` from ``jsonl`` with the machine's cores."""
     torch.manual_seed(0)
-    model = module(scale, image_tower, **options).to(scale.device).to(memory_format=torch.channels_last)
+    cli = base_cli(scale, image_tower, jsonl, **options)
+    model = cli.model.to(scale.device).to(memory_format=torch.channels_last)
     batch = device_batches(scale, 1)[0]
     flops = flops_per_step(model, batch, scale.device)
     warmup, timed_steps = scale.warmup, scale.steps
     if jsonl is None:  # one batch over and over: the peak memory is the step's, not a stack of staged inputs
         loader = torch.utils.data.DataLoader([batch] * (warmup + timed_steps), batch_size=None)
         data: dict[str, Any] = {"train_dataloaders": loader}
-    else:
-        from mm_lightning.data import MultimodalDataModule
-
-        workers = loader_workers(scale)
-        data = {
-            "datamodule": MultimodalDataModule(
-                train_file=str(jsonl),
-                tokenizer="mm-lightning/demo-bert",
-                max_length=scale.tokens,
-                batch_size=scale.batch,
-                num_workers=workers,
-                loader={"pin_memory": True, "batch_slots": True},  # as configs/base.yaml
-                image_config=model.data_config["image"],
-            )
-        }
+    else:  # base.yaml's loader options (pinned memory, batch slots) with the machine's cores
+        data = {"datamodule": cli.datamodule}
         # the workers start first
         warmup, timed_steps = 3 * scale.warmup, loader_timed_steps(scale)
     del batch

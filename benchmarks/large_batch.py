@@ -39,32 +39,35 @@ import torch
 
 VARIANTS = ("whole", "chunks", "accum")
 LENGTH, VOCAB = 32, 36
+REPO = Path(__file__).resolve().parents[1]
 
 
-def model_config(chunks: int) -> dict:
-    """``MultimodalModule``'s arguments (the towers built here, so after the caller's seed)."""
-    from mm_lightning.models.towers import HFTextTower, TorchvisionTower
+def build_model(chunks: int, run_dir: str) -> torch.nn.Module:
+    """The demo's ``MultimodalModule`` as the CLI builds it (after the caller's seed), with ViT + BERT towers of
+    4 layers, width 192, so that activations dominate the memory."""
+    from mm_lightning.cli import cli_main
 
-    width = {"num_layers": 4, "num_heads": 4, "hidden_dim": 192, "mlp_dim": 768}
-    return {
-        "image_tower": TorchvisionTower("vit_custom", kwargs={"patch_size": 8, **width}, image_size=64),
-        "text_tower": HFTextTower(
-            "mm-lightning/demo-bert",
-            pretrained=False,
-            config_overrides={
-                "hidden_size": 192,
-                "num_hidden_layers": 4,
-                "num_attention_heads": 4,
-                "intermediate_size": 768,
-                "hidden_dropout_prob": 0.0,
-                "attention_probs_dropout_prob": 0.0,
-            },
-        ),
-        "embed_dim": 128,
-        # pure contrastive training: the ITM head runs on the whole batch's tokens in every variant
-        "objective": {"itm_weight": 0.0},
-        "grad_cache": {"chunks": chunks},
+    bert = {
+        "hidden_size": 192,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "intermediate_size": 768,
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
     }
+    vit = {"patch_size": 8, "num_layers": 4, "num_heads": 4, "hidden_dim": 192, "mlp_dim": 768}
+    args = [
+        "--config", str(REPO / "configs" / "demo.yaml"),
+        "--model.image_tower.init_args.name", "vit_custom",
+        "--model.image_tower.init_args.kwargs", json.dumps(vit),
+        "--model.text_tower.init_args.config_overrides", json.dumps(bert),
+        "--model.embed_dim", "128",
+        # pure contrastive training: the ITM head runs on the whole batch's tokens in every variant
+        "--model.objective.itm_weight", "0",
+        "--model.grad_cache.chunks", str(chunks),
+        "--trainer.default_root_dir", run_dir,
+    ]  # fmt: skip
+    return cli_main(args, run=False).model
 
 
 def make_batch(size: int) -> dict[str, torch.Tensor]:
@@ -91,12 +94,10 @@ def _status_kb(field: str) -> int:
 
 def run_variant(variant: str, chunks: int, batch: int, steps: int, params_out: str) -> dict:
     """One variant in this process: a compared first step, then timed steps with the memory peak."""
-    from mm_lightning.models import MultimodalModule
-
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = MultimodalModule(**model_config(chunks if variant == "chunks" else 1))
+    model = build_model(chunks if variant == "chunks" else 1, str(Path(params_out).parent / variant))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     data = make_batch(chunks * batch)
     parts = [{k: v[i * batch : (i + 1) * batch] for k, v in data.items()} for i in range(chunks)]

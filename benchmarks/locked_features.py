@@ -1,8 +1,8 @@
 """LiT step time with the locked image tower's features cached vs recomputed, on real photos (CPU).
 
-Both runs train the model section of ``configs/lit.yaml`` (locked EfficientNet-lite0, trained all-MiniLM-L6-v2)
-on the same training split of the dev set (see ``benchmarks/recipes.py``), same batches and steps; one adds
-``LockedImageFeatures`` (the evaluation crop cached once per image). The step time is the wall time from one
+Both runs are ``configs/lit.yaml`` as the CLI builds it (locked EfficientNet-lite0, trained all-MiniLM-L6-v2, the
+recipe's callbacks) on the same training split of the dev set (see ``benchmarks/recipes.py``), same batches and
+steps; one without the recipe's ``LockedImageFeatures`` (the evaluation crop cached once per image). The step time is the wall time from one
 training batch's start to the next's (data wait included), median over the steps after the first two; the
 cache's one-off build is reported apart.
 
@@ -14,6 +14,7 @@ cache's one-off build is reported apart.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
 import time
@@ -21,16 +22,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch import Callback, Trainer, seed_everything
-from recipes import CACHE, DEV_SET, build_module, datamodule, recipe_config, split_dev_set
+import yaml
+from lightning.pytorch import Callback
+from recipes import CACHE, DEV_SET, REPO, recipe_cli, split_dev_set
 from support.real_photos import PhotoSet, build
-
-from mm_lightning.extras import LockedImageFeatures
 
 # --quick: JPEGs cut from real photos (5 captions each) instead of the dev set, and an LR warmup short enough that
 # the runs reach the decay (which asks the trainer for the run's length)
 QUICK_PHOTOS = PhotoSet("quick", (160, 120), (90, 90), 2, 0.0, 8)
-QUICK_OVERRIDES = ["model.optim.warmup_steps=2"]
+QUICK_OVERRIDES = ["model.optim.warmup_steps=2"]  # --set items of recipes.py
 
 
 class StepClock(Callback):
@@ -46,23 +46,29 @@ class StepClock(Callback):
         return [b - a for a, b in zip(self.starts, self.starts[1:], strict=False)]
 
 
+def without_feature_cache() -> str:
+    """``configs/lit.yaml``'s callbacks less its feature cache, as a ``--trainer.callbacks`` value."""
+    entries = yaml.safe_load((REPO / "configs" / "callbacks" / "locked_features.yaml").read_text())
+    kept = [e for e in entries if not e["class_path"].endswith(".LockedImageFeatures")]
+    assert len(kept) == len(entries) - 1, "the LiT callbacks name the feature cache once"
+    return json.dumps(kept)
+
+
 def run(data: Path, args: argparse.Namespace, cache: bool, root: Path) -> tuple[float, float]:
     """Median step time (s) after the first two steps, and the time before the first step (s)."""
-    config = recipe_config("lit", args.image_size, QUICK_OVERRIDES if args.quick else None)
-    seed_everything(0)
-    model = build_module(config["model"])
-    dm = datamodule(
-        config, data, model.data_config["image"], num_workers=args.workers, batch_size=args.batch_size
-    )
-    dm.files["val"] = None
-    clock = StepClock()
-    callbacks = [clock, *([LockedImageFeatures(cache_dir=str(root / "cache"))] if cache else [])]
-    trainer = Trainer(
-        accelerator="cpu", max_steps=args.steps, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks, default_root_dir=str(root),
+    recipe = argparse.Namespace(
+        batch_size=args.batch_size, workers=args.workers, image_size=args.image_size, epochs=None,
+        max_steps=args.steps, set=QUICK_OVERRIDES if args.quick else [],
     )  # fmt: skip
+    cli = recipe_cli(
+        "lit", data, recipe, root,
+        "--data.init_args.val_file=null", "--data.init_args.test_file=null",
+        *([] if cache else [f"--trainer.callbacks={without_feature_cache()}"]),
+    )  # fmt: skip
+    clock = StepClock()
+    cli.trainer.callbacks.append(clock)  # an instrument beside the recipe's callbacks
     start = time.perf_counter()
-    trainer.fit(model, datamodule=dm)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     return statistics.median(clock.step_times()[2:]), clock.starts[0] - start
 
 

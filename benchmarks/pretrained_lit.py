@@ -6,8 +6,8 @@ corners and the centre). Each crop is captioned from what the photo shows and wh
 ("the top left part of a photo of a tabby cat"). Training uses randomly jittered crops of each region (8 per
 region), validation the exact regions: 80 image-caption pairs, one caption per image, R@1 by chance = 1/80.
 
-Both runs use the model section of ``configs/lit.yaml`` (locked EfficientNet-lite0, trained all-MiniLM-L6-v2),
-the same data, seed and steps; only ``model.image_tower.init_args.weights`` differs (the ImageNet file vs
+Both runs are ``configs/lit.yaml`` as the CLI builds it (locked EfficientNet-lite0 with its feature cache, trained
+all-MiniLM-L6-v2, the recipe's callbacks) at 96 px and batch 40, the same data, seed and steps; only ``model.image_tower.init_args.weights`` differs (the ImageNet file vs
 none).
 
     python benchmarks/pretrained_lit.py               # ~4-12 min on 2 CPU cores (contention-dependent)
@@ -28,17 +28,11 @@ import time
 from pathlib import Path
 
 import torch
-import yaml
-from lightning.pytorch import Trainer, seed_everything
-from lightning.pytorch.cli import instantiate_class
 from PIL import Image
 
-from mm_lightning.data import MultimodalDataModule
-from mm_lightning.models import MultimodalModule
-from mm_lightning.models.towers.contract import tokenizer_of
+from mm_lightning.cli import cli_main
 
 REPO = Path(__file__).resolve().parents[1]
-PARTS = ("image_tower", "text_tower", "loss")  # the model's parts: objects named by class_path + init_args
 PHOTOS = {
     "astronaut.png": "an astronaut in a white space suit",
     "brick.png": "a brick wall",
@@ -106,40 +100,33 @@ def build_dataset(out: Path, train_jitters: int = 8, seed: int = 0, holdout: int
 def run(
     image_weights: str | None, args: argparse.Namespace, train: Path, val: Path, root: Path
 ) -> dict[str, float]:
-    """One LiT run (model section of configs/lit.yaml); returns the final validation retrieval metrics."""
-    seed_everything(0, workers=True)
-    model_args = yaml.safe_load((REPO / "configs" / "lit.yaml").read_text())["model"]
-    model_args["image_tower"]["init_args"].update(weights=image_weights, image_size=96)
-    if args.text_tower:
-        model_args["text_tower"]["init_args"]["name"] = args.text_tower
-    parts = {k: instantiate_class((), model_args[k]) for k in PARTS if isinstance(model_args.get(k), dict)}
-    model = MultimodalModule(**{**model_args, **parts})
-    config = model.data_config["image"]
-    data = MultimodalDataModule(
-        train_file=str(train),
-        val_file=str(val),
-        tokenizer=tokenizer_of(model_args["text_tower"]),
-        image_config=config,  # the tower's resize
-        images={"size": 96, "mean": config["mean"], "std": config["std"]},
-        max_length=32,
-        batch_size=40,
-        num_workers=0,
-    )
-    trainer = Trainer(
-        accelerator=args.accelerator,
-        devices=1,
-        max_steps=args.steps,
-        val_check_interval=args.steps,
-        check_val_every_n_epoch=None,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        default_root_dir=str(root),
-    )
-    trainer.fit(model, datamodule=data)
-    return {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/r")}
+    """One LiT run of ``configs/lit.yaml`` as the CLI builds it (its model, data options and callbacks) on these
+    files at 96 px; returns the final validation retrieval metrics."""
+    text_tower = ["--model.text_tower.init_args.name", args.text_tower] if args.text_tower else []
+    cli = cli_main(
+        [
+            "--config", str(REPO / "configs" / "lit.yaml"),
+            "--model.image_tower.init_args.weights", image_weights or "null",
+            "--model.image_tower.init_args.image_size", "96",
+            *text_tower,
+            "--data.init_args.train_file", str(train),
+            "--data.init_args.val_file", str(val),
+            "--data.init_args.test_file", "null",
+            "--data.init_args.batch_size", "40",
+            "--data.init_args.num_workers", "0",
+            "--trainer.accelerator", args.accelerator,
+            "--trainer.max_steps", str(args.steps),
+            "--trainer.val_check_interval", str(args.steps),
+            "--trainer.check_val_every_n_epoch", "null",
+            "--trainer.num_sanity_val_steps", "0",
+            "--trainer.enable_progress_bar", "false",
+            "--trainer.enable_model_summary", "false",
+            "--trainer.default_root_dir", str(root),
+        ],
+        run=False,
+    )  # fmt: skip
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    return {k: float(v) for k, v in cli.trainer.callback_metrics.items() if k.startswith("val/r")}
 
 
 def main() -> None:

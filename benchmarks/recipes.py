@@ -13,7 +13,7 @@ trainable parameters and the wall time.
     python benchmarks/recipes.py --data DIR                     # DIR/{train,val,test}.jsonl of your own
     python benchmarks/recipes.py --recipes lit lora --folds 5   # 5-fold cross-validation over all the images
     python benchmarks/recipes.py --recipes lit --epochs 15      # more epochs than the recipe's own
-    python benchmarks/recipes.py --recipes lit finetune --logs benchmarks/_cache/tb --curves docs/recipes.png
+    python benchmarks/recipes.py --recipes lit finetune --curves docs/recipes.png
     python benchmarks/recipes.py --quick                        # 16 small real photos, 32 px, one epoch: seconds
 
 The dev set (239 COCO-2017 photos x 5 human captions) is re-split by image with a fixed seed into
@@ -38,7 +38,6 @@ import argparse
 import atexit
 import copy
 import dataclasses
-import importlib
 import json
 import random
 import resource
@@ -53,19 +52,16 @@ from typing import Any
 
 import numpy as np
 import torch
-import yaml
-from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.cli import instantiate_class
-from lightning.pytorch.loggers import TensorBoardLogger
 
+from mm_lightning.cli import MultimodalCLI, cli_main
 from mm_lightning.commands.evaluate import RETRIEVAL, figures_of, retrieval_queries
 from mm_lightning.data import MultimodalDataModule
 from mm_lightning.evaluation.intervals import Bootstrap, Figures, intervals, paired_differences
 from mm_lightning.evaluation.metrics import RetrievalMetrics, retrieval_metrics
 from mm_lightning.models import MultimodalModule
 from mm_lightning.models.losses import ContrastiveLoss
-from mm_lightning.models.towers.contract import tokenizer_of
 
 REPO = Path(__file__).resolve().parents[1]
 DEV_SET = REPO.parent / "shared" / "devdata" / "coco_mini"
@@ -73,7 +69,6 @@ CACHE = REPO / "benchmarks" / "_cache"
 SPLIT_SIZES = {"train": 150, "val": 30}  # the rest is test
 QUICK_SPLIT = {"train": 8, "val": 4}  # of a --quick run's 16 photos
 KS = (1, 5, 10)
-PARTS = ("image_tower", "text_tower", "loss")  # the model's parts: objects named by class_path + init_args
 
 
 def dev_records(source: Path) -> list[dict[str, Any]]:
@@ -142,109 +137,55 @@ def fold_splits(records: list[dict[str, Any]], folds: int, out: Path, seed: int 
     return splits
 
 
-def recipe_config(name: str, image_size: int, overrides: list[str] | None = None) -> dict[str, Any]:
-    """``configs/<name>.yaml`` with the image tower at ``image_size`` and ``KEY=VALUE`` overrides applied.
-
-    Args:
-        name: the recipe.
-        image_size: the image tower's input size.
-        overrides: dotted keys (a list's items by index) and YAML values, e.g. ``model.text.lr=1e-5``.
-    """
-    config = yaml.safe_load((REPO / "configs" / f"{name}.yaml").read_text())
-    callbacks = config.get("trainer", {}).get("callbacks")
-    if isinstance(
-        callbacks, str
-    ):  # a callbacks file: the recipe's own entries (its checkpoint is this script's)
-        long_run = yaml.safe_load((REPO / "configs" / "callbacks" / "long_run.yaml").read_text())
-        listed = yaml.safe_load((REPO / "configs" / callbacks).read_text())
-        config["trainer"]["callbacks"] = [entry for entry in listed if entry not in long_run]
-    config["model"]["image_tower"].setdefault("init_args", {})["image_size"] = image_size
-    for item in overrides or []:
-        key, _, value = item.partition("=")
-        *parents, leaf = key.split(".")
-        node = config
-        for part in parents:  # a list's item by its index: trainer.callbacks.0.init_args.views=4
-            node = node[int(part)] if isinstance(node, list) else node.setdefault(part, {})
-        parsed = yaml.safe_load(value)
-        if isinstance(parsed, str):  # YAML 1.1 reads 2e-5 as a string; the command line means a number
-            try:
-                parsed = float(parsed)
-            except ValueError:
-                pass
-        if isinstance(node, list) and int(leaf) == len(node):  # one more list item (e.g. a callback)
-            node.append(parsed)
-        elif isinstance(node, list):
-            node[int(leaf)] = parsed
-        else:
-            node[leaf] = parsed
-    return config
+def recipe_cli(name: str, data: Path, args: argparse.Namespace, root: Path, *options: str) -> MultimodalCLI:
+    """``configs/<name>.yaml`` on the benchmark's files, built (not run) by the CLI as ``fit`` builds it: the
+    model, the data module (tokenizer and image preprocessing linked to the towers) and the trainer with the
+    recipe's callbacks and TensorBoard logger in the run folder ``root/<name>``; then the benchmark's options,
+    ``--set KEY=VALUE`` as ``--KEY=VALUE`` and the caller's ``options``."""
+    batch_size = ["--data.init_args.batch_size", str(args.batch_size)] if args.batch_size else []
+    epochs = ["--trainer.max_epochs", str(args.epochs)] if args.epochs else []
+    return cli_main(
+        [
+            "--config", str(REPO / "configs" / f"{name}.yaml"),
+            *(arg for split in ("train", "val", "test")
+              for arg in (f"--data.init_args.{split}_file", str(data / f"{split}.jsonl"))),
+            "--data.init_args.num_workers", str(args.workers),
+            *batch_size,
+            "--model.image_tower.init_args.image_size", str(args.image_size),
+            "--trainer.default_root_dir", str(root / name),
+            *epochs,
+            "--trainer.max_steps", str(args.max_steps),
+            "--trainer.enable_progress_bar", "false",
+            "--trainer.enable_model_summary", "false",
+            "--trainer.num_sanity_val_steps", "0",
+            *(f"--{item}" for item in args.set),
+            *options,
+        ],
+        run=False,
+    )  # fmt: skip
 
 
-def datamodule(
-    config: dict[str, Any], data: Path, image_config: dict[str, Any], **overrides: Any
-) -> MultimodalDataModule:
-    """The recipe's data options (batch size, caption length, workers, ...) on the benchmark's files, preparing
-    images as the model's image tower expects (``image_config``, as the CLI links it)."""
-    options = {
-        k: v
-        for k, v in config["data"].get("init_args", {}).items()
-        if k in ("max_length", "batch_size", "num_workers", "images", "loader")
-    }
-    options.update(overrides)
-    return MultimodalDataModule(
-        train_file=str(data / "train.jsonl"),
-        val_file=str(data / "val.jsonl"),
-        test_file=str(data / "test.jsonl"),
-        tokenizer=tokenizer_of(config["model"]["text_tower"]),
-        image_config=image_config,
-        **options,
+def best_checkpoint(trainer: Trainer) -> ModelCheckpoint:
+    """The recipe's checkpoint callback that keeps the best ``val/r1_t2i``."""
+    for callback in trainer.checkpoint_callbacks:
+        if isinstance(callback, ModelCheckpoint) and callback.monitor == "val/r1_t2i":
+            return callback
+    raise SystemExit(
+        "the recipe's callbacks keep no checkpoint on val/r1_t2i: nothing to pick the test step on"
     )
-
-
-def build_module(model: dict[str, Any]) -> MultimodalModule:
-    """``MultimodalModule`` from a config's ``model`` section, its parts built from class_path + init_args."""
-    parts = {k: instantiate_class((), model[k]) for k in PARTS if isinstance(model.get(k), dict)}
-    return MultimodalModule(**{**model, **parts})
-
-
-def recipe_callbacks(config: dict[str, Any]) -> list[Any]:
-    """The recipe's own ``trainer.callbacks`` (e.g. LiT's cached image features), built from their class paths."""
-    callbacks = []
-    for spec in config.get("trainer", {}).get("callbacks") or []:
-        module, _, name = spec["class_path"].rpartition(".")
-        callbacks.append(getattr(importlib.import_module(module), name)(**spec.get("init_args", {})))
-    return callbacks
 
 
 def run_recipe(name: str, data: Path, args: argparse.Namespace, root: Path) -> dict[str, float]:
     """Trains ``configs/<name>.yaml`` on ``data``; test metrics of the checkpoint with the best ``val/r1_t2i``."""
-    config = recipe_config(name, args.image_size, args.set)
-    seed_everything(config.get("seed_everything", 0), workers=True)
-    model = build_module(config["model"])
-    batch_size = {"batch_size": args.batch_size} if args.batch_size else {}
-    dm = datamodule(config, data, model.data_config["image"], num_workers=args.workers, **batch_size)
-    trainer_options = config.get("trainer", {})
-    checkpoints = root / name / "checkpoints"
-    shutil.rmtree(checkpoints, ignore_errors=True)  # an earlier run's (the recipe's feature cache stays)
-    best = ModelCheckpoint(dirpath=str(checkpoints), monitor="val/r1_t2i", mode="max", save_top_k=1)
-    trainer = Trainer(
-        accelerator="cpu",
-        devices=1,
-        precision=trainer_options.get("precision", "32-true"),
-        max_epochs=args.epochs or trainer_options.get("max_epochs", 4),
-        max_steps=args.max_steps,
-        logger=TensorBoardLogger(str(args.logs), name=name) if args.logs else False,
-        log_every_n_steps=trainer_options.get("log_every_n_steps", 10),
-        callbacks=[best, *recipe_callbacks(config)],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        default_root_dir=str(root / name),
-    )
+    # an earlier run's checkpoints (the run folder's feature cache stays)
+    shutil.rmtree(root / name / "checkpoints", ignore_errors=True)
+    cli = recipe_cli(name, data, args, root)
+    model, dm, trainer = cli.model, cli.datamodule, cli.trainer
     start = time.perf_counter()
     trainer.fit(model, datamodule=dm)
     wall = time.perf_counter() - start
-    (metrics,) = trainer.test(model, datamodule=dm, ckpt_path=best.best_model_path or None, verbose=False)
+    best = best_checkpoint(trainer).best_model_path or None
+    (metrics,) = trainer.test(model, datamodule=dm, ckpt_path=best, verbose=False)
     out = {k.removeprefix("test/"): float(v) for k, v in metrics.items() if k.startswith("test/r")}
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     queries = retrieval_queries(
@@ -269,15 +210,17 @@ def tower_features(model: MultimodalModule, dm: MultimodalDataModule) -> dict[st
 
 def run_baseline(name: str, data: Path, args: argparse.Namespace) -> dict[str, float]:
     """Frozen towers + linear heads trained on the whole training set as one batch (see the module docstring)."""
-    config = recipe_config(name, args.image_size)
-    seed_everything(0)
-    model = build_module(config["model"])
+    no_options = argparse.Namespace(
+        **{**vars(args), "set": [], "batch_size": 64}
+    )  # the recipe's towers as shipped
+    cli = recipe_cli(name, data, no_options, args.runs_dir / "baseline")
+    model, dm = cli.model, cli.datamodule
     start = time.perf_counter()
     features = {}
     for split in ("train", "val", "test"):
         # every caption of every image, evaluation crop: the test loader's protocol on each split's file
-        dm = datamodule(config, data, model.data_config["image"], num_workers=args.workers, batch_size=64)
-        dm.files["test"] = dm.files[split]
+        dm.files["test"] = str(data / f"{split}.jsonl")
+        dm.datasets.pop("test", None)  # the previous split's
         dm.setup("test")
         features[split] = tower_features(model, dm)
     runs = [train_heads(features, args, seed) for seed in range(args.baseline_seeds)]
@@ -363,7 +306,7 @@ def draw_curves(logs: Path, out: Path, baseline: dict[str, Any] | None) -> None:
 
     tags = ("train/loss", "val/r1_t2i", "val/r1_i2t")
     fig, axes = plt.subplots(1, len(tags), figsize=(14, 3.6))
-    for run in sorted(logs.glob("*/version_*")):
+    for run in sorted(logs.glob("*/version_*")):  # <runs_dir>/<recipe>/version_N
         events = EventAccumulator(str(run))
         events.Reload()
         for ax, tag in zip(axes, tags, strict=True):
@@ -489,15 +432,18 @@ def main() -> None:
         "--runs_dir", type=Path, default=CACHE / "recipes_runs", help="the recipes' checkpoints"
     )
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--logs", type=Path, default=None, help="TensorBoard logs of the recipes' runs")
     parser.add_argument(
-        "--curves", type=Path, default=None, help="draw the runs' curves (from --logs) to a PNG"
+        "--curves",
+        type=Path,
+        default=None,
+        help="draw the runs' curves (their TensorBoard events in --runs_dir) to a PNG",
     )
     parser.add_argument(
         "--no_baseline", action="store_true", help="run the recipes only (a sweep's candidates)"
     )
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a recipe option, e.g. model.text.lr=1e-5 (repeatable)")  # fmt: skip
+                        help="a fit option, passed as --KEY=VALUE: model.text.lr=1e-5, trainer.callbacks+=..."
+                             " (repeatable)")  # fmt: skip
     parser.add_argument(
         "--quick", action="store_true", help="16 small real photos, 32 px, one epoch, in a temporary folder"
     )
@@ -544,8 +490,8 @@ def main() -> None:
     for name, runs in results.items():
         print(row(labels[name], runs))
     uncertainty_table(results, labels)
-    if args.curves and args.logs:
-        draw_curves(args.logs, args.curves, results.get("baseline", [None])[-1])
+    if args.curves:
+        draw_curves(args.runs_dir, args.curves, results.get("baseline", [None])[-1])
     if "baseline" not in results:
         return
     base = {

@@ -91,7 +91,10 @@ class MultimodalCLI(LightningCLI):
         if isinstance(given, list):  # a dict or namespace of options names its classes itself
             expanded = expand_short_names(expand_strategy_name(given))
             args = args if expanded == given else expanded
-        super().parse_arguments(parser, args)
+        with warnings.catch_warnings():
+            # given arguments replace the process's own (cli_main's contract), so LightningCLI's warning is moot
+            warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+            super().parse_arguments(parser, args)
         self.run_data_options = check_run_folder(
             self.config, parser, given if isinstance(given, list) else ()
         )

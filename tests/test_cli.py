@@ -41,10 +41,17 @@ def test_overrides_reach_the_objects(tmp_path: Path) -> None:
     assert cli.datamodule.image_size == 32  # linked when the CLI built the two
 
 
-def test_tokenizer_always_follows_the_text_encoder(tmp_path: Path) -> None:
-    # jsonargparse applies the link after parsing: a tokenizer set on its own cannot disagree with the encoder.
-    cli = cli_main([*tiny_demo_args(tmp_path), "--data.init_args.tokenizer", "bert-base-uncased"], run=False)
+def test_tokenizer_always_follows_the_text_encoder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the arguments given replace the process's own (a benchmark's, a command's): no warning that both exist
+    monkeypatch.setattr(sys, "argv", ["benchmark.py", "--quick"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        # jsonargparse applies the link after parsing: a tokenizer set on its own cannot disagree with the encoder
+        cli = cli_main(
+            [*tiny_demo_args(tmp_path), "--data.init_args.tokenizer", "bert-base-uncased"], run=False
+        )
     assert cli.datamodule.hparams.tokenizer == "mm-lightning/demo-bert"
+    assert not [w for w in caught if "args parameter" in str(w.message)], [str(w.message) for w in caught]
 
 
 def test_image_size_flows_from_the_tower_and_a_set_data_size_wins_with_a_warning(tmp_path: Path) -> None:

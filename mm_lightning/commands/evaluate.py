@@ -22,14 +22,12 @@ import hashlib
 import json
 import math
 import os
-import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
-from lightning.pytorch.cli import LightningArgumentParser
 
 from mm_lightning import ExplainedError
 from mm_lightning.callbacks.run_report import sha256_of
@@ -164,12 +162,6 @@ def main(argv: list[str] | None = None) -> int:
 
     class EvaluateCLI(MultimodalCLI):
         """``test``'s options and checkpoint handling; the run scores and writes the results."""
-
-        def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-            with warnings.catch_warnings():
-                # LightningCLI warns when given arguments while the process has its own: here they are the same
-                warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
-                super().parse_arguments(parser, args)
 
         def test(
             self, model: LightningModule, datamodule: LightningDataModule, ckpt_path: str | None, **_: Any

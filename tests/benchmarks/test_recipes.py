@@ -15,7 +15,7 @@ from tests.conftest import REPO
 def test_recipes_benchmark_cross_validates_and_prints_the_table_and_the_result(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "benchmarks/recipes.py", "--quick", "--folds", "2", "--runs_dir", str(tmp_path / "runs"),
-         "--logs", str(tmp_path / "tb"), "--curves", str(tmp_path / "curves.png")],
+         "--curves", str(tmp_path / "curves.png")],
         cwd=REPO, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
@@ -55,7 +55,7 @@ def test_recipes_benchmark_cross_validates_and_prints_the_table_and_the_result(t
     assert (
         trainable == (1280 + 1) * 256 + (384 + 1) * 256 + 1 and peak_mb > 100
     )  # two heads + the temperature
-    # the learning curves come from the run's own TensorBoard events
-    events = list((tmp_path / "tb" / "lit").glob("version_*/events.out.tfevents.*"))
+    # the learning curves come from the runs' own TensorBoard events, in the run folder the CLI gave them
+    events = list((tmp_path / "runs" / "lit").glob("version_*/events.out.tfevents.*"))
     assert len(events) == 4  # fit and test, in each fold
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
