@@ -178,7 +178,7 @@ def audit(
     scans = {s: scan_lines(dm, s) for s in jsonl_splits}
     # Each split checks its images with its own builder (its own image_root confinement).
     jobs = sorted({(p, s) for s, scan in scans.items() for p in scan.images})
-    with process_pool(workers) as pool:
+    with process_pool(workers, preload=[__name__]) as pool:
         checked = list(tqdm(
             pool.map(inspect_image, [p for p, _ in jobs], [scans[s].builder for _, s in jobs], chunksize=16),
             total=len(jobs), desc="audit: decoding images", disable=not progress,
@@ -336,7 +336,7 @@ def audit_shards(dm: Any, split: str, workers: int, progress: bool, found: Split
     sides: list[int] = []
     captions: list[str] = []
     shards = range(len(dataset.shards))
-    with process_pool(workers) as pool:
+    with process_pool(workers, preload=[__name__]) as pool:
         results = tqdm(
             pool.map(check_shard, [dataset] * len(shards), shards),
             total=len(shards),

@@ -10,13 +10,8 @@ from concurrent.futures import ProcessPoolExecutor
 
 from mm_lightning import ExplainedError
 
-PRELOAD = (
-    "mm_lightning.commands.audit",
-    "mm_lightning.extras.shards.writer",
-)
 
-
-def process_pool(workers: int) -> ProcessPoolExecutor:
+def process_pool(workers: int, preload: Iterable[str] = ()) -> ProcessPoolExecutor:
     """A pool whose workers start from a clean ``forkserver`` process instead of forking the caller.
 
     The caller usually runs threads (torch's intra-op pool, a fast tokenizer's pool, a logger's or a server's), and a
@@ -25,10 +20,12 @@ def process_pool(workers: int) -> ProcessPoolExecutor:
 
     Args:
         workers: worker processes (at least 1).
+        preload: modules the workers' functions live in (the caller's ``__name__``): imported once in the server, so
+            each worker forks with them loaded. The server starts once per process; a later caller's modules are
+            imported by its workers instead.
     """
     context = multiprocessing.get_context("forkserver")
-    # imported once in the server (before it starts), so each worker forks with them loaded instead of importing
-    context.set_forkserver_preload(list(PRELOAD))
+    context.set_forkserver_preload(list(preload))
     return ProcessPoolExecutor(max_workers=max(1, workers), mp_context=context)
 
 

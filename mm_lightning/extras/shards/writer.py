@@ -240,7 +240,7 @@ def write_shards(
         unit=" shards",
         disable=not progress,
     )
-    with process_pool(workers) as pool:
+    with process_pool(workers, preload=[__name__]) as pool:
         pending: dict[int, Future] = {}
         for number, records in enumerate(_chunks(parser, samples_per_shard, on_bad_record, skipped)):
             job = ShardJob(
