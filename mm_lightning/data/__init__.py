@@ -15,5 +15,6 @@ _EXPORTS = {
     "SampleBuilder": "mm_lightning.data.samples",
     "SkipLog": "mm_lightning.data.records",
     "TooManyBadRecords": "mm_lightning.data.samples",
+    "TrainOrder": "mm_lightning.data.order",
 }
 __all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -39,8 +39,6 @@ class LoaderOptions(TypedDict, total=False):
 
     Args:
         caption_sampling: training: ``"random"`` (default: a caption per image per visit) or ``"all"`` pairs.
-        length_grouping: batch training captions of similar length together (less padding; default off).
-        length_window: batches per length-sorting window when ``length_grouping`` is on (default 32).
         max_replacements: under ``on_bad_record: skip``, bad candidates tried for one stand-in (default 64).
         pad_to_multiple_of: pad each batch's token length to a multiple of this (e.g. 8); null: no rounding.
         normalize_on: "device" (after transfer), "worker" (collate), "auto" (default: device in a Trainer).
@@ -53,8 +51,6 @@ class LoaderOptions(TypedDict, total=False):
     """
 
     caption_sampling: CaptionSampling
-    length_grouping: bool
-    length_window: int
     max_replacements: int
     pad_to_multiple_of: int | None
     normalize_on: Literal["auto", "device", "worker"]
@@ -77,8 +73,6 @@ IMAGE_DEFAULTS = ImageOptions(
 )
 LOADER_DEFAULTS = LoaderOptions(
     caption_sampling="random",
-    length_grouping=False,
-    length_window=32,
     max_replacements=64,
     pad_to_multiple_of=None,
     normalize_on="auto",

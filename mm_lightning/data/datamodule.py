@@ -19,7 +19,7 @@ from mm_lightning.data.config import CaptionSampling, ImageOptions, LoaderOption
 from mm_lightning.data.images import decode_image_bytes
 from mm_lightning.data.jsonl import JsonlIndex, RecordParser
 from mm_lightning.data.loader import WorkerSafeDataLoader, global_seed, ignore_stop_signals
-from mm_lightning.data.order import GlobalOrderSampler, ResumableDataLoader, TrainPosition, draw_seeds
+from mm_lightning.data.order import ResumableDataLoader, TrainOrder, TrainPosition, draw_seeds
 from mm_lightning.data.records import (
     IMAGE_KINDS,
     EmptySplitError,
@@ -75,6 +75,7 @@ class MultimodalDataModule(pl.LightningDataModule):
         on_bad_record: ``"raise"`` stops with file, line and reason; ``"skip"`` swaps in a valid sample.
         images: image size, normalization, augmentation and checks (:class:`ImageOptions`).
         loader: caption sampling, batching and DataLoader options (:class:`LoaderOptions`).
+        train_order: how the training split's epoch order is drawn (default :class:`TrainOrder`: shuffled).
         image_config: the image tower's ``data_config``, which unset options follow (the CLI passes it).
     """
 
@@ -94,10 +95,14 @@ class MultimodalDataModule(pl.LightningDataModule):
         on_bad_record: Literal["raise", "skip"] = "raise",
         images: ImageOptions | None = None,
         loader: LoaderOptions | None = None,
+        train_order: TrainOrder | None = None,
         image_config: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        if isinstance(self.hparams.get("train_order"), TrainOrder):  # the CLI records class_path + init_args
+            self.save_hyperparameters(ignore=["train_order"])  # built in Python: a checkpoint holds no object
+        self.train_order = train_order or TrainOrder()
         files = (train_file, val_file, test_file, predict_file)
         self.files: dict[str, str | None] = dict(zip(("train", "val", "test", "predict"), files, strict=True))
         options = with_group_defaults({"images": images, "loader": loader})
@@ -305,18 +310,12 @@ class MultimodalDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> ResumableDataLoader:
         """This rank's share of each global batch of the epoch's order; its position is saved with the data
         module (and by Lightning), and a resume on any number of processes continues it."""
-        dataset, hp, loader = self._dataset("train"), self.hparams, self.loader_options
+        dataset, hp = self._dataset("train"), self.hparams
         world, rank = self._rank_info()
         rows = "images" if dataset.caption_sampling == "random" else "caption rows"
         where = f"{dataset.index.file}: {dataset.index.lines} non-blank lines, {dataset.index.skips.count} dropped"
         where += f" while reading, {len(dataset)} {rows} left"
-        seed = global_seed()
-        sampler = GlobalOrderSampler(len(dataset), hp.batch_size, world, rank, seed)
-        if loader["length_grouping"]:
-            from mm_lightning.extras.length_grouping import LengthGroupedSampler, caption_lengths
-
-            lengths, window = caption_lengths(dataset), loader["length_window"]
-            sampler = LengthGroupedSampler(lengths, hp.batch_size, world, rank, seed, window)
+        sampler = self.train_order.sampler(dataset, hp.batch_size, world, rank, global_seed())
         self.check_a_batch(sampler.stream_length() // world, where)
         batches = ResumableDataLoader(dataset, sampler=sampler, drop_last=True, **self._loader_kwargs())
         return self.train_position.track(batches, self.trainer)

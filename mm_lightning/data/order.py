@@ -141,6 +141,18 @@ class GlobalOrderSampler(DistributedSampler):
                 yield Visit(int(block[position - first]), epoch, position)
 
 
+class TrainOrder:
+    """How the training split's epoch stream is drawn (``data.init_args.train_order``): this one shuffles the
+    data set by ``(seed, epoch)``. Another order is a subclass named by ``class_path`` whose :meth:`sampler`
+    returns a :class:`GlobalOrderSampler` subclass, so that ranks, visits and exact resume work as here."""
+
+    def sampler(
+        self, dataset: Any, batch_size: int, num_replicas: int, rank: int, seed: int
+    ) -> GlobalOrderSampler:
+        """This rank's sampler over ``dataset`` (the training split's map-style dataset)."""
+        return GlobalOrderSampler(len(dataset), batch_size, num_replicas, rank, seed)
+
+
 class ResumableDataLoader(StartsWorkersOutsideTheGroup, DataLoader):
     """The train loader: this rank's share of a :class:`~mm_lightning.data.order.GlobalOrderSampler`'s stream.
     Its position is the epoch's samples consumed by all ranks together, which a run on any number of processes

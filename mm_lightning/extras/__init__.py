@@ -17,6 +17,7 @@ _EXPORTS = {
     "GradNormMonitor": "mm_lightning.extras.monitors",
     "GradientReducer": "mm_lightning.extras.explicit_allreduce.reducers",
     "LengthGroupedSampler": "mm_lightning.extras.length_grouping",
+    "LengthGrouping": "mm_lightning.extras.length_grouping",
     "LockedImageFeatures": "mm_lightning.extras.feature_cache",
     "NaNGuard": "mm_lightning.extras.nan_guard",
     "NonFiniteTrainingError": "mm_lightning.extras.nan_guard",

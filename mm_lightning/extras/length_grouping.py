@@ -1,4 +1,5 @@
-"""Length-grouped training batches (``data.loader.length_grouping: true``): less padding, loaded only when asked for."""
+"""Length-grouped training batches, less padding: ``data.init_args.train_order: {class_path:
+mm_lightning.extras.LengthGrouping}``."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from mm_lightning.data.loader import derived_rng
-from mm_lightning.data.order import GlobalOrderSampler
+from mm_lightning.data.order import GlobalOrderSampler, TrainOrder
 
 
 def caption_lengths(dataset: Any) -> np.ndarray:
@@ -71,3 +72,20 @@ class LengthGroupedSampler(GlobalOrderSampler):
         return self.epoch_order()[: self.steps() * self.global_batch].reshape(
             -1, self.num_replicas, self.batch_size
         )
+
+
+class LengthGrouping(TrainOrder):
+    """Training batches of captions of similar length (:class:`LengthGroupedSampler`), for the JSONL data modules.
+
+    Args:
+        window_batches: batches per length-sorting window; larger saves more padding, randomizes less.
+    """
+
+    def __init__(self, window_batches: int = 32) -> None:
+        self.window_batches = window_batches
+
+    def sampler(
+        self, dataset: Any, batch_size: int, num_replicas: int, rank: int, seed: int
+    ) -> LengthGroupedSampler:
+        lengths = caption_lengths(dataset)
+        return LengthGroupedSampler(lengths, batch_size, num_replicas, rank, seed, self.window_batches)

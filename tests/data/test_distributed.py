@@ -14,7 +14,7 @@ import torch
 from mm_lightning import gloo_exit_abort
 from mm_lightning.callbacks.bad_records import BadRecordLogger
 from mm_lightning.data import MultimodalDataModule
-from mm_lightning.extras.length_grouping import LengthGroupedSampler, caption_lengths
+from mm_lightning.extras.length_grouping import LengthGroupedSampler, LengthGrouping, caption_lengths
 from tests.data.helpers import TOKENIZER, coco_style, one_bad_image_with_five_captions
 
 SEED = 123
@@ -62,7 +62,7 @@ def test_two_ranks_disjoint_cover_and_reshuffle(tmp_path: Path, length_grouping:
         tokenizer=TOKENIZER,
         batch_size=4,
         images={"size": 16},
-        loader={"length_grouping": length_grouping, "length_window": 2},
+        train_order=LengthGrouping(window_batches=2) if length_grouping else None,
     )
     _two_ranks().fit(_ShardRecorder(str(tmp_path)), datamodule=dm)
     seen = [

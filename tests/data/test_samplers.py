@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -11,7 +12,8 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from mm_lightning.data import MultimodalDataModule
-from mm_lightning.extras import LengthGroupedSampler
+from mm_lightning.data.order import GlobalOrderSampler
+from mm_lightning.extras import LengthGroupedSampler, LengthGrouping
 from tests.data.helpers import TOKENIZER, coco_style
 
 
@@ -107,7 +109,7 @@ def test_mid_epoch_resume_continues_the_same_order(tmp_path: Path, length_groupi
             tokenizer=TOKENIZER,
             batch_size=4,
             images={"size": 16},
-            loader={"length_grouping": length_grouping, "length_window": 2},
+            train_order=LengthGrouping(window_batches=2) if length_grouping else None,
         )
 
     full = _fit(dm(), tmp_path, max_steps=5)  # one epoch has 6 batches: resume inside it
@@ -119,3 +121,23 @@ def test_mid_epoch_resume_continues_the_same_order(tmp_path: Path, length_groupi
     assert sorted(i for b in full for i in b) != [
         i for b in full for i in b
     ]  # control: the order is shuffled
+
+
+def test_a_config_names_the_training_order_by_class_path(tmp_path: Path) -> None:
+    from mm_lightning.cli import cli_main
+    from tests.conftest import tiny_demo_args
+
+    order = {"class_path": "mm_lightning.extras.LengthGrouping", "init_args": {"window_batches": 2}}
+    cli = cli_main([*tiny_demo_args(tmp_path), "--data.init_args.train_order", json.dumps(order)], run=False)
+    dm = cli.datamodule
+    assert dm.hparams.train_order == order  # recorded as the config gave it: a checkpoint holds data
+    dm.prepare_data()
+    dm.setup("fit")
+    sampler = dm.train_dataloader().sampler
+    assert isinstance(sampler, LengthGroupedSampler) and sampler.window_batches == 2
+    # control: without the option the order is the core's shuffle
+    plain = cli_main(tiny_demo_args(tmp_path / "plain"), run=False).datamodule
+    assert plain.hparams.train_order is None
+    plain.prepare_data()
+    plain.setup("fit")
+    assert type(plain.train_dataloader().sampler) is GlobalOrderSampler

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
-from mm_lightning.extras import ShardDataModule, Source
+from mm_lightning.extras import LengthGrouping, ShardDataModule, Source
+from mm_lightning.extras.shards.datamodule import UnorderableMix
 from tests.data.helpers import TOKENIZER, coco_style
 from tests.shards.helpers import uneven_shards
 
@@ -33,6 +35,9 @@ def test_mix_of_shards_and_jsonl_with_weights(tmp_path: Path) -> None:
     assert all(ids[i] >= 8 for i in indices if i >= 8)  # JSONL image ids shifted past the shards'
     val = next(iter(dm.val_dataloader()))
     assert val["image"].shape == (4, 3, 32, 32)  # validation from JSONL while training from shards
+    dm.train_order = LengthGrouping()  # orders a JSONL split by caption length: a mix is refused in one line
+    with pytest.raises(UnorderableMix, match="LengthGrouping orders a JSONL training split"):
+        dm.train_dataloader()
 
 
 def test_shard_batches_in_slots_equal_the_ones_without(tmp_path: Path) -> None:

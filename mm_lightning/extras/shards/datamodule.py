@@ -17,16 +17,21 @@ from typing import Any
 from torch.utils.data import Dataset
 from typing_extensions import override
 
+from mm_lightning import ExplainedError
 from mm_lightning.data.datamodule import MultimodalDataModule, Split
 from mm_lightning.data.demo import demo_generator_args, generate_demo_dataset
 from mm_lightning.data.loader import global_seed
-from mm_lightning.data.order import ResumableDataLoader
+from mm_lightning.data.order import ResumableDataLoader, TrainOrder
 from mm_lightning.extras.shards.dataset import ShardDataset
 from mm_lightning.extras.shards.files import list_shards
 from mm_lightning.extras.shards.mixing import MixedDataset, ShardOrderSampler, SourcePlan
 from mm_lightning.extras.shards.writer import DESCRIPTOR, write_shards
 
 ShardSpec = str | list[str]
+
+
+class UnorderableMix(ExplainedError, ValueError):
+    """A training order other than the shuffle, asked of shards or a mix."""
 
 
 @dataclass
@@ -155,6 +160,11 @@ class ShardDataModule(MultimodalDataModule):
         dataset = self._dataset("train")
         if not isinstance(dataset, MixedDataset):
             return super().train_dataloader()
+        if type(self.train_order) is not TrainOrder:
+            raise UnorderableMix(
+                f"data.init_args.train_order: {type(self.train_order).__name__} orders a JSONL training split;"
+                " shards and mixes are read in their own order (shuffle_shards, the sources' weights)"
+            )
         world, rank = self._rank_info()
         sampler = ShardOrderSampler(
             self.sampler_plans(dataset),
