@@ -3,8 +3,9 @@ kind of object their slot takes, and ``DualEncoder.from_checkpoint`` rebuilds th
 
 Every loader goes through :func:`checked_hyperparameters` before anything a checkpoint names is called:
 ``DualEncoder.from_checkpoint`` (and ``export``, ``zeroshot``), ``MultimodalModule.load_from_checkpoint`` and the
-commands' ``--ckpt_path``. The trust boundary (docs/models.md): a checkpoint can name only ``torch.nn.Module``
-classes importable on your machine, and importing a class's module runs that module's top level; functions it
+commands' ``--ckpt_path``. The trust boundary (docs/models.md): a checkpoint can name only classes of the kind
+their slot takes (``torch.nn.Module`` for a tower or the loss, the rule's base class for a training rule such as
+``param_groups``) importable on your machine, and importing a class's module runs that module's top level; functions it
 names must be torch's; it cannot switch on ``trust_remote_code``.
 """
 
@@ -29,7 +30,7 @@ from lightning.pytorch.core.saving import (
 from torch import nn
 
 from mm_lightning import ExplainedError
-from mm_lightning.models.config import CHECKPOINT_PREFIX, DEFAULT_FUSION, DEFAULT_TRAINING, PARTS
+from mm_lightning.models.config import CHECKPOINT_PREFIX, DEFAULT_FUSION, DEFAULT_TRAINING, PARTS, RULES
 
 # the instantiator LightningCLI records for a module it built; Lightning calls a checkpoint's instantiator
 CLI_INSTANTIATORS = ("lightning.pytorch.cli.instantiate_module", "pytorch_lightning.cli.instantiate_module")
@@ -79,7 +80,7 @@ def checked_hyperparameters(
     parsed = {}
     for name, value in hparams.items():
         name = str(name)
-        if name in PARTS and value is not None:
+        if name in (*PARTS, *RULES) and value is not None:
             if not (isinstance(value, Mapping) and isinstance(value.get("class_path"), str)):
                 # a string is read as YAML, a record without class_path merges into the configured part
                 raise refuse(name, "is not a record of a class (class_path + init_args)")
@@ -97,17 +98,27 @@ def checked_hyperparameters(
     return parsed
 
 
+def slot_type(name: str) -> type:
+    """The type a part's or rule's slot takes: a part (tower, pair loss) is an ``nn.Module``, a rule its base class."""
+    if name in PARTS:
+        return nn.Module
+    from mm_lightning.models.optim import ParamGroupRule
+
+    return {"param_groups": ParamGroupRule}[name]
+
+
 def _checked_part(
     name: str, spec: Mapping[str, Any], refuse: Any, user_part: Mapping[str, Any] | None
 ) -> Namespace:
-    """A part's record parsed against its slot (every part is an ``nn.Module``: a tower or the pair loss)."""
+    """A part's or rule's record parsed against its slot (:func:`slot_type`)."""
     class_path = spec["class_path"]
-    cls = _import_class(class_path)
-    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
-        what = "does not exist or cannot be imported" if cls is None else "is not a torch.nn.Module subclass"
+    cls, kind = _import_class(class_path), slot_type(name)
+    if not (isinstance(cls, type) and issubclass(cls, kind)):
+        kind_name = "torch.nn.Module" if kind is nn.Module else f"{kind.__module__}.{kind.__qualname__}"
+        what = "does not exist or cannot be imported" if cls is None else f"is not a {kind_name} subclass"
         raise refuse(f"{name}.class_path", f"names {class_path!r}, which {what}")
     parser = ArgumentParser(exit_on_error=False)
-    parser.add_argument("--part", type=nn.Module)
+    parser.add_argument("--part", type=kind)
     try:
         # jsonargparse checks init_args against the class's signature, and typed nested classes against theirs
         parsed = parser.parse_object({"part": dict(spec)}).part
@@ -180,12 +191,12 @@ def _import_class(path: str) -> Any:
         return None
 
 
-def build_parts(parsed: Mapping[str, Namespace]) -> dict[str, nn.Module]:
-    """The checked parts (:func:`checked_hyperparameters`), built."""
+def build_parts(parsed: Mapping[str, Namespace]) -> dict[str, Any]:
+    """The checked parts and rules (:func:`checked_hyperparameters`), built."""
     built = {}
     for name, spec in parsed.items():
         parser = ArgumentParser(exit_on_error=False)
-        parser.add_argument("--part", type=nn.Module)
+        parser.add_argument("--part", type=slot_type(name))
         built[name] = parser.instantiate(Namespace(part=spec)).part
     return built
 
@@ -242,7 +253,7 @@ def checked_for_loading(
     wrapped_in = checkpoint.get(LightningModule.CHECKPOINT_HYPER_PARAMS_NAME)
     if wrapped_in in inspect.signature(cls.__init__).parameters:  # Lightning passes them all as this argument
         hparams = {wrapped_in: hparams}
-    checked_hyperparameters(hparams, str(checkpoint_path), set(kwargs) & set(PARTS))
+    checked_hyperparameters(hparams, str(checkpoint_path), set(kwargs) & {*PARTS, *RULES})
     return source
 
 
@@ -269,7 +280,8 @@ def network_from_checkpoint(
         raise TypeError(f"DualEncoder.from_checkpoint: unknown part(s) {unknown}; the parts: {list(PARTS)}")
     checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     hparams = checkpoint.get("hyper_parameters") or {}
-    recorded = build_parts(checked_hyperparameters(hparams, str(path), given=parts))
+    checked = checked_hyperparameters(hparams, str(path), given=parts)
+    recorded = build_parts({name: spec for name, spec in checked.items() if name in PARTS})  # not the rules
     built = {}
     for name in PARTS:
         if name in parts:

@@ -16,6 +16,7 @@ _EXPORTS = {
     "FlopCounter": "mm_lightning.extras.flops",
     "GradNormMonitor": "mm_lightning.extras.monitors",
     "GradientReducer": "mm_lightning.extras.explicit_allreduce.reducers",
+    "LayerDecay": "mm_lightning.extras.layer_decay",
     "LengthGroupedSampler": "mm_lightning.extras.length_grouping",
     "LengthGrouping": "mm_lightning.extras.length_grouping",
     "LockedImageFeatures": "mm_lightning.extras.feature_cache",

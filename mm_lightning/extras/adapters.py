@@ -17,7 +17,7 @@ def default_targets(kind: Kind, tower: nn.Module) -> list[str]:
     MLP and attention projections of a transformer, a CNN's pointwise convolutions) and its ``MultiheadAttention``
     modules, whose input and output projections peft adapts together (it cannot adapt them apart: attention calls
     them through their weights, not their ``forward``, as attention pooling does)."""
-    groups = checked_layer_groups(kind, tower, "adapter")
+    groups = checked_layer_groups(kind, tower, f"model.{kind}.adapter")
     after_stem = {name for group in groups[1:] for name in group}
     modules = dict(tower.named_modules())
     attention = [name for name, module in modules.items() if _calls_weights_directly(module)]

@@ -19,7 +19,6 @@ class TowerTraining:
         freeze_batchnorm: BatchNorm in eval mode (statistics fixed): exact gradient caching.
         project: learn a projection (false: the pooled output, of ``embed_dim`` width).
         lr: the tower's learning rate (null: ``optim.lr``; 0 is valid).
-        layer_decay: ``layer_groups()`` i of n trains at ``lr * layer_decay ** (n - 1 - i)``.
         adapter: peft config fields (LoRA unless ``peft_type``); only the adapter trains.
         clip_norm: max gradient norm of the tower (null: none)."""
 
@@ -28,7 +27,6 @@ class TowerTraining:
     freeze_batchnorm: bool = False
     project: bool = True
     lr: float | None = None
-    layer_decay: float | None = None
     adapter: dict[str, Any] | None = None
     clip_norm: float | None = None
 
@@ -112,8 +110,10 @@ class OptimConfig:
 # shared defaults of MultimodalModule's arguments (frozen, so sharing them is safe)
 # the LightningModule keeps the network under this attribute (checkpoint keys start with "model.")
 CHECKPOINT_PREFIX = "model."
-# the parts a config names by class_path, recorded so in checkpoints
+# the network's parts a config names by class_path, recorded so in checkpoints
 PARTS = ("image_tower", "text_tower", "loss")
+# MultimodalModule's training rules a config names by class_path (each of its slot's type), recorded so too
+RULES = ("param_groups",)
 
 DEFAULT_TRAINING = TowerTraining()
 DEFAULT_FUSION = FusionConfig()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, is_dataclass
 from typing import Any
@@ -27,6 +27,7 @@ from mm_lightning.models.config import (
     DEFAULT_OPTIM,
     DEFAULT_TRAINING,
     PARTS,
+    RULES,
     FusionConfig,
     GradCacheConfig,
     ObjectiveConfig,
@@ -36,7 +37,12 @@ from mm_lightning.models.config import (
 )
 from mm_lightning.models.dual_encoder import DualEncoder, batch_embedding
 from mm_lightning.models.losses import weighted_sum
-from mm_lightning.models.optim import clip_gradients, optimizer_and_schedule, rescale_for_global_batch
+from mm_lightning.models.optim import (
+    ParamGroupRule,
+    clip_gradients,
+    optimizer_and_schedule,
+    rescale_for_global_batch,
+)
 
 
 def warn_if_processes_share_cores(trainer: Trainer) -> None:
@@ -66,6 +72,8 @@ class MultimodalModule(LightningModule):
         objective: how loss terms are weighted (:class:`~mm_lightning.models.config.ObjectiveConfig`).
         optim: optimizer and schedule (:class:`~mm_lightning.models.config.OptimConfig`).
         grad_cache: exact gradient caching (:class:`~mm_lightning.models.config.GradCacheConfig`).
+        param_groups: learning-rate groups ahead of the whole towers (a :class:`~mm_lightning.models.optim.ParamGroupRule`
+            named by ``class_path``; none: each tower one group).
         gradient_checkpointing: recompute tower activations in backward to save memory.
         compile: ``torch.compile`` the towers (true), or options to compile them with (``{"mode": ...}``)."""
 
@@ -81,16 +89,21 @@ class MultimodalModule(LightningModule):
         objective: ObjectiveConfig = DEFAULT_OBJECTIVE,
         optim: OptimConfig = DEFAULT_OPTIM,
         grad_cache: GradCacheConfig = DEFAULT_GRAD_CACHE,
+        param_groups: ParamGroupRule | None = None,
         gradient_checkpointing: bool = False,
         compile: bool | dict[str, Any] = False,
     ) -> None:
         super().__init__()
-        # CLI-built parts are recorded as class_path + init_args; Python-built ones are objects: left out
+        # CLI-built parts and rules are recorded as class_path + init_args; Python-built ones are objects: left out
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r".*is an instance of `nn.Module`")
             self.save_hyperparameters()
-        if any(isinstance(self.hparams.get(name), nn.Module) for name in PARTS):
-            self.save_hyperparameters(ignore=list(PARTS))
+        built = [
+            name for name in (*PARTS, *RULES) if not isinstance(self.hparams.get(name), (Mapping, type(None)))
+        ]
+        if built:
+            self.save_hyperparameters(ignore=built)
+        self.param_group_rule = param_groups or ParamGroupRule()
         self.image_config = as_config(TowerTraining, image)
         self.text_config = as_config(TowerTraining, text)
         self.objective = oc = as_config(ObjectiveConfig, objective)
@@ -283,15 +296,15 @@ class MultimodalModule(LightningModule):
 
     @override
     def configure_optimizers(self) -> dict[str, Any]:
-        towers: dict[str, tuple[Any, float | None]] = {}
-        for kind, config in (("image", self.image_config), ("text", self.text_config)):
-            if config.layer_decay is not None:  # before the whole towers: a parameter joins its first group
-                from mm_lightning.extras.layer_decay import decayed_layer_rates
-
-                lr = self.optim_config.lr if config.lr is None else config.lr
-                towers |= decayed_layer_rates(
-                    kind, getattr(self.model, f"{kind}_encoder"), lr, config.layer_decay
-                )
+        rates = {
+            kind: (
+                getattr(self.model, f"{kind}_encoder"),
+                self.optim_config.lr if config.lr is None else config.lr,
+            )
+            for kind, config in (("image", self.image_config), ("text", self.text_config))
+        }
+        # the rule's groups first: a parameter joins its first group
+        towers: dict[str, tuple[Any, float | None]] = dict(self.param_group_rule.groups(rates))
         towers["image_encoder"] = (self.model.image_encoder, self.image_config.lr)
         towers["text_encoder"] = (self.model.text_encoder, self.text_config.lr)
         trainer = self.trainer

@@ -1,4 +1,4 @@
-"""Layer-wise learning-rate decay (``model.<image|text>.layer_decay``): every built-in tower family declares its layer
+"""Layer-wise learning-rate decay (``model.param_groups: LayerDecay``): every built-in tower family declares its layer
 groups, input to output; each group's rate is the tower's times decay ** (depth - i), as the learning-rate monitor
 shows in a CLI run from YAML."""
 
@@ -15,6 +15,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch import nn
 
 from mm_lightning.cli import main
+from mm_lightning.extras import LayerDecay
 from mm_lightning.models import MultimodalModule
 from mm_lightning.models.towers import (
     CLIPImageTower,
@@ -95,7 +96,7 @@ def rates(**groups: dict) -> dict[str, float]:
 
 
 def test_each_layer_group_gets_the_towers_rate_times_decay_to_its_depth() -> None:
-    lrs = rates(image={"layer_decay": 0.5, "lr": 1e-2}, text={"layer_decay": 0.8})
+    lrs = rates(image={"lr": 1e-2}, param_groups=LayerDecay(image=0.5, text=0.8))
     image = [lrs[f"image_encoder_layer{i}"] for i in range(3)]  # the tiny tower: stem, 2 stages
     assert image == pytest.approx([1e-2 * 0.25, 1e-2 * 0.5, 1e-2])
     assert lrs["image_encoder_layer0_no_decay"] == image[0]
@@ -111,21 +112,33 @@ class NoGroups(TorchvisionTower):
     layer_groups = None  # a user tower that does not declare them
 
 
-@pytest.mark.parametrize("option", ["layer_decay", "train_last"])
-def test_a_tower_without_layer_groups_is_named(option: str) -> None:
-    value = 0.5 if option == "layer_decay" else 1
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"param_groups": LayerDecay(image=0.5)}, r"model.param_groups \(LayerDecay's image\)"),
+        ({"image": {"train_last": 1}}, "model.image.train_last"),
+    ],
+)
+def test_a_tower_without_layer_groups_is_named(options: dict, named: str) -> None:
     tower = NoGroups(**TINY_MODEL["image_tower"]["init_args"])
-    with pytest.raises(
-        TowerContractError, match=rf"has no layer_groups\(\), which model.image.{option} needs"
-    ):
-        MultimodalModule(**tiny_kwargs(image_tower=tower, image={option: value})).configure_optimizers()
+    with pytest.raises(TowerContractError, match=rf"has no layer_groups\(\), which {named} needs"):
+        MultimodalModule(**tiny_kwargs(image_tower=tower, **options)).configure_optimizers()
 
 
 @pytest.mark.timeout(120)
 def test_the_learning_rate_monitor_shows_each_group_in_a_cli_run(tmp_path: Path) -> None:
     overlay = tmp_path / "decay.yaml"
     overlay.write_text(
-        yaml.safe_dump({"model": {"image": {"layer_decay": 0.5}, "text": {"layer_decay": 0.7}}})
+        yaml.safe_dump(
+            {
+                "model": {
+                    "param_groups": {
+                        "class_path": "mm_lightning.extras.LayerDecay",
+                        "init_args": {"image": 0.5, "text": 0.7},
+                    }
+                }
+            }
+        )
     )
     assert main(["fit", *tiny_demo_args(tmp_path, "--config", str(overlay), max_steps=3)]) == 0
     events = EventAccumulator(str(tmp_path / "version_0")).Reload()
@@ -137,3 +150,7 @@ def test_the_learning_rate_monitor_shows_each_group_in_a_cli_run(tmp_path: Path)
     text = [last[f"lr-AdamW/text_encoder_layer{i}"] for i in range(3)]  # embeddings, 2 layers
     assert [rate / text[-1] for rate in text] == pytest.approx([0.7**2, 0.7, 1.0])
     assert last["lr-AdamW/heads"] == pytest.approx(image[-1])
+    # the rule is recorded as the config named it, and a checked load rebuilds it
+    reloaded = MultimodalModule.load_from_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
+    assert isinstance(reloaded.param_group_rule, LayerDecay)
+    assert reloaded.param_group_rule.decay == {"image": 0.5, "text": 0.7}

@@ -45,6 +45,11 @@ def _set_loss(hparams: dict[str, Any], marker: Path) -> None:
     hparams["loss"] = marker_part(marker)
 
 
+def _set_rule(hparams: dict[str, Any], marker: Path) -> None:
+    # a training rule's slot takes its base class only (here a module that is no ParamGroupRule)
+    hparams["param_groups"] = marker_part(marker)
+
+
 def _set_option_group(hparams: dict[str, Any], marker: Path) -> None:
     hparams["fusion"] = marker_part(marker)
 
@@ -77,6 +82,7 @@ CASES: list[tuple[str, Callable[[dict[str, Any], Path], None], str, str]] = [
     ("image_tower", _set_image_tower, "hyper_parameters.image_tower.class_path", MARKER_CLASS),
     ("text_tower", _set_text_tower, "hyper_parameters.text_tower.class_path", MARKER_CLASS),
     ("loss", _set_loss, "hyper_parameters.loss.class_path", MARKER_CLASS),
+    ("rule", _set_rule, "hyper_parameters.param_groups.class_path", MARKER_CLASS),
     ("option_group", _set_option_group, "hyper_parameters.fusion", MARKER_CLASS),
     (
         "tower_option",

@@ -248,11 +248,11 @@ def set_gradient_checkpointing(kind: Kind, tower: nn.Module, enabled: bool) -> N
 
 
 def checked_layer_groups(kind: Kind, tower: nn.Module, option: str) -> list[list[str]]:
-    """``tower.layer_groups()``: its parameter names in groups, input to output (``option`` needs them)."""
+    """``tower.layer_groups()``: its parameter names in groups, input to output (the ``option`` named needs them)."""
     method = getattr(tower, "layer_groups", None)
     if method is None:
         raise TowerContractError(
-            f"{kind} tower {class_path_of(tower)} has no layer_groups(), which model.{kind}.{option} needs (the "
+            f"{kind} tower {class_path_of(tower)} has no layer_groups(), which {option} needs (the "
             "parameter names in groups from input to output; the built-in towers have it); add it or drop the option"
         )
     groups = method()
@@ -268,7 +268,7 @@ def checked_layer_groups(kind: Kind, tower: nn.Module, option: str) -> list[list
 
 def train_last_groups(kind: Kind, tower: nn.Module, count: int) -> None:
     """Locks all but the tower's last ``count`` layer groups."""
-    groups = checked_layer_groups(kind, tower, "train_last")
+    groups = checked_layer_groups(kind, tower, f"model.{kind}.train_last")
     if not 1 <= count <= len(groups):
         raise ValueError(
             f"model.{kind}.train_last must be between 1 and {len(groups)} (the layer groups of "

@@ -1,4 +1,4 @@
-"""Layer groups of the built-in towers, read from parameter names: what ``train_last`` and ``layer_decay`` act on."""
+"""Layer groups of the built-in towers, read from parameter names: what ``train_last`` and layer-wise decay act on."""
 
 from __future__ import annotations
 
