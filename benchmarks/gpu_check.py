@@ -22,7 +22,7 @@ after every stage, so a run cut short keeps what it measured.
   loader_fed      train_eager fed by ``MultimodalDataModule`` from real photos with the machine's cores:
                   data-bound when it falls short of train_eager
   nvjpeg          nvJPEG batch decoding, also with the crops cut and resized on the device, vs one CPU core
-  grad_cache      the whole batch vs 4 chunks (``grad_cache.chunks``): peak memory and step time
+  grad_cache      the whole batch vs 4 chunks (``GradientCaching``): peak memory and step time
   cuda_tests      the tests that only run with CUDA (FSDP wraps, trains and resumes; the NaN guard's no-sync check)
   train_resnet50  ``configs/base.yaml``'s towers (ResNet-50 + BERT-base), eager
   ddp             stock DDP vs the explicit all-reduce (``configs/ddp_explicit.yaml``), 2 GPUs over NCCL
@@ -447,7 +447,8 @@ def stage_nvjpeg(scale: Scale, args: argparse.Namespace) -> dict:
 
 def stage_grad_cache(scale: Scale, args: argparse.Namespace) -> dict:
     whole = fit_rate(scale, scale.vit)
-    chunked = fit_rate(scale, scale.vit, grad_cache={"chunks": 4})
+    caching = {"class_path": "mm_lightning.extras.GradientCaching", "init_args": {"chunks": 4}}
+    chunked = fit_rate(scale, scale.vit, batch_embedding=caching)
     keys = ("samples_per_s", "step_ms", "peak_memory_gib")
     return {"whole": {k: whole[k] for k in keys}, "chunks_4": {k: chunked[k] for k in keys}}
 

@@ -4,7 +4,7 @@ Three ways to train on a batch of k x B pairs with ``MultimodalModule`` (ViT + B
 activations dominate the memory):
 
   (a) whole   the k x B batch in one forward/backward            (the objective; memory of k x B activations)
-  (b) chunks  ``grad_cache.chunks = k``: gradient caching              (same objective and gradient, memory of B)
+  (b) chunks  ``GradientCaching(chunks=k)``: gradient caching          (same objective and gradient, memory of B)
   (c) accum   k micro-batches of B, gradients accumulated         (memory of B, but each micro-batch only sees
                                                                    its own B - 1 negatives: another objective)
 
@@ -64,7 +64,8 @@ def build_model(chunks: int, run_dir: str) -> torch.nn.Module:
         "--model.embed_dim", "128",
         # pure contrastive training: the ITM head runs on the whole batch's tokens in every variant
         "--model.objective.itm_weight", "0",
-        "--model.grad_cache.chunks", str(chunks),
+        *(["--model.batch_embedding", "mm_lightning.extras.GradientCaching",
+           "--model.batch_embedding.chunks", str(chunks)] if chunks > 1 else []),
         "--trainer.default_root_dir", run_dir,
     ]  # fmt: skip
     return cli_main(args, run=False).model

@@ -42,6 +42,11 @@ if __name__ == "__main__":
     run = Path(sys.argv[1])
     one_step(run / "core")
     core = package_modules()
-    opt_in = ["--model.grad_cache.chunks", "2", "--model.loss", "mm_lightning.models.losses.SigLipLoss"]
+    opt_in = [
+        "--model.batch_embedding",
+        "mm_lightning.extras.GradientCaching",
+        "--model.loss",
+        "mm_lightning.models.losses.SigLipLoss",
+    ]
     one_step(run / "opt_in", "--data.init_args.data_dir", str(run / "core" / "demo"), *opt_in)
     print(json.dumps({"core": core, "opt_in": sorted(set(package_modules()) - set(core))}))

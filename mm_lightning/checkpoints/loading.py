@@ -30,14 +30,15 @@ from lightning.pytorch.core.saving import (
 from torch import nn
 
 from mm_lightning import ExplainedError
-from mm_lightning.models.config import CHECKPOINT_PREFIX, DEFAULT_FUSION, DEFAULT_TRAINING, PARTS, RULES
+from mm_lightning.models.config import CHECKPOINT_PREFIX, DEFAULT_FUSION, DEFAULT_TRAINING, PARTS
+from mm_lightning.models.rules import RULES
 
 # the instantiator LightningCLI records for a module it built; Lightning calls a checkpoint's instantiator
 CLI_INSTANTIATORS = ("lightning.pytorch.cli.instantiate_module", "pytorch_lightning.cli.instantiate_module")
 # peft options that name a module for peft to import (Megatron's tensor-parallel layers)
 IMPORTING_ADAPTER_OPTIONS = ("megatron_core", "megatron_config")
 # MultimodalModule's option groups: plain data (a string there would be read as YAML)
-OPTION_GROUPS = ("image", "text", "fusion", "objective", "optim", "grad_cache")
+OPTION_GROUPS = ("image", "text", "fusion", "objective", "optim")
 # where a function a part takes (an activation, say) may come from
 TENSOR_FUNCTIONS = (torch, torch.nn.functional, torch.special, torch.linalg, torch.fft)
 
@@ -100,11 +101,7 @@ def checked_hyperparameters(
 
 def slot_type(name: str) -> type:
     """The type a part's or rule's slot takes: a part (tower, pair loss) is an ``nn.Module``, a rule its base class."""
-    if name in PARTS:
-        return nn.Module
-    from mm_lightning.models.optim import ParamGroupRule
-
-    return {"param_groups": ParamGroupRule}[name]
+    return nn.Module if name in PARTS else RULES[name]
 
 
 def _checked_part(

@@ -15,6 +15,7 @@ _EXPORTS = {
     "ExplicitAllReduceDDPStrategy": "mm_lightning.extras.explicit_allreduce.strategy",
     "FlopCounter": "mm_lightning.extras.flops",
     "GradNormMonitor": "mm_lightning.extras.monitors",
+    "GradientCaching": "mm_lightning.extras.gradient_caching",
     "GradientReducer": "mm_lightning.extras.explicit_allreduce.reducers",
     "LayerDecay": "mm_lightning.extras.layer_decay",
     "LengthGroupedSampler": "mm_lightning.extras.length_grouping",

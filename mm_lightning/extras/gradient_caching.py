@@ -14,9 +14,13 @@ objective and its exact gradient:
 
 Peak activation memory is one chunk's; the price is one extra forward of the towers.
 
-``MultimodalModule`` embeds its training batches through :mod:`mm_lightning.models.dual_encoder`: in one
-forward, or with ``model.grad_cache.chunks > 1`` through :class:`GradientCaching` here; the training step is the
-same either way.
+``MultimodalModule`` embeds its training batches in one forward (``WholeBatch``), or in chunks through
+:class:`GradientCaching` here when a config names it; the training step is the same either way:
+
+    model:
+      batch_embedding:
+        class_path: mm_lightning.extras.GradientCaching
+        init_args: {chunks: 4}
 
 Under ``DistributedDataParallel`` the gradient must be all-reduced once, after all chunks: chunks 1..k-1 are
 back-propagated with :func:`torch.autograd.grad` (which does not run the parameters' gradient-accumulation
@@ -35,6 +39,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import get_device_states, set_device_states
 
+from mm_lightning.models.rules import WholeBatch
 from mm_lightning.models.towers.contract import EncoderOutput, batchnorm_layers
 
 Batch = Mapping[str, Any]
@@ -113,7 +118,7 @@ def warn_if_inexact(chunks: int, towers: Mapping[str, tuple[nn.Module, Any]]) ->
     draws each chunk's masks apart from the whole batch's (a note: equal in distribution, not exactly).
 
     Args:
-        chunks: ``grad_cache.chunks``.
+        chunks: chunks per batch.
         towers: ``{name: (tower, config)}``; a config's ``freeze`` / ``freeze_batchnorm`` are honoured.
     """
     from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -127,7 +132,7 @@ def warn_if_inexact(chunks: int, towers: Mapping[str, tuple[nn.Module, Any]]) ->
         dropout += [f"{prefix}.{name}" for name in dropout_layers(tower)]
     if batchnorm:
         rank_zero_warn(
-            f"Gradient caching (grad_cache.chunks={chunks}) with {len(batchnorm)} BatchNorm layer(s) in training mode"
+            f"Gradient caching ({chunks} chunks) with {len(batchnorm)} BatchNorm layer(s) in training mode"
             f" ({_listed(batchnorm)}): each chunk is normalized by its own statistics, so the step only"
             " approximates the whole batch's, and running statistics are updated once per chunk. For an exact"
             " step: --model.image.freeze_batchnorm true (BatchNorm normalizes with its running statistics; the"
@@ -135,7 +140,7 @@ def warn_if_inexact(chunks: int, towers: Mapping[str, tuple[nn.Module, Any]]) ->
         )
     if dropout:
         rank_zero_info(
-            f"Gradient caching (grad_cache.chunks={chunks}) with dropout in {len(dropout)} layer(s) ({_listed(dropout)}):"
+            f"Gradient caching ({chunks} chunks) with dropout in {len(dropout)} layer(s) ({_listed(dropout)}):"
             " each chunk draws its own masks (the same in both of its passes, not the whole batch's), so the step"
             " equals the whole batch's in distribution, not exactly; with dropout 0 it is exact."
         )
@@ -161,8 +166,8 @@ def check_strategy(strategy: object) -> None:
     name = type(strategy).__name__
     if isinstance(strategy, FSDPStrategy | DeepSpeedStrategy | ModelParallelStrategy):
         raise ValueError(
-            f"gradient caching (grad_cache.chunks > 1) does not run under the sharded strategy {name}: use chunks=1 "
-            "there, or DDP / ddp_explicit with chunks"
+            f"gradient caching (GradientCaching) does not run under the sharded strategy {name}: embed whole batches"
+            " there (no model.batch_embedding), or use DDP / ddp_explicit with chunks"
         )
 
 
@@ -175,7 +180,7 @@ def check_ddp_wrapper(wrapped: object) -> None:
     for option in ("find_unused_parameters", "static_graph"):
         if getattr(wrapped, option, False):
             raise ValueError(
-                f"gradient caching (grad_cache.chunks > 1) needs DDP with {option}=False: pass 1 builds no graph "
+                f"gradient caching (GradientCaching) needs DDP with {option}=False: pass 1 builds no graph "
                 "through the towers, so DDP would reduce their gradients before pass 2 computes them"
             )
 
@@ -322,16 +327,18 @@ def _accumulate_quietly(
 Embedded = tuple[EncoderOutput, Tensor, EncoderOutput, Tensor]
 
 
-class GradientCaching:
-    """Embeds a training batch in ``chunks`` chunks with exact gradient caching.
+class GradientCaching(WholeBatch):
+    """Embeds a training batch in ``chunks`` chunks with exact gradient caching (``model.batch_embedding``).
 
     Args:
         chunks: chunks per batch (> 1).
     """
 
-    def __init__(self, chunks: int) -> None:
+    def __init__(self, chunks: int = 4) -> None:
         if chunks < 2:
-            raise ValueError(f"gradient caching needs grad_cache.chunks >= 2, got {chunks}")
+            raise ValueError(
+                f"GradientCaching needs chunks >= 2 (1 is the whole batch: no batch_embedding), got {chunks}"
+            )
         self.chunks = chunks
         self.cache: GradientCache | None = None
 

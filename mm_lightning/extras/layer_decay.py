@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from mm_lightning.models.optim import NamedParameters, ParamGroupRule
+from mm_lightning.models.rules import NamedParameters, ParamGroupRule
 from mm_lightning.models.towers.contract import Kind, checked_layer_groups
 
 

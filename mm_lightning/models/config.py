@@ -75,17 +75,6 @@ class ObjectiveConfig:
 
 
 @dataclass(frozen=True)
-class GradCacheConfig:
-    """Exact gradient caching (:mod:`mm_lightning.extras.gradient_caching`).
-
-    Args:
-        chunks: embed batches in N chunks (the same gradient, BatchNorm towers with ``freeze_batchnorm``; one chunk's
-            activation memory, one more forward); 1: off."""
-
-    chunks: int = 1
-
-
-@dataclass(frozen=True)
 class OptimConfig:
     """AdamW with linear warmup then cosine decay per step (tower learning rates live in the tower groups).
 
@@ -112,14 +101,11 @@ class OptimConfig:
 CHECKPOINT_PREFIX = "model."
 # the network's parts a config names by class_path, recorded so in checkpoints
 PARTS = ("image_tower", "text_tower", "loss")
-# MultimodalModule's training rules a config names by class_path (each of its slot's type), recorded so too
-RULES = ("param_groups",)
 
 DEFAULT_TRAINING = TowerTraining()
 DEFAULT_FUSION = FusionConfig()
 DEFAULT_OBJECTIVE = ObjectiveConfig()
 DEFAULT_OPTIM = OptimConfig()
-DEFAULT_GRAD_CACHE = GradCacheConfig()
 
 
 def as_config(cls: type[Config], value: Config | dict[str, Any] | None) -> Config:

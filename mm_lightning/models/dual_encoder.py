@@ -7,7 +7,7 @@ scores = model.embed_images(images) @ model.embed_text(**tokenizer(captions, pad
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -37,10 +37,6 @@ from mm_lightning.models.towers.contract import (
     takes_token_type_ids,
     train_last_groups,
 )
-
-if TYPE_CHECKING:
-    from mm_lightning.extras.gradient_caching import GradientCaching
-
 
 # named by path so a run imports only the loss it uses
 BUILT_IN_LOSSES = {
@@ -236,41 +232,6 @@ class DualEncoder(nn.Module):
             image_out.tokens, text_out.tokens, text_out.mask, logits, ids, weights
         )
         return terms, {"itm_accuracy": itm_accuracy}
-
-
-Batch = dict[str, Any]
-Embedded = tuple[EncoderOutput, Tensor, EncoderOutput, Tensor]
-
-
-class WholeBatch:
-    """Embeds a training batch in one forward of each tower (the default; see :class:`GradientCaching`)."""
-
-    def setup(self, trainer_strategy: object, model: Any) -> None:
-        """Checks at fit start (none needed)."""
-
-    def check_wrapper(self, wrapped: object) -> None:
-        """Checks the model as the strategy wrapped it, when training starts (none needed)."""
-
-    def embed(self, model: Any, batch: Batch) -> Embedded:
-        """``(image_out, image_emb, text_out, text_emb)`` of the batch, with their graphs."""
-        image_out, image_emb = model.encode_images(batch["image"])
-        text_out, text_emb = model.encode_text(batch)
-        return image_out, image_emb, text_out, text_emb
-
-    def backward(self, loss: Tensor) -> bool:
-        """Back-propagates ``loss`` itself when it must (False: the ordinary backward is right)."""
-        return False
-
-
-def batch_embedding(chunks: int) -> WholeBatch | GradientCaching:
-    """How to embed training batches: in one forward (``chunks`` 1) or with gradient caching."""
-    if chunks < 1:
-        raise ValueError(f"grad_cache.chunks must be >= 1, got {chunks}")
-    if chunks == 1:
-        return WholeBatch()
-    from mm_lightning.extras.gradient_caching import GradientCaching
-
-    return GradientCaching(chunks)
 
 
 def _checked_tower(kind: str, tower: Any) -> nn.Module:

@@ -22,27 +22,24 @@ from mm_lightning.data.order import planned_steps
 from mm_lightning.data.records import STAND_IN_KEY
 from mm_lightning.models.config import (
     DEFAULT_FUSION,
-    DEFAULT_GRAD_CACHE,
     DEFAULT_OBJECTIVE,
     DEFAULT_OPTIM,
     DEFAULT_TRAINING,
     PARTS,
-    RULES,
     FusionConfig,
-    GradCacheConfig,
     ObjectiveConfig,
     OptimConfig,
     TowerTraining,
     as_config,
 )
-from mm_lightning.models.dual_encoder import DualEncoder, batch_embedding
+from mm_lightning.models.dual_encoder import DualEncoder
 from mm_lightning.models.losses import weighted_sum
 from mm_lightning.models.optim import (
-    ParamGroupRule,
     clip_gradients,
     optimizer_and_schedule,
     rescale_for_global_batch,
 )
+from mm_lightning.models.rules import RULES, ParamGroupRule, WholeBatch
 
 
 def warn_if_processes_share_cores(trainer: Trainer) -> None:
@@ -71,8 +68,9 @@ class MultimodalModule(LightningModule):
         fusion: cross-attention fusion of the ITM head (:class:`~mm_lightning.models.config.FusionConfig`).
         objective: how loss terms are weighted (:class:`~mm_lightning.models.config.ObjectiveConfig`).
         optim: optimizer and schedule (:class:`~mm_lightning.models.config.OptimConfig`).
-        grad_cache: exact gradient caching (:class:`~mm_lightning.models.config.GradCacheConfig`).
-        param_groups: learning-rate groups ahead of the whole towers (a :class:`~mm_lightning.models.optim.ParamGroupRule`
+        batch_embedding: how a training batch is embedded (a :class:`~mm_lightning.models.rules.WholeBatch`
+            named by ``class_path``; none: one forward of each tower).
+        param_groups: learning-rate groups ahead of the whole towers (a :class:`~mm_lightning.models.rules.ParamGroupRule`
             named by ``class_path``; none: each tower one group).
         gradient_checkpointing: recompute tower activations in backward to save memory.
         compile: ``torch.compile`` the towers (true), or options to compile them with (``{"mode": ...}``)."""
@@ -88,7 +86,7 @@ class MultimodalModule(LightningModule):
         fusion: FusionConfig = DEFAULT_FUSION,
         objective: ObjectiveConfig = DEFAULT_OBJECTIVE,
         optim: OptimConfig = DEFAULT_OPTIM,
-        grad_cache: GradCacheConfig = DEFAULT_GRAD_CACHE,
+        batch_embedding: WholeBatch | None = None,
         param_groups: ParamGroupRule | None = None,
         gradient_checkpointing: bool = False,
         compile: bool | dict[str, Any] = False,
@@ -108,7 +106,6 @@ class MultimodalModule(LightningModule):
         self.text_config = as_config(TowerTraining, text)
         self.objective = oc = as_config(ObjectiveConfig, objective)
         self.optim_config = as_config(OptimConfig, optim)
-        self.grad_cache_config = as_config(GradCacheConfig, grad_cache)
         self.model = DualEncoder(
             image_tower,
             text_tower,
@@ -134,7 +131,7 @@ class MultimodalModule(LightningModule):
             self.dwa = DynamicWeightAveraging(
                 [oc.itc_weight, oc.itm_weight], oc.dwa_window, oc.dwa_temperature
             )
-        self.batch_embedding = batch_embedding(self.grad_cache_config.chunks)
+        self.batch_embedding = batch_embedding or WholeBatch()
         self._towers_compiled = False
         self.evaluation = None
         self.flops_per_batch: int | None = None  # set by the FlopCounter callback, for ThroughputMonitor

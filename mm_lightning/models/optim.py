@@ -17,18 +17,6 @@ def _no_decay(name: str, param: nn.Parameter) -> bool:
     return param.ndim <= 1 or "norm" in name.lower() or name.endswith(".bias")
 
 
-NamedParameters = list[tuple[str, nn.Parameter]]
-
-
-class ParamGroupRule:
-    """Learning-rate groups ahead of the whole towers (``model.param_groups``, named by ``class_path``): a
-    parameter joins the first group that holds it, the rest of each tower its tower's group. This one adds none."""
-
-    def groups(self, towers: dict[str, tuple[nn.Module, float]]) -> dict[str, tuple[NamedParameters, float]]:
-        """``{group name: (named parameters, lr)}`` from ``{"image"|"text": (tower, the tower's lr)}``."""
-        return {}
-
-
 def param_groups(towers: dict[str, tuple[Any, float]], weight_decay: float) -> list[dict]:
     """AdamW decay/no-decay groups per ``{name: (module or named parameters, lr)}`` (first owner wins); frozen
     ones out."""

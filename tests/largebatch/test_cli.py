@@ -14,7 +14,9 @@ def test_siglip_chunks_and_compile_options_from_the_cli(tmp_path: Path) -> None:
     args = [
         "--model.loss",
         "mm_lightning.models.losses.SigLipLoss",
-        "--model.grad_cache.chunks",
+        "--model.batch_embedding",
+        "mm_lightning.extras.GradientCaching",
+        "--model.batch_embedding.chunks",
         "4",
         "--model.loss.init_args.bias_init",
         "-5",

@@ -1,4 +1,4 @@
-"""MultimodalModule with ``grad_cache.chunks``: one Lightning step with 4 chunks equals one step on the whole batch."""
+"""MultimodalModule with ``batch_embedding: GradientCaching``: one Lightning step with 4 chunks equals one step on the whole batch."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import torch
 from lightning.pytorch.plugins import MixedPrecision
 from torch.utils.data import DataLoader
 
+from mm_lightning.extras import GradientCaching
 from tests.largebatch.lightning_helpers import Rows, SGDModule, fit_one_step, max_param_diff
-from tests.models.helpers import EXACT_MODEL, TINY_MODEL, tiny_kwargs
+from tests.models.helpers import EXACT_MODEL, TINY_MODEL, gradient_caching, tiny_kwargs
 
 pytestmark = pytest.mark.slow
 BATCH, CHUNKS = 16, 4
@@ -23,7 +24,9 @@ def _module(chunks: int, objective: dict | None = None, loss: dict | None = None
     torch.manual_seed(0)
     parts = {} if loss is None else {"loss": loss}
     return SGDModule(
-        **tiny_kwargs(EXACT_MODEL, grad_cache={"chunks": chunks}, objective=objective or {}, **parts)
+        **tiny_kwargs(
+            EXACT_MODEL, batch_embedding=gradient_caching(chunks), objective=objective or {}, **parts
+        )
     )
 
 
@@ -75,9 +78,10 @@ def test_chunks_under_a_gradient_scaler_and_with_siglip() -> None:
     assert max_param_diff(chunked, full) < 1e-2
 
 
-def test_bad_chunks_are_refused() -> None:
-    with pytest.raises(ValueError, match="grad_cache.chunks must be >= 1"):
-        _module(0)
+@pytest.mark.parametrize("chunks", [0, 1])
+def test_bad_chunks_are_refused(chunks: int) -> None:
+    with pytest.raises(ValueError, match=r"GradientCaching needs chunks >= 2 \(1 is the whole batch"):
+        GradientCaching(chunks)
 
 
 def test_batchnorm_tower_is_named_at_fit_start_and_freeze_batchnorm_makes_it_exact(
@@ -92,7 +96,7 @@ def test_batchnorm_tower_is_named_at_fit_start_and_freeze_batchnorm_makes_it_exa
     def step(chunks: int, **image: object) -> dict[str, torch.Tensor]:
         torch.manual_seed(0)
         module = SGDModule(
-            **tiny_kwargs(TINY_MODEL, grad_cache={"chunks": chunks}, image=image, **no_dropout)
+            **tiny_kwargs(TINY_MODEL, batch_embedding=gradient_caching(chunks), image=image, **no_dropout)
         )
         torch.manual_seed(1)
         return fit_one_step(module, DataLoader(Rows(BATCH), batch_size=BATCH))
@@ -123,7 +127,7 @@ def test_batchnorm_tower_is_named_at_fit_start_and_freeze_batchnorm_makes_it_exa
 def test_dropout_under_chunks_is_noted(caplog: pytest.LogCaptureFixture) -> None:
     torch.manual_seed(0)
     module = SGDModule(
-        **tiny_kwargs(EXACT_MODEL, grad_cache={"chunks": 2}, text_tower=TINY_MODEL["text_tower"])
+        **tiny_kwargs(EXACT_MODEL, batch_embedding=gradient_caching(2), text_tower=TINY_MODEL["text_tower"])
     )  # dropout 0.1
     with caplog.at_level(logging.INFO):
         fit_one_step(module, DataLoader(Rows(BATCH), batch_size=BATCH))

@@ -17,7 +17,7 @@ from mm_lightning.models.losses import siglip
 from mm_lightning.models.losses.siglip import SigLipLoss
 from tests.largebatch.lightning_helpers import Rows, SGDModule, fit_one_step
 from tests.largebatch.toy import ToyModel, grads, toy_batch
-from tests.models.helpers import EXACT_MODEL, tiny_config, tiny_kwargs
+from tests.models.helpers import EXACT_MODEL, gradient_caching, tiny_config, tiny_kwargs
 
 PER_RANK, DIM = 6, 8
 
@@ -108,7 +108,7 @@ NO_ITM = tiny_config(EXACT_MODEL, objective={"itm_weight": 0.0})
 
 def _module(chunks: int) -> SGDModule:
     torch.manual_seed(0)
-    return SGDModule(**tiny_kwargs(NO_ITM, grad_cache={"chunks": chunks}))
+    return SGDModule(**tiny_kwargs(NO_ITM, batch_embedding=gradient_caching(chunks)))
 
 
 def module_reference(world: int) -> dict[str, torch.Tensor]:

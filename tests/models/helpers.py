@@ -20,12 +20,12 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
 from mm_lightning.models import MultimodalModule
+from mm_lightning.models.config import PARTS
+from mm_lightning.models.rules import RULES
 
 VOCAB = 36  # the demo BERT's vocabulary size
 TORCHVISION_TOWER = "mm_lightning.models.towers.TorchvisionTower"
 HF_TEXT_TOWER = "mm_lightning.models.towers.HFTextTower"
-# the arguments of MultimodalModule that are the network's parts (objects, named by class_path)
-PARTS = ("image_tower", "text_tower", "loss")
 
 TINY_MODEL: dict[str, Any] = dict(
     image_tower={
@@ -92,20 +92,27 @@ EXACT_MODEL = tiny_config(
 )
 
 
-def build_part(spec: dict[str, Any] | nn.Module) -> nn.Module:
+def build_part(spec: dict[str, Any] | Any) -> Any:
     """The object a ``{"class_path": ..., "init_args": ...}`` dict names, newly built (an object is kept)."""
-    if isinstance(spec, nn.Module):
+    if not isinstance(spec, dict):
         return spec
     module, _, name = spec["class_path"].rpartition(".")
     return getattr(importlib.import_module(module), name)(**copy.deepcopy(spec.get("init_args") or {}))
 
 
 def module_kwargs(config: dict[str, Any]) -> dict[str, Any]:
-    """``MultimodalModule``'s arguments from a description: its parts built now (image, text, loss), fresh."""
+    """``MultimodalModule``'s arguments from a description: its parts and rules built now, fresh."""
     return {
-        key: build_part(value) if key in PARTS and value is not None else value
+        key: build_part(value) if key in (*PARTS, *RULES) and value is not None else value
         for key, value in config.items()
     }
+
+
+def gradient_caching(chunks: int) -> dict[str, Any] | None:
+    """``model.batch_embedding`` for ``chunks`` chunks with gradient caching (1: none, the whole batch)."""
+    if chunks == 1:
+        return None
+    return {"class_path": "mm_lightning.extras.GradientCaching", "init_args": {"chunks": chunks}}
 
 
 def tiny_kwargs(base: dict[str, Any] | None = None, **overrides: Any) -> dict[str, Any]:

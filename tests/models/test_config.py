@@ -45,7 +45,7 @@ def test_dataclasses_and_dicts_build_the_same_model() -> None:
     )
     from_dataclasses = MultimodalModule(**typed)
     # hparams hold each group as given (dict or dataclass): compare what the module made of them
-    for name in ("image_config", "text_config", "objective", "optim_config", "grad_cache_config"):
+    for name in ("image_config", "text_config", "objective", "optim_config"):
         assert getattr(from_dicts, name) == getattr(from_dataclasses, name), name
     shapes = [{k: v.shape for k, v in m.state_dict().items()} for m in (from_dicts, from_dataclasses)]
     assert shapes[0] == shapes[1]  # the same network (projections, fusion widths)

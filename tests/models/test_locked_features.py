@@ -18,7 +18,7 @@ from mm_lightning.extras.feature_cache import FeatureTable, build_rows, image_ke
 from mm_lightning.models import MultimodalModule
 from tests.conftest import LONG_RUN_CALLBACKS, REPO, TinyRun
 from tests.data.helpers import TOKENIZER, save_image, write_jsonl
-from tests.models.helpers import EXACT_MODEL, module_kwargs, tiny_config
+from tests.models.helpers import EXACT_MODEL, gradient_caching, module_kwargs, tiny_config
 
 LOCKED = tiny_config(
     EXACT_MODEL, image={"freeze": True}, image_tower={"image_size": 32}, objective={"itm_weight": 0.0}
@@ -191,7 +191,10 @@ def test_cached_features_with_gradient_caching_see_the_whole_batch(tmp_path: Pat
     def run(chunks: int) -> Gradients:
         callback = LockedImageFeatures(str(tmp_path / "cache"))
         return _fit(
-            root, MultimodalDataModule, [callback], tiny_config(LOCKED, grad_cache={"chunks": chunks})
+            root,
+            MultimodalDataModule,
+            [callback],
+            tiny_config(LOCKED, batch_embedding=gradient_caching(chunks)),
         )[0]
 
     whole, chunked = run(1), run(2)

@@ -1,0 +1,51 @@
+"""The training rules a config plugs into ``MultimodalModule`` by ``class_path``, each a subclass of its slot's
+base class here (which is also the default): ``param_groups`` (learning-rate groups) and ``batch_embedding`` (how
+a training batch is embedded). A checkpoint records a rule as ``class_path`` + ``init_args``; a load admits only
+a subclass of the slot's base class (:mod:`mm_lightning.checkpoints.loading`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor, nn
+
+from mm_lightning.models.towers.contract import EncoderOutput
+
+NamedParameters = list[tuple[str, nn.Parameter]]
+Batch = dict[str, Any]
+Embedded = tuple[EncoderOutput, Tensor, EncoderOutput, Tensor]
+
+
+class ParamGroupRule:
+    """Learning-rate groups ahead of the whole towers (``model.param_groups``): a parameter joins the first group
+    that holds it, the rest of each tower its tower's group. This one adds none."""
+
+    def groups(self, towers: dict[str, tuple[nn.Module, float]]) -> dict[str, tuple[NamedParameters, float]]:
+        """``{group name: (named parameters, lr)}`` from ``{"image"|"text": (tower, the tower's lr)}``."""
+        return {}
+
+
+class WholeBatch:
+    """Embeds a training batch in one forward of each tower (``model.batch_embedding``). Another way (chunks with
+    gradient caching, say) is a subclass: :meth:`embed` returns the batch's outputs, and :meth:`backward` may
+    back-propagate the loss itself."""
+
+    def setup(self, trainer_strategy: object, model: Any) -> None:
+        """Checks at fit start (none needed)."""
+
+    def check_wrapper(self, wrapped: object) -> None:
+        """Checks the model as the strategy wrapped it, when training starts (none needed)."""
+
+    def embed(self, model: Any, batch: Batch) -> Embedded:
+        """``(image_out, image_emb, text_out, text_emb)`` of the batch, with their graphs."""
+        image_out, image_emb = model.encode_images(batch["image"])
+        text_out, text_emb = model.encode_text(batch)
+        return image_out, image_emb, text_out, text_emb
+
+    def backward(self, loss: Tensor) -> bool:
+        """Back-propagates ``loss`` itself when it must (False: the ordinary backward is right)."""
+        return False
+
+
+# each rule's slot in MultimodalModule and the base class it takes
+RULES: dict[str, type] = {"param_groups": ParamGroupRule, "batch_embedding": WholeBatch}
