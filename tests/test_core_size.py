@@ -40,7 +40,6 @@ OPT_IN = {
     "mm_lightning.models.towers.weights",
     "mm_lightning.models.towers.user_towers",
     "mm_lightning.models.losses.checks",
-    "mm_lightning.models.losses.weighting",
     "mm_lightning.checkpoints.loading",
     "mm_lightning.checkpoints.files",
     "mm_lightning.errors",

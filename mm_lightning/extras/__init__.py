@@ -9,7 +9,9 @@ from mm_lightning import lazy_exports
 _EXPORTS = {
     "BucketedReducer": "mm_lightning.extras.explicit_allreduce.reducers",
     "CollectiveError": "mm_lightning.extras.explicit_allreduce.strategy",
+    "ComplexityWeighting": "mm_lightning.extras.loss_weighting",
     "DemoShardDataModule": "mm_lightning.extras.shards.datamodule",
+    "DynamicWeightAveraging": "mm_lightning.extras.loss_weighting",
     "EMA": "mm_lightning.extras.ema",
     "ExactResume": "mm_lightning.extras.exact_resume",
     "ExplicitAllReduceDDPStrategy": "mm_lightning.extras.explicit_allreduce.strategy",

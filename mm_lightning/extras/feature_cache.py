@@ -288,12 +288,11 @@ class LockedImageFeatures(pl.Callback):
                 "LockedImageFeatures: the image tower trains (model.image.freeze is false), so its features change"
                 " at every step; lock it (model.image.freeze true) or drop the LockedImageFeatures callback"
             )
-        objective = getattr(pl_module, "objective", None)
-        if objective is not None and objective.sample_weighting != "none":
+        weighting = getattr(pl_module, "sample_weighting", None)
+        if getattr(weighting, "reads_pixels", False):
             raise ValueError(
-                "LockedImageFeatures: objective.sample_weighting 'complexity' measures image detail on the pixels,"
-                " which cached features replace; set model.objective.sample_weighting none or drop the"
-                " LockedImageFeatures callback"
+                f"LockedImageFeatures: model.sample_weighting {type(weighting).__name__} reads the images' pixels,"
+                " which cached features replace; drop model.sample_weighting or the LockedImageFeatures callback"
             )
         if model.itm is not None:
             raise ValueError(

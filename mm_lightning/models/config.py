@@ -54,19 +54,11 @@ class ObjectiveConfig:
     Args:
         itc_weight: weight of the pair loss's ``itc`` term.
         itm_weight: weight of the ITM loss; 0 switches ITM (and the fusion module) off.
-        term_weights: weights of a loss's other named terms (default 1 each), e.g. ``{uniformity: 0.1}``.
-        weighting: ``fixed`` weights, or ``dwa`` (Dynamic Weight Averaging on the losses' trend).
-        dwa_window: DWA window in steps.
-        dwa_temperature: DWA softmax temperature.
-        sample_weighting: ``none`` or ``complexity`` (per-pair weights from image detail, caption length)."""
+        term_weights: weights of a loss's other named terms (default 1 each), e.g. ``{uniformity: 0.1}``."""
 
     itc_weight: float = 1.0
     itm_weight: float = 1.0
     term_weights: dict[str, float] = field(default_factory=dict)
-    weighting: Literal["fixed", "dwa"] = "fixed"
-    dwa_window: int = 50
-    dwa_temperature: float = 2.0
-    sample_weighting: Literal["none", "complexity"] = "none"
 
     def __post_init__(self) -> None:
         taken = sorted({"itc", "itm"} & set(self.term_weights))

@@ -39,7 +39,7 @@ from mm_lightning.models.optim import (
     optimizer_and_schedule,
     rescale_for_global_batch,
 )
-from mm_lightning.models.rules import RULES, ParamGroupRule, WholeBatch
+from mm_lightning.models.rules import RULES, ParamGroupRule, SampleWeighting, TermWeighting, WholeBatch
 
 
 def warn_if_processes_share_cores(trainer: Trainer) -> None:
@@ -72,6 +72,10 @@ class MultimodalModule(LightningModule):
             named by ``class_path``; none: one forward of each tower).
         param_groups: learning-rate groups ahead of the whole towers (a :class:`~mm_lightning.models.rules.ParamGroupRule`
             named by ``class_path``; none: each tower one group).
+        term_weighting: each step's weights of the loss terms (a :class:`~mm_lightning.models.rules.TermWeighting`;
+            none: ``objective``'s fixed weights).
+        sample_weighting: per-pair loss weights (a :class:`~mm_lightning.models.rules.SampleWeighting`; none:
+            equal weights).
         gradient_checkpointing: recompute tower activations in backward to save memory.
         compile: ``torch.compile`` the towers (true), or options to compile them with (``{"mode": ...}``)."""
 
@@ -88,6 +92,8 @@ class MultimodalModule(LightningModule):
         optim: OptimConfig = DEFAULT_OPTIM,
         batch_embedding: WholeBatch | None = None,
         param_groups: ParamGroupRule | None = None,
+        term_weighting: TermWeighting | None = None,
+        sample_weighting: SampleWeighting | None = None,
         gradient_checkpointing: bool = False,
         compile: bool | dict[str, Any] = False,
     ) -> None:
@@ -119,18 +125,8 @@ class MultimodalModule(LightningModule):
         if gradient_checkpointing:
             self.model.set_gradient_checkpointing(True)
         self.term_weights = {**oc.term_weights, "itc": oc.itc_weight, "itm": oc.itm_weight}
-        self.complexity_weights = None  # per-pair loss weights, with objective.sample_weighting: complexity
-        if oc.sample_weighting == "complexity":
-            from mm_lightning.models.losses.weighting import complexity_weights
-
-            self.complexity_weights = complexity_weights
-        self.dwa = None
-        if oc.weighting == "dwa":
-            from mm_lightning.models.losses.weighting import DynamicWeightAveraging
-
-            self.dwa = DynamicWeightAveraging(
-                [oc.itc_weight, oc.itm_weight], oc.dwa_window, oc.dwa_temperature
-            )
+        self.term_weighting = term_weighting or TermWeighting()
+        self.sample_weighting = sample_weighting or SampleWeighting()
         self.batch_embedding = batch_embedding or WholeBatch()
         self._towers_compiled = False
         self.evaluation = None
@@ -163,10 +159,8 @@ class MultimodalModule(LightningModule):
         return self.model(batch)
 
     def sample_weights(self, batch: dict[str, Tensor]) -> Tensor | None:
-        """Per-pair loss weights (``objective.sample_weighting: complexity``), or None: equal weights."""
-        if self.complexity_weights is None:
-            return None
-        return self.complexity_weights(batch["image"], batch["attention_mask"])
+        """Per-pair loss weights (``model.sample_weighting``), or None: equal weights."""
+        return self.sample_weighting(batch)
 
     @override
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
@@ -179,11 +173,7 @@ class MultimodalModule(LightningModule):
         image_out, image_emb, text_out, text_emb = self.batch_embedding.embed(model, batch)
         ids, weights = batch["image_id"], self.sample_weights(batch)
         terms, metrics = model.losses(ids, weights, image_out, image_emb, text_out, text_emb)
-        term_weights: dict[str, Any] = self.term_weights
-        if self.dwa is not None:  # DWA weighs the itc and itm terms; a loss's other terms keep theirs
-            zero = torch.zeros_like(next(iter(terms.values())))
-            dwa = self.dwa.update(torch.stack([terms.get("itc", zero), terms.get("itm", zero)]))
-            term_weights = {**term_weights, "itc": dwa[0], "itm": dwa[1]}
+        term_weights = self.term_weighting(terms, self.term_weights)
         loss = weighted_sum(terms, term_weights)
         bs = batch["image"].shape[0]
         # not on the progress bar: it reads its values back from the device at every step, the loggers only

@@ -1,6 +1,6 @@
 """The training rules a config plugs into ``MultimodalModule`` by ``class_path``, each a subclass of its slot's
-base class here (which is also the default): ``param_groups`` (learning-rate groups) and ``batch_embedding`` (how
-a training batch is embedded). A checkpoint records a rule as ``class_path`` + ``init_args``; a load admits only
+base class here (which is also the default): ``param_groups`` (learning-rate groups), ``batch_embedding`` (how a
+training batch is embedded), ``term_weighting`` and ``sample_weighting`` (loss weights beyond fixed ones). A checkpoint records a rule as ``class_path`` + ``init_args``; a load admits only
 a subclass of the slot's base class (:mod:`mm_lightning.checkpoints.loading`)."""
 
 from __future__ import annotations
@@ -47,5 +47,29 @@ class WholeBatch:
         return False
 
 
+class TermWeighting(nn.Module):
+    """The loss terms' weights at each training step (``model.term_weighting``): this one keeps the fixed weights
+    of ``model.objective``. A subclass may adapt them and keep its state in buffers (saved with the model)."""
+
+    def forward(self, terms: dict[str, Tensor], fixed: dict[str, Any]) -> dict[str, Any]:
+        """This step's weight of each term, from its loss terms and the fixed weights."""
+        return fixed
+
+
+class SampleWeighting:
+    """Per-pair loss weights of a batch (``model.sample_weighting``): this one gives none (equal weights)."""
+
+    reads_pixels = False  # whether the weights read the images' pixels (which cached features replace)
+
+    def __call__(self, batch: dict[str, Tensor]) -> Tensor | None:
+        """(B,) weights of the batch's pairs, or None: equal weights."""
+        return None
+
+
 # each rule's slot in MultimodalModule and the base class it takes
-RULES: dict[str, type] = {"param_groups": ParamGroupRule, "batch_embedding": WholeBatch}
+RULES: dict[str, type] = {
+    "param_groups": ParamGroupRule,
+    "batch_embedding": WholeBatch,
+    "term_weighting": TermWeighting,
+    "sample_weighting": SampleWeighting,
+}

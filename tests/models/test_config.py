@@ -118,7 +118,8 @@ def test_nested_groups_and_tower_arguments_on_the_command_line(tmp_path: Path) -
         "--model.image_tower.init_args.kwargs",
         '{"patch_size": 8, "num_layers": 1, "hidden_dim": 32, "num_heads": 2, "mlp_dim": 32}',
         "--model.optim.lr", "3e-4",
-        "--model.objective.weighting", "dwa",
+        "--model.term_weighting", "mm_lightning.extras.DynamicWeightAveraging",
+        "--model.term_weighting.window", "7",
     ]  # fmt: skip
     cli = cli_main(args, run=False)
     model = cli.model
@@ -126,7 +127,10 @@ def test_nested_groups_and_tower_arguments_on_the_command_line(tmp_path: Path) -
     assert type(backbone).__name__ == "VisionTransformer" and backbone.hidden_dim == 32  # vit_custom + kwargs
     assert model.data_config["image"]["input_size"][-1] == 32  # image_size from tiny_demo_args
     assert model.optim_config.lr == 3e-4 and model.optim_config.warmup_steps == 50  # the rest from demo.yaml
-    assert model.dwa is not None and backbone.image_size == 32
+    assert (
+        type(model.term_weighting).__name__ == "DynamicWeightAveraging" and model.term_weighting.window == 7
+    )
+    assert backbone.image_size == 32
     assert cli.datamodule.hparams.tokenizer == model.model.data_config["text"]["tokenizer"]
 
 

@@ -146,7 +146,13 @@ def test_view_rows_are_the_tower_on_crops_seeded_by_image_and_view(tmp_path: Pat
     [
         ({"image": {"freeze": False}}, "the image tower trains"),
         ({"objective": {"itm_weight": 1.0}}, "itm_weight 0"),
-        ({"objective": {"itm_weight": 0.0, "sample_weighting": "complexity"}}, "sample_weighting none"),
+        (
+            {
+                "objective": {"itm_weight": 0.0},
+                "sample_weighting": {"class_path": "mm_lightning.extras.ComplexityWeighting"},
+            },
+            "ComplexityWeighting reads the images' pixels",
+        ),
     ],
 )
 def test_refused_where_features_would_be_stale_or_missing(

@@ -11,6 +11,7 @@ import torch
 from lightning.pytorch import Callback, Trainer
 
 from mm_lightning.callbacks import EmbeddingWriter
+from mm_lightning.extras import ComplexityWeighting, DynamicWeightAveraging
 from mm_lightning.models import MultimodalModule
 from tests.models.helpers import (
     cli_module,
@@ -278,17 +279,28 @@ def test_frozen_image_tower_stays_in_eval_and_unchanged(tmp_path: Path) -> None:
 
 
 def test_dwa_weights_are_used_and_logged(tmp_path: Path) -> None:
-    model = tiny_module(objective={"weighting": "dwa", "dwa_window": 2, "itm_weight": 0.5})
+    model = tiny_module(objective={"itm_weight": 0.5}, term_weighting=DynamicWeightAveraging(window=2))
     trainer = _trainer(tmp_path, max_steps=6)
     trainer.fit(model, pair_loader(batch_size=8))
-    assert int(model.dwa.windows_done) == 3
-    assert model.dwa.weights.tolist() != [1.0, 0.5]  # adapted after two windows
-    torch.testing.assert_close(trainer.callback_metrics["train/weight_itm"], model.dwa.weights[1])
+    dwa = model.term_weighting
+    assert int(dwa.windows_done) == 3
+    assert dwa.factors.tolist() != [1.0, 1.0]  # adapted after two windows
+    torch.testing.assert_close(trainer.callback_metrics["train/weight_itm"], 0.5 * dwa.factors[1])
+    assert "term_weighting.factors" in model.state_dict()  # its state is saved with the model
 
 
-def test_complexity_sample_weighting_trains() -> None:
-    model = tiny_module(objective={"sample_weighting": "complexity"})
-    assert torch.isfinite(model.training_step(make_batch(), 0))
+def test_complexity_sample_weighting_weighs_the_pairs() -> None:
+    batch = make_batch()
+    torch.manual_seed(0)
+    weighted = tiny_module(sample_weighting=ComplexityWeighting())
+    torch.manual_seed(0)
+    plain = tiny_module()
+    weights = weighted.sample_weights(batch)
+    assert weights is not None and not torch.allclose(weights, torch.ones_like(weights))
+    assert plain.sample_weights(batch) is None  # control: equal weights by default
+    weighted.eval(), plain.eval()
+    with torch.no_grad():
+        assert not torch.allclose(weighted.training_loss(batch), plain.training_loss(batch))
 
 
 def test_bf16_mixed_training_on_cpu(tmp_path: Path) -> None:

@@ -5,14 +5,12 @@ from mm_lightning import lazy_exports
 
 _EXPORTS = {
     "ContrastiveLoss": "mm_lightning.models.losses.clip",
-    "DynamicWeightAveraging": "mm_lightning.models.losses.weighting",
     "LossContractError": "mm_lightning.models.losses.base",
     "PairLogits": "mm_lightning.models.losses.base",
     "PairLoss": "mm_lightning.models.losses.base",
     "ScaledPairLoss": "mm_lightning.models.losses.base",
     "SigLipLoss": "mm_lightning.models.losses.siglip",
     "check_loss": "mm_lightning.models.losses.checks",
-    "complexity_weights": "mm_lightning.models.losses.weighting",
     "loss_terms": "mm_lightning.models.losses.base",
     "weighted_sum": "mm_lightning.models.losses.base",
 }

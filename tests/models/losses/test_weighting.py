@@ -1,27 +1,34 @@
-"""Loss weighting: Dynamic Weight Averaging and per-pair complexity weights."""
+"""Loss weighting rules: Dynamic Weight Averaging of the loss terms and per-pair complexity weights."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from mm_lightning.models import DynamicWeightAveraging
-from mm_lightning.models.losses import complexity_weights
+from mm_lightning.extras import DynamicWeightAveraging
+from mm_lightning.extras.loss_weighting import complexity_weights
+
+FIXED = {"itc": 1.0, "itm": 0.5, "uniformity": 0.1}
 
 
-def test_dwa_keeps_base_weights_then_favours_the_slower_loss() -> None:
-    dwa = DynamicWeightAveraging([1.0, 0.5], window=2, temperature=2.0)
-    # window 1 sets the reference; window 2 has the same means -> equal ratios -> still the base weights
+def terms(itc: float, itm: float) -> dict[str, torch.Tensor]:
+    return {"itc": torch.tensor(itc), "itm": torch.tensor(itm), "uniformity": torch.tensor(3.0)}
+
+
+def test_dwa_keeps_the_fixed_weights_then_favours_the_slower_loss() -> None:
+    dwa = DynamicWeightAveraging(window=2, temperature=2.0)
+    # window 1 sets the reference; window 2 has the same means -> equal ratios -> still the fixed weights
     for _ in range(4):
-        torch.testing.assert_close(dwa.update(torch.tensor([1.0, 1.0])), torch.tensor([1.0, 0.5]))
-    for _ in range(2):  # loss 0 halves, loss 1 stays flat
-        weights = dwa.update(torch.tensor([0.5, 1.0]))
-    ratios = torch.tensor([0.5, 1.0])
-    want = torch.tensor([1.0, 0.5]) * 2 * torch.softmax(ratios / 2.0, 0)
-    torch.testing.assert_close(weights, want)
-    assert weights[1] / 0.5 > weights[0] / 1.0  # the stalled loss gained relative weight
+        weights = dwa(terms(1.0, 1.0), FIXED)
+        torch.testing.assert_close(torch.stack([weights["itc"], weights["itm"]]), torch.tensor([1.0, 0.5]))
+    for _ in range(2):  # the itc loss halves, the itm loss stays flat
+        weights = dwa(terms(0.5, 1.0), FIXED)
+    want = torch.tensor([1.0, 0.5]) * 2 * torch.softmax(torch.tensor([0.5, 1.0]) / 2.0, 0)
+    torch.testing.assert_close(torch.stack([weights["itc"], weights["itm"]]), want)
+    assert weights["itm"] / 0.5 > weights["itc"] / 1.0  # the stalled loss gained relative weight
+    assert weights["uniformity"] == 0.1  # a loss's other terms keep their fixed weights
     state = dwa.state_dict()
-    assert {"weights", "previous_mean", "window_sum"} <= set(state)
+    assert {"factors", "previous_mean", "window_sum"} <= set(state)
     assert int(state["windows_done"]) == 3
 
 
