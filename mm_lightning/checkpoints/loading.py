@@ -31,12 +31,10 @@ from torch import nn
 
 from mm_lightning import ExplainedError
 from mm_lightning.models.config import CHECKPOINT_PREFIX, DEFAULT_FUSION, DEFAULT_TRAINING, PARTS
-from mm_lightning.models.rules import RULES
+from mm_lightning.models.rules import RULES, TowerAdapters
 
 # the instantiator LightningCLI records for a module it built; Lightning calls a checkpoint's instantiator
 CLI_INSTANTIATORS = ("lightning.pytorch.cli.instantiate_module", "pytorch_lightning.cli.instantiate_module")
-# peft options that name a module for peft to import (Megatron's tensor-parallel layers)
-IMPORTING_ADAPTER_OPTIONS = ("megatron_core", "megatron_config")
 # MultimodalModule's option groups: plain data (a string there would be read as YAML)
 OPTION_GROUPS = ("image", "text", "fusion", "objective", "optim")
 # where a function a part takes (an activation, say) may come from
@@ -94,8 +92,6 @@ def checked_hyperparameters(
         for key, nested in _walk(value, name):
             if isinstance(nested, Mapping) and "class_path" in nested:
                 raise refuse(key, f"names the class {nested['class_path']!r} where options are plain data")
-            if key.rpartition(".")[2] in IMPORTING_ADAPTER_OPTIONS and ".adapter." in f".{key}":
-                raise refuse(key, "names a module for peft to import")
     return parsed
 
 
@@ -132,6 +128,8 @@ def _checked_part(
     ]  # the class's own defaults: not the record's
     arguments.append((f"{name}.dict_kwargs", parsed.get("dict_kwargs")))
     for key, value in (pair for argument in arguments for pair in _walk(argument[1], argument[0])):
+        if key.rpartition(".")[2] in getattr(cls, "importing_options", ()):
+            raise refuse(key, f"names a module for {cls.__name__} to import")
         _check_nested(key, value, refuse)
         if key.endswith(".trust_remote_code") and value is True and not same_model:
             raise refuse(
@@ -269,16 +267,20 @@ def checked_resume_file(path: str | os.PathLike, model: Mapping[str, Any]) -> di
 
 
 def network_from_checkpoint(
-    cls: type, path: str | os.PathLike, map_location: Any, parts: dict[str, nn.Module]
+    cls: type, path: str | os.PathLike, map_location: Any, parts: dict[str, Any]
 ) -> Any:
-    """``cls`` (a ``DualEncoder``) built from the checkpoint's recorded parts and options, with its weights."""
-    unknown = sorted(set(parts) - set(PARTS))
+    """``cls`` (a ``DualEncoder``) built from the checkpoint's recorded parts, adapters and options, with its
+    weights; the adapters merged into the towers."""
+    unknown = sorted(set(parts) - {*PARTS, "adapters"})
     if unknown:
-        raise TypeError(f"DualEncoder.from_checkpoint: unknown part(s) {unknown}; the parts: {list(PARTS)}")
+        raise TypeError(
+            f"DualEncoder.from_checkpoint: unknown part(s) {unknown}; the parts: {[*PARTS, 'adapters']}"
+        )
     checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     hparams = checkpoint.get("hyper_parameters") or {}
     checked = checked_hyperparameters(hparams, str(path), given=parts)
-    recorded = build_parts({name: spec for name, spec in checked.items() if name in PARTS})  # not the rules
+    # the network's parts, and the adapters that change its towers (not the training rules)
+    recorded = build_parts({name: spec for name, spec in checked.items() if name in (*PARTS, "adapters")})
     built = {}
     for name in PARTS:
         if name in parts:
@@ -298,6 +300,7 @@ def network_from_checkpoint(
         embed_dim=hparams.get("embed_dim", 256),
         fusion=hparams.get("fusion") or DEFAULT_FUSION,
         itm=float(objective.get("itm_weight", 1.0)) > 0,
+        adapters=parts.get("adapters") or recorded.get("adapters"),
     )
     state = {
         k[len(CHECKPOINT_PREFIX) :]: v
@@ -305,8 +308,6 @@ def network_from_checkpoint(
         if k.startswith(CHECKPOINT_PREFIX)
     }
     model.load_state_dict(state)
-    if model.image_config.adapter is not None or model.text_config.adapter is not None:
-        from mm_lightning.extras.adapters import merge_adapters
-
-        merge_adapters(model)  # plain towers with the adapted weights, as export and inference want them
+    model.adapters.merge(model)  # plain towers with the adapted weights, as export and inference want them
+    model.adapters = TowerAdapters()
     return model

@@ -27,6 +27,7 @@ _EXPORTS = {
     "NonFiniteTrainingError": "mm_lightning.extras.nan_guard",
     "OverlappingBucketedReducer": "mm_lightning.extras.explicit_allreduce.reducers",
     "PeakMemoryMonitor": "mm_lightning.extras.monitors",
+    "PeftAdapters": "mm_lightning.extras.adapters",
     "PerParameterReducer": "mm_lightning.extras.explicit_allreduce.reducers",
     "PreemptionCheckpoint": "mm_lightning.extras.preemption",
     "RetrievalGridLogger": "mm_lightning.extras.monitors",

@@ -9,6 +9,7 @@ _EXPORTS = {
     "ParamGroupRule": "mm_lightning.models.rules",
     "SampleWeighting": "mm_lightning.models.rules",
     "TermWeighting": "mm_lightning.models.rules",
+    "TowerAdapters": "mm_lightning.models.rules",
     "WholeBatch": "mm_lightning.models.rules",
     "EncoderOutput": "mm_lightning.models.towers",
     "FusionConfig": "mm_lightning.models.config",

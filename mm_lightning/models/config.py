@@ -19,7 +19,6 @@ class TowerTraining:
         freeze_batchnorm: BatchNorm in eval mode (statistics fixed): exact gradient caching.
         project: learn a projection (false: the pooled output, of ``embed_dim`` width).
         lr: the tower's learning rate (null: ``optim.lr``; 0 is valid).
-        adapter: peft config fields (LoRA unless ``peft_type``); only the adapter trains.
         clip_norm: max gradient norm of the tower (null: none)."""
 
     freeze: bool = False
@@ -27,7 +26,6 @@ class TowerTraining:
     freeze_batchnorm: bool = False
     project: bool = True
     lr: float | None = None
-    adapter: dict[str, Any] | None = None
     clip_norm: float | None = None
 
 

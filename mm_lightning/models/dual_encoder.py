@@ -23,6 +23,7 @@ from mm_lightning.models.config import (
 from mm_lightning.models.itm import ImageTextMatching
 from mm_lightning.models.losses import ContrastiveLoss, loss_terms
 from mm_lightning.models.losses.base import l2_normalize
+from mm_lightning.models.rules import TowerAdapters
 from mm_lightning.models.towers.contract import (
     EncoderOutput,
     Tower,
@@ -57,6 +58,8 @@ class DualEncoder(nn.Module):
         embed_dim: shared embedding (and fusion) width.
         fusion: the cross-attention fusion of the ITM head (:class:`~mm_lightning.models.config.FusionConfig`).
         itm: build the fusion and the image-text matching head.
+        adapters: what trains in the towers' place (a :class:`~mm_lightning.models.rules.TowerAdapters`; none: the
+            towers themselves).
     """
 
     def __init__(
@@ -69,6 +72,7 @@ class DualEncoder(nn.Module):
         embed_dim: int = 256,
         fusion: FusionConfig | dict[str, Any] = DEFAULT_FUSION,
         itm: bool = True,
+        adapters: TowerAdapters | None = None,
     ) -> None:
         super().__init__()
         self.image_config = ic = as_config(TowerTraining, image)
@@ -106,6 +110,7 @@ class DualEncoder(nn.Module):
             if itm
             else None
         )
+        self.adapters = adapters or TowerAdapters()
         self.image_encoder.requires_grad_(not ic.freeze)
         self.text_encoder.requires_grad_(not tc.freeze)
         for kind, tower, config in (("image", self.image_encoder, ic), ("text", self.text_encoder, tc)):
@@ -116,10 +121,7 @@ class DualEncoder(nn.Module):
                         "set one"
                     )
                 train_last_groups(kind, tower, config.train_last)
-            if config.adapter is not None:
-                from mm_lightning.extras.adapters import add_adapter
-
-                add_adapter(kind, tower, config)
+            self.adapters.apply(kind, tower, config)
         # Lightning keeps each submodule's mode as found, so frozen towers must start in eval mode
         self.train()
 

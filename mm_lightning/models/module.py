@@ -39,7 +39,14 @@ from mm_lightning.models.optim import (
     optimizer_and_schedule,
     rescale_for_global_batch,
 )
-from mm_lightning.models.rules import RULES, ParamGroupRule, SampleWeighting, TermWeighting, WholeBatch
+from mm_lightning.models.rules import (
+    RULES,
+    ParamGroupRule,
+    SampleWeighting,
+    TermWeighting,
+    TowerAdapters,
+    WholeBatch,
+)
 
 
 def warn_if_processes_share_cores(trainer: Trainer) -> None:
@@ -76,6 +83,8 @@ class MultimodalModule(LightningModule):
             none: ``objective``'s fixed weights).
         sample_weighting: per-pair loss weights (a :class:`~mm_lightning.models.rules.SampleWeighting`; none:
             equal weights).
+        adapters: what trains in the towers' place (a :class:`~mm_lightning.models.rules.TowerAdapters`, e.g.
+            LoRA; none: the towers themselves).
         gradient_checkpointing: recompute tower activations in backward to save memory.
         compile: ``torch.compile`` the towers (true), or options to compile them with (``{"mode": ...}``)."""
 
@@ -94,6 +103,7 @@ class MultimodalModule(LightningModule):
         param_groups: ParamGroupRule | None = None,
         term_weighting: TermWeighting | None = None,
         sample_weighting: SampleWeighting | None = None,
+        adapters: TowerAdapters | None = None,
         gradient_checkpointing: bool = False,
         compile: bool | dict[str, Any] = False,
     ) -> None:
@@ -121,6 +131,7 @@ class MultimodalModule(LightningModule):
             embed_dim,
             as_config(FusionConfig, fusion),
             itm=oc.itm_weight > 0,
+            adapters=adapters,
         )
         if gradient_checkpointing:
             self.model.set_gradient_checkpointing(True)

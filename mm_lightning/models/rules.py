@@ -1,6 +1,7 @@
 """The training rules a config plugs into ``MultimodalModule`` by ``class_path``, each a subclass of its slot's
 base class here (which is also the default): ``param_groups`` (learning-rate groups), ``batch_embedding`` (how a
-training batch is embedded), ``term_weighting`` and ``sample_weighting`` (loss weights beyond fixed ones). A checkpoint records a rule as ``class_path`` + ``init_args``; a load admits only
+training batch is embedded), ``term_weighting`` and ``sample_weighting`` (loss weights beyond fixed ones), ``adapters`` (what trains in a
+tower's place). A checkpoint records a rule as ``class_path`` + ``init_args``; a load admits only
 a subclass of the slot's base class (:mod:`mm_lightning.checkpoints.loading`)."""
 
 from __future__ import annotations
@@ -66,10 +67,26 @@ class SampleWeighting:
         return None
 
 
+class TowerAdapters:
+    """Changes each tower once it is built and its freezing applied (``model.adapters``): this one leaves them as
+    they are. A subclass (peft's LoRA, say) adds modules that train in place of the tower; :meth:`merge` folds them
+    back into plain weights when the network is loaded for export or inference."""
+
+    # options a checkpoint's record of this rule may not hold (they would name a module to import)
+    importing_options: tuple[str, ...] = ()
+
+    def apply(self, kind: str, tower: nn.Module, training: Any) -> None:
+        """Changes the ``kind`` tower in place; ``training`` is its :class:`~mm_lightning.models.config.TowerTraining`."""
+
+    def merge(self, network: nn.Module) -> None:
+        """Folds what :meth:`apply` added back into the towers' own weights (their original parameter names)."""
+
+
 # each rule's slot in MultimodalModule and the base class it takes
 RULES: dict[str, type] = {
     "param_groups": ParamGroupRule,
     "batch_embedding": WholeBatch,
     "term_weighting": TermWeighting,
     "sample_weighting": SampleWeighting,
+    "adapters": TowerAdapters,
 }

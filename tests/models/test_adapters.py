@@ -1,4 +1,4 @@
-"""LoRA (peft) per tower from YAML (``model.<image|text>.adapter``): only the adapters and the heads train; export and
+"""LoRA (peft) per tower from YAML (``model.adapters: PeftAdapters``): only the adapters and the heads train; export and
 ``DualEncoder.from_checkpoint`` give merged plain weights whose embeddings equal the adapted model's."""
 
 from __future__ import annotations
@@ -21,7 +21,16 @@ from tests.conftest import REPO, tiny_demo_args
 from tests.models.helpers import EXACT_MODEL, TINY_MODEL, make_batch, module_kwargs, tiny_config, tiny_kwargs
 from tests.towers.dual_encoders import save_tiny
 
-LORA = {"image": {"adapter": {"r": 4, "lora_alpha": 8}}, "text": {"adapter": {"r": 4, "lora_alpha": 8}}}
+LORA = {
+    "adapters": {
+        "class_path": "mm_lightning.extras.PeftAdapters",
+        "init_args": {"image": {"r": 4, "lora_alpha": 8}, "text": {"r": 4, "lora_alpha": 8}},
+    }
+}
+
+
+def adapters(**options: dict) -> dict:
+    return {"adapters": {"class_path": "mm_lightning.extras.PeftAdapters", "init_args": options}}
 
 
 def test_only_adapters_and_heads_train() -> None:
@@ -57,7 +66,7 @@ def test_torch_attention_is_adapted_whole_and_merges_exactly() -> None:
 
     torch.manual_seed(0)
     config = tiny_config(
-        EXACT_MODEL, image={"adapter": {"r": 4, "init_lora_weights": False}}
+        EXACT_MODEL, **adapters(image={"r": 4, "init_lora_weights": False})
     )  # nonzero at once
     network = MultimodalModule(**module_kwargs(config)).model.eval()
     targets = default_targets(
@@ -88,15 +97,15 @@ def test_a_tower_peft_cannot_adapt_is_named() -> None:
 
     tower = Plain(**TINY_MODEL["image_tower"]["init_args"])
     with pytest.raises(
-        TowerContractError, match=r"Plain has no layer_groups\(\), which model.image.adapter needs"
+        TowerContractError, match=r"Plain has no layer_groups\(\), which model.adapters \(image\) needs"
     ):
-        MultimodalModule(**tiny_kwargs(image_tower=tower, image={"adapter": {"r": 4}}))
+        MultimodalModule(**tiny_kwargs(image_tower=tower, **adapters(image={"r": 4})))
     with pytest.raises(
         TowerContractError, match=r"peft cannot add the adapter .*backbone.0.1"
     ):  # a BatchNorm
-        MultimodalModule(**tiny_kwargs(image={"adapter": {"r": 4, "target_modules": ["backbone.0.1"]}}))
-    with pytest.raises(ValueError, match="drop freeze and train_last"):
-        MultimodalModule(**tiny_kwargs(image={"adapter": {"r": 4}, "freeze": True}))
+        MultimodalModule(**tiny_kwargs(**adapters(image={"r": 4, "target_modules": ["backbone.0.1"]})))
+    with pytest.raises(ValueError, match="drop model.image.freeze and train_last"):
+        MultimodalModule(**tiny_kwargs(image={"freeze": True}, **adapters(image={"r": 4})))
 
 
 @pytest.mark.slow

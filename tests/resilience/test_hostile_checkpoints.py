@@ -312,11 +312,16 @@ def test_remote_code_is_switched_on_by_the_users_config_only(
 
 def test_an_adapter_option_that_names_a_module_is_refused(tiny_run: TinyRun, tmp_path: Path) -> None:
     def megatron(hparams: dict[str, Any]) -> None:
-        hparams["text"] = {"adapter": {"r": 4, "megatron_config": {}, "megatron_core": "subprocess"}}
+        options = {"r": 4, "megatron_config": {}, "megatron_core": "subprocess"}
+        hparams["adapters"] = {
+            "class_path": "mm_lightning.extras.PeftAdapters",
+            "init_args": {"text": options},
+        }
 
     path = write_variant(tiny_run.checkpoint_dir / "last.ckpt", tmp_path / "adapter.ckpt", megatron)
     with pytest.raises(
-        UnsafeCheckpointError, match=r"hyper_parameters\.text\.adapter\.megatron_config names a module"
+        UnsafeCheckpointError,
+        match=r"hyper_parameters\.adapters\.init_args\.text\.megatron_config names a module for PeftAdapters",
     ):
         DualEncoder.from_checkpoint(path)
 
