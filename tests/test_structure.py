@@ -1,5 +1,6 @@
 """The package stays readable as a template: no import cycle, one-way layers, the explicit all-reduce off the
-read path, no private name imported across modules, no deprecation shims, no private Lightning name.
+read path, the core naming no extra, no private name imported across modules, no deprecation shims, no private
+Lightning name.
 
 Imports are read from the source (every ``import``, also those inside functions), so a lazy import that
 would close a cycle counts too.
@@ -121,48 +122,46 @@ def test_layers_import_one_way() -> None:
     assert wrong == []
 
 
-def imports_at_load(path: Path, top: str) -> set[str]:
-    """Dotted names the module at ``path`` imports from ``top`` when it loads (not inside a function, not for type
-    checkers only)."""
-    found: set[str] = set()
+# the core: what a run uses whatever its config says; the opt-in parts in extras plug into its typed slots
+CORE = ("models", "data", "checkpoints", "evaluation", "callbacks")
 
-    def visit(node: ast.AST) -> None:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            return
-        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
-            node = ast.Module(body=node.orelse, type_ignores=[])
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith(top):
-            found.update(f"{node.module}.{alias.name}" for alias in node.names)
-        elif isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names if alias.name.startswith(top))
-        for child in ast.iter_child_nodes(node):
-            visit(child)
 
-    visit(ast.parse(path.read_text()))
+def extras_named_by_the_core(root: Path) -> list[str]:
+    """Each place a core module names an extra: an import of it at any depth (inside functions too), or a string
+    that names it (an ``import_module`` path, a preload list, a docstring's reference)."""
+    extras = f"{root.name}.extras"
+    core = tuple(f"{root.name}.{layer}" for layer in CORE)
+    graph = import_graph(root)
+    found = []
+    for name, path in module_files(root).items():
+        if not name.startswith(core):
+            continue
+        found += [f"{name} -> {t}" for t in sorted(graph[name]) if t == extras or t.startswith(extras + ".")]
+        found += [
+            f"{name}:{node.lineno} names {extras}"
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and extras in node.value
+        ]
     return found
 
 
-def extras_loaded_by_the_core(root: Path) -> list[str]:
-    """``module -> name`` for each extra a module outside ``extras``/``commands`` imports when it loads."""
-    extras, outside = f"{root.name}.extras", (f"{root.name}.extras", f"{root.name}.commands")
-    return [
-        f"{name} -> {target}"
-        for name, path in module_files(root).items()
-        if not name.startswith(outside)
-        for target in sorted(imports_at_load(path, root.name))
-        if target == extras or target.startswith(extras + ".")
+def test_the_core_never_names_an_extra() -> None:
+    assert extras_named_by_the_core(PACKAGE) == []
+
+
+def test_control_an_extra_the_core_names_is_found(tmp_path: Path) -> None:
+    pkg = _write(tmp_path, {
+        "pkg/__init__.py": "", "pkg/extras/__init__.py": "", "pkg/extras/x.py": "y = z = 1\n",
+        "pkg/models/__init__.py": "",
+        "pkg/models/m.py": "def f():\n    from pkg.extras import x\n",
+        "pkg/data/__init__.py": "",
+        "pkg/data/d.py": "import importlib\n\nPRELOAD = ['pkg.extras.x']\n",
+        "pkg/commands/__init__.py": "", "pkg/commands/c.py": "from pkg.extras.x import y\n",
+    })  # fmt: skip
+    assert sorted(extras_named_by_the_core(pkg)) == [
+        "pkg.data.d:3 names pkg.extras",
+        "pkg.models.m -> pkg.extras.x",
     ]
-
-
-def test_the_core_loads_no_extra() -> None:
-    # The opt-in parts load when a config names them: the core imports them inside the function that uses them.
-    assert extras_loaded_by_the_core(PACKAGE) == []
-
-
-def test_control_an_extra_imported_at_load_is_found(tmp_path: Path) -> None:
-    pkg = _write(tmp_path, {"pkg/__init__.py": "", "pkg/extras/__init__.py": "", "pkg/extras/x.py": "",
-                            "pkg/core.py": "from pkg.extras.x import y\n\ndef f():\n    from pkg.extras import z\n"})  # fmt: skip
-    assert extras_loaded_by_the_core(pkg) == ["pkg.core -> pkg.extras.x.y"]
 
 
 def private_imports(root: Path) -> list[str]:

@@ -1,5 +1,4 @@
-"""The callbacks of the training core: bad-record counts, throughput, the run report and the prediction writer (the NaN guard,
-preemption saves, exact resume, the monitors, FLOP counter and EMA are extras: :mod:`mm_lightning.extras`)."""
+"""The callbacks of the training core: bad-record counts, throughput, the run report and the prediction writer."""
 
 from mm_lightning import lazy_exports
 

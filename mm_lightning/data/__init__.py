@@ -1,4 +1,4 @@
-"""Data: ``MultimodalDataModule`` (JSONL + image files) and the generated demo (shards: :mod:`mm_lightning.extras.shards`)."""
+"""Data: ``MultimodalDataModule`` (JSONL + image files) and the generated demo."""
 
 from mm_lightning import lazy_exports
 

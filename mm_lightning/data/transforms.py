@@ -153,7 +153,7 @@ class Normalize(torch.nn.Module):
 
     def forward(self, images: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Normalized float32 images; ``out`` (optional): the tensor to write them into (same shape)."""
-        # (B, D) cached image-tower features (mm_lightning.extras.feature_cache), not pixels
+        # (B, D) precomputed image-tower features (a feature cache's), not pixels: nothing to normalize
         if images.dim() == 2:
             return images if out is None else out.copy_(images)
         if images.is_floating_point():
