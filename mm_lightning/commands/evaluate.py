@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--rerank_k",
         type=int,
         help="also re-rank each query's top k with the matching head (0: off; default: the checkpoint's"
-        " fusion.rerank_k)",
+        " model.reranker)",
     )
     parser.add_argument(
         "--bootstrap_resamples",
@@ -198,10 +198,11 @@ def run_evaluation(
         classnames = read_list(options.classnames) if options.classnames else None
         classifier = ZeroShotEvaluation(name, options.zeroshot, classnames, templates, per_image=True)
         trainer.callbacks.append(classifier)
-    if options.rerank_k is not None:  # else the checkpoint's fusion.rerank_k
+    if options.rerank_k is not None:  # else the checkpoint's model.reranker
+        from mm_lightning.evaluation.rerank import Reranker
         from mm_lightning.evaluation.validation import Evaluation
 
-        model.evaluation = Evaluation(options.rerank_k)
+        model.evaluation = Evaluation(Reranker(options.rerank_k) if options.rerank_k else None)
     test_source = getattr(datamodule, "files", {}).get("test") or "test"
     dataset = options.dataset_name or Path(str(test_source)).stem
     if options.compare_to is not None and trainer.is_global_zero:  # before the test, not after it

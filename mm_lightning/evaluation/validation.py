@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from mm_lightning.data.records import STAND_IN_KEY
 from mm_lightning.distributed import gather_rows, pad_to_global_length, single_process, world
 from mm_lightning.evaluation.metrics import Ranks, RetrievalMetrics, first_occurrence
-from mm_lightning.models.config import DEFAULT_FUSION, FusionConfig, as_config
+from mm_lightning.evaluation.rerank import Reranker
 from mm_lightning.models.losses.base import l2_normalize, weighted_sum
 from mm_lightning.models.towers.contract import EncoderOutput
 
@@ -170,27 +170,22 @@ class Evaluation(nn.Module):
     """One evaluation epoch's state (the retrieval metrics, the rows scored) and its step.
 
     Args:
-        rerank_k: also rank with each query's top k re-scored by the matching head (0: off)."""
+        reranker: also rank with each query's top k re-scored by the matching head (none: off)."""
 
-    def __init__(self, rerank_k: int = 0) -> None:
+    def __init__(self, reranker: Reranker | None = None) -> None:
         super().__init__()
         self.retrieval = RetrievalMetrics()
         self.rows = EvalRows()
         self.loss = ChunkedLoss()
-        self.reranker: Any = None
-        if rerank_k:
-            from mm_lightning.evaluation.rerank import Reranker
-
-            self.reranker = Reranker(rerank_k)
+        self.reranker = reranker
         # the last epoch's, for a report (``evaluate``)
         self.last_ranks: Ranks | None = None
         self.last_reranked: Ranks | None = None
 
     @classmethod
     def of(cls, module: LightningModule) -> Evaluation:
-        """The evaluation ``module``'s options ask for (``fusion.rerank_k``), on its device."""
-        fusion = as_config(FusionConfig, module.hparams.get("fusion", DEFAULT_FUSION))
-        return cls(fusion.rerank_k).to(module.device)
+        """The evaluation ``module`` asks for (its ``reranker``), on its device."""
+        return cls(getattr(module, "reranker", None)).to(module.device)
 
     def start_epoch(self) -> None:
         self.rows.reset()

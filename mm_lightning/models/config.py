@@ -36,13 +36,11 @@ class FusionConfig:
     Args:
         layers: fusion layers.
         heads: attention heads (must divide ``embed_dim``).
-        bidirectional: also let the text tokens attend to the image tokens.
-        rerank_k: validation/test also rank each query's top k re-scored by the matching head (0: off)."""
+        bidirectional: also let the text tokens attend to the image tokens."""
 
     layers: int = 1
     heads: int = 8
     bidirectional: bool = False
-    rerank_k: int = 0
 
 
 @dataclass(frozen=True)

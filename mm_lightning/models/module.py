@@ -20,6 +20,7 @@ from typing_extensions import override
 from mm_lightning.data.loader import derive_seed, global_seed
 from mm_lightning.data.order import planned_steps
 from mm_lightning.data.records import STAND_IN_KEY
+from mm_lightning.evaluation.rerank import Reranker
 from mm_lightning.models.config import (
     DEFAULT_FUSION,
     DEFAULT_OBJECTIVE,
@@ -85,6 +86,8 @@ class MultimodalModule(LightningModule):
             equal weights).
         adapters: what trains in the towers' place (a :class:`~mm_lightning.models.rules.TowerAdapters`, e.g.
             LoRA; none: the towers themselves).
+        reranker: validation and test also rank each query's top k re-scored by the matching head
+            (:class:`~mm_lightning.evaluation.rerank.Reranker`, ``init_args: {k: 16}``; none: cosine ranks only).
         gradient_checkpointing: recompute tower activations in backward to save memory.
         compile: ``torch.compile`` the towers (true), or options to compile them with (``{"mode": ...}``)."""
 
@@ -104,6 +107,7 @@ class MultimodalModule(LightningModule):
         term_weighting: TermWeighting | None = None,
         sample_weighting: SampleWeighting | None = None,
         adapters: TowerAdapters | None = None,
+        reranker: Reranker | None = None,
         gradient_checkpointing: bool = False,
         compile: bool | dict[str, Any] = False,
     ) -> None:
@@ -140,6 +144,7 @@ class MultimodalModule(LightningModule):
         self.sample_weighting = sample_weighting or SampleWeighting()
         self.batch_embedding = batch_embedding or WholeBatch()
         self._towers_compiled = False
+        self.reranker = reranker
         self.evaluation = None
         self.flops_per_batch: int | None = None  # set by the FlopCounter callback, for ThroughputMonitor
 

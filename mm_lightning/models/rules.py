@@ -1,7 +1,7 @@
 """The training rules a config plugs into ``MultimodalModule`` by ``class_path``, each a subclass of its slot's
 base class here (which is also the default): ``param_groups`` (learning-rate groups), ``batch_embedding`` (how a
 training batch is embedded), ``term_weighting`` and ``sample_weighting`` (loss weights beyond fixed ones), ``adapters`` (what trains in a
-tower's place). A checkpoint records a rule as ``class_path`` + ``init_args``; a load admits only
+tower's place); and ``reranker`` (validation and test re-ranked by the matching head; default none). A checkpoint records a rule as ``class_path`` + ``init_args``; a load admits only
 a subclass of the slot's base class (:mod:`mm_lightning.checkpoints.loading`)."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from mm_lightning.evaluation.rerank import Reranker
 from mm_lightning.models.towers.contract import EncoderOutput
 
 NamedParameters = list[tuple[str, nn.Parameter]]
@@ -89,4 +90,5 @@ RULES: dict[str, type] = {
     "term_weighting": TermWeighting,
     "sample_weighting": SampleWeighting,
     "adapters": TowerAdapters,
+    "reranker": Reranker,
 }

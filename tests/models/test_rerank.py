@@ -123,8 +123,8 @@ def test_validation_reports_reranked_recall_and_needs_the_head(tmp_path, precisi
         enable_model_summary=False, default_root_dir=tmp_path,
     )  # fmt: skip
     torch.manual_seed(0)
-    metrics = trainer.validate(tiny_module(fusion={"rerank_k": 3}), loader, verbose=False)[0]
+    metrics = trainer.validate(tiny_module(reranker=Reranker(3)), loader, verbose=False)[0]
     assert {"val/reranked_r1_t2i", "val/reranked_r10_i2t", "val/r1_t2i", "val/loss"} <= set(metrics)
     assert "val/reranked_alignment_gap" not in metrics
     with pytest.raises(NoMatchingHead, match="itm_weight"):
-        trainer.validate(tiny_module(fusion={"rerank_k": 3}, objective={"itm_weight": 0.0}), loader)
+        trainer.validate(tiny_module(reranker=Reranker(3), objective={"itm_weight": 0.0}), loader)
