@@ -44,7 +44,6 @@ OPT_IN = {
     "mm_lightning.checkpoints.files",
     "mm_lightning.errors",
     "mm_lightning.assets.demo_bert",
-    "mm_lightning.data.batch_slots",
 }
 
 

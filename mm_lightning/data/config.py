@@ -44,7 +44,7 @@ class LoaderOptions(TypedDict, total=False):
         normalize_on: "device" (after transfer), "worker" (collate), "auto" (default: device in a Trainer).
         pin_memory: pin host memory for faster host-to-device copies (default off).
         persistent_workers: keep workers between epochs (default on).
-        batch_slots: persistent workers stack images into a few reused shared-memory buffers (default off;
+        batch_slots: persistent workers stack images into a few reused shared-memory buffers (default on;
             no effect without persistent workers).
         prefetch_factor: batches each worker prepares ahead (with ``num_workers > 0``; null: PyTorch's 2).
         multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or null (the platform's default).
@@ -78,7 +78,7 @@ LOADER_DEFAULTS = LoaderOptions(
     normalize_on="auto",
     pin_memory=False,
     persistent_workers=True,
-    batch_slots=False,
+    batch_slots=True,
     prefetch_factor=None,
     multiprocessing_context=None,
 )

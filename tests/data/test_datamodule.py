@@ -202,20 +202,20 @@ def test_workers_with_each_start_method(tmp_path: Path, context: str) -> None:
     assert all(loader.collate_fn.slots.owns(b["image"]) for b in batches)
 
 
-def test_loaders_asking_for_slots_with_persistent_workers_have_slots_of_their_own(tmp_path: Path) -> None:
+def test_loaders_with_persistent_workers_have_slots_of_their_own(tmp_path: Path) -> None:
     train = coco_style(tmp_path, num_images=8, captions_per_image=1)
-    slots = {"batch_slots": True, "normalize_on": "device"}
+    slots = {"normalize_on": "device"}  # batch slots are on by default
     dm = _dm(train, num_workers=2, loader={**slots, "persistent_workers": True})
     dm.setup("fit")
     loader = dm.train_dataloader()
     batches = list(loader)
     assert len(batches) == 2 and all(loader.collate_fn.slots.owns(b["image"]) for b in batches)
     assert dm.val_dataloader().collate_fn.slots is not loader.collate_fn.slots  # workers alive side by side
-    # controls: workers restarted every epoch get none, nor do loaders that leave slots at their default
+    # controls: workers restarted every epoch get none, nor do loaders that turn slots off
     dm = _dm(train, num_workers=2, loader={**slots, "persistent_workers": False})
     dm.setup("fit")
     assert dm.train_dataloader().collate_fn.slots is None
-    dm = _dm(train, num_workers=2, loader={"persistent_workers": True})
+    dm = _dm(train, num_workers=2, loader={"persistent_workers": True, "batch_slots": False})
     dm.setup("fit")
     assert dm.train_dataloader().collate_fn.slots is None
 
