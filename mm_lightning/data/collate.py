@@ -111,7 +111,7 @@ class MultimodalCollate:
     def __call__(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
         images = [s["image"] for s in samples]
         first = images[0]
-        # normalized pixels are float32; cached features (B, D) keep their dtype
+        # normalized pixels are float32; precomputed image features (B, D) keep their dtype
         dtype = torch.float32 if self.normalize is not None and first.dim() == 3 else first.dtype
         reserved = self.slots.reserve(len(images), first.shape, dtype) if self.slots is not None else None
         out = reserved[1] if reserved else batch_buffer((len(images), *first.shape), dtype)

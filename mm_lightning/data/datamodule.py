@@ -237,12 +237,13 @@ class MultimodalDataModule(pl.LightningDataModule):
                 f"Normalizing images as the image tower expects: mean {list(mean)}, std {list(std)}"
             )
 
-    def image_feature_split(self, split: Split) -> ImageTextDataset | None:
-        """The built ``split`` dataset whose images cached features may replace, or None if not built."""
+    def image_source_split(self, split: Split) -> ImageTextDataset | None:
+        """The built ``split`` dataset whose images precomputed features may replace (:meth:`ImageTextDataset.
+        replace_images`), or None if not built."""
         dataset = self.datasets.get(split)
         if dataset is not None and not isinstance(dataset, ImageTextDataset):
             raise ValueError(
-                f"cached image features are served for JSONL splits (MultimodalDataModule's files); the {split}"
+                f"precomputed image features replace the images of JSONL splits (MultimodalDataModule's files); the {split}"
                 f" split is read from {type(dataset).__name__}"
             )
         return dataset
@@ -402,9 +403,10 @@ class ImageTextDataset(Dataset):
         """One record per distinct image (its first pair), in index order."""
         return [self.index.pair(int(row)).record for row in self.index.first_pair_of_images()]
 
-    def serve_features(self, features: Any) -> None:
-        """Serve cached image features in place of the decoded images."""
-        self.builder.features = features
+    def replace_images(self, source: Any) -> None:
+        """Give each record's image by ``source(record)`` instead of decoding it: the image tower's precomputed
+        (D,) pooled features, which the network takes in place of pixels (files are still checked)."""
+        self.builder.image_source = source
 
     def load(self, item: int) -> dict[str, Any]:
         """Load one item or raise :class:`~mm_lightning.data.records.RecordError`."""

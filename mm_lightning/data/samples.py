@@ -36,7 +36,8 @@ class SampleBuilder:
         self.transform, self.max_pixels, self.min_side = transform, max_pixels, min_side
         self.confine_root = os.path.realpath(confine_root) if confine_root is not None else None
         self.decode_bytes = decode_bytes
-        self.features: Callable[[Record], torch.Tensor] | None = None
+        # a record's image given by a callable instead of decoded: precomputed (D,) image-tower features
+        self.image_source: Callable[[Record], torch.Tensor] | None = None
 
     def check_file(self, record: Record) -> None:
         """The image path names a regular file inside the root (links resolved)."""
@@ -78,10 +79,10 @@ class SampleBuilder:
 
     def __call__(self, record: Record, caption: str, image_id: int, index: int) -> dict[str, Any]:
         """The sample of one (image, caption) pair of ``record``."""
-        if self.features is not None:
+        if self.image_source is not None:
             if isinstance(record.image, str):
                 self.check_file(record)
-            image = self.features(record)
+            image = self.image_source(record)
         elif isinstance(self.transform, DecodeResizedCrop):
             image = self.decode_cropped(record)
         else:

@@ -331,7 +331,7 @@ class LockedImageFeatures(pl.Callback):
         weights = {"tower": type(tower).__qualname__, "state": tower.state_dict()}
         for split in STAGE_SPLITS[stage]:
             try:
-                dataset = dm.image_feature_split(split)
+                dataset = dm.image_source_split(split)
             except ValueError as err:  # e.g. a split read from shards
                 raise FeatureCacheError(
                     f"LockedImageFeatures: {err}. Train from the JSONL files (--data.class_path"
@@ -365,7 +365,7 @@ class LockedImageFeatures(pl.Callback):
             )  # fmt: skip
             trainer.strategy.barrier("image_features")
             table.reload()  # every process's share
-            dataset.serve_features(CachedFeatures(table, views))
+            dataset.replace_images(CachedFeatures(table, views))
             rank_zero_info(
                 f"LockedImageFeatures: {split}: {len(table)} cached rows in {table.folder} "
                 f"({self.computed[split]} computed here, {views or 'evaluation-crop'} view(s) per image)"

@@ -171,7 +171,7 @@ class DualEncoder(nn.Module):
     def encode_images(self, images: Tensor) -> tuple[EncoderOutput, Tensor]:
         """The image tower's output and the unnormalized projected embeddings of (B, 3, H, W) images.
 
-        A (B, D) batch is the locked tower's cached pooled output: the tower is not run.
+        A (B, D) batch is the tower's precomputed pooled output (a locked tower's, say): the tower is not run.
         """
         if images.dim() == 2:
             mask = torch.ones(images.shape[0], 1, dtype=torch.bool, device=images.device)

@@ -283,7 +283,9 @@ def test_lit_on_the_shards_its_config_writes_says_how_to_train(
     assert main(fit) == 1
     err = capsys.readouterr().err
     (line,) = [line for line in err.splitlines() if line.startswith("error: ")]
-    assert line.startswith("error: FeatureCacheError: LockedImageFeatures: cached image features are served")
+    assert line.startswith(
+        "error: FeatureCacheError: LockedImageFeatures: precomputed image features replace the images of JSONL splits"
+    )
     assert "--trainer.callbacks configs/callbacks/long_run.yaml" in line and "Traceback" not in err
     # control: the fix it names trains LiT on the shards
     assert (
