@@ -51,7 +51,34 @@ def test_config_parses_and_has_header(name: str, capsys: pytest.CaptureFixture[s
         assert config["trainer"]["precision"] == "bf16-mixed"  # the base recipe is kept under the overlay
 
 
-def test_base_recipe_is_the_seeds(capsys: pytest.CaptureFixture[str]) -> None:
+def dotted_keys(node: object, prefix: str = "") -> set[str]:
+    """Every key of a nested mapping, dotted (``model.fusion.heads``)."""
+    if not isinstance(node, dict):
+        return set()
+    keys = set()
+    for key, value in node.items():
+        keys |= {f"{prefix}{key}"} | dotted_keys(value, f"{prefix}{key}.")
+    return keys
+
+
+def test_the_demo_config_holds_no_switch_of_an_opt_in_part(capsys: pytest.CaptureFixture[str]) -> None:
+    config = _print_config(capsys, "--config", str(CONFIGS / "demo.yaml"))
+    keys = dotted_keys(config)
+    switches = {
+        "model.image.layer_decay", "model.text.layer_decay", "model.image.adapter", "model.text.adapter",
+        "model.grad_cache", "model.objective.weighting", "model.objective.dwa_window",
+        "model.objective.dwa_temperature", "model.objective.sample_weighting", "model.fusion.rerank_k",
+        "data.init_args.loader.length_grouping", "data.init_args.loader.length_window",
+    }  # fmt: skip
+    assert switches.isdisjoint(keys), sorted(switches & keys)
+    # the parts' slots are there, empty (the core's defaults); the core's own knobs too (control: keys are read)
+    slots = ["model.param_groups", "model.batch_embedding", "model.term_weighting", "model.sample_weighting",
+             "model.adapters", "model.reranker", "data.init_args.train_order"]  # fmt: skip
+    assert all(key in keys for key in slots) and config["model"]["adapters"] is None
+    assert {"model.fusion.heads", "model.optim.lr_scaling", "data.init_args.loader.caption_sampling"} <= keys
+
+
+def test_base_recipe_is_resnet50_and_bert(capsys: pytest.CaptureFixture[str]) -> None:
     config = _print_config(capsys, "--config", str(CONFIGS / "base.yaml"))
     image, text = config["model"]["image_tower"]["init_args"], config["model"]["text_tower"]["init_args"]
     assert image["name"] == "resnet50"
