@@ -11,7 +11,7 @@ costs vanish in the ratio; this benchmark makes the model's own work small, so w
   plain:   the module's ``training_step``, ``backward``, clipping, AdamW and the LR schedule in a for loop;
   bare:    ``Trainer.fit`` with no logger, callbacks or progress bar (Lightning's loop + the module's hooks);
   default: ``Trainer.fit`` as the CLI builds it from ``configs/demo.yaml``: TensorBoard, the progress bar and
-           every callback of ``configs/callbacks/default.yaml``.
+           every default callback (``mm_lightning/callbacks/default.yaml``).
 
 Same model, optimizer, schedule and in-memory batches in all three (``lightning_overhead.Harness``); runs alternate
 in rounds, a run's figure is its median step (the interval between two batch starts); the added times are the

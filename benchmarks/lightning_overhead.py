@@ -12,7 +12,7 @@ fp32, one epoch, no validation, the same ``torch.set_num_threads`` everywhere, t
            ``configure_gradient_clipping`` runs) -> ``optimizer.step`` -> ``scheduler.step``, in a for loop;
   bare:    ``Trainer.fit`` with no logger, no callbacks, no progress bar (Lightning itself + the module's hooks);
   default: ``Trainer.fit`` with the trainer the CLI builds from ``configs/demo.yaml`` (TensorBoard logger, rich
-           progress bar and every callback of configs/callbacks/default.yaml).
+           progress bar and every default callback (mm_lightning/callbacks/default.yaml).
 
 A step is the interval between two consecutive batch starts, so every per-step hook and periodic cost
 (TensorBoard writes every ``log_every_n_steps``, ...) is inside it; the last batch's interval, which would

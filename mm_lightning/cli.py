@@ -9,8 +9,10 @@ import logging
 import sys
 import warnings
 from importlib import import_module
+from pathlib import Path
 from typing import Any
 
+import yaml
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
 
@@ -28,6 +30,7 @@ STANDALONE_COMMANDS = {
     "export": "Export a checkpoint as a Hugging Face model directory (options: export --help).",
     "zeroshot": "Zero-shot classification of labeled images with a checkpoint (options: zeroshot --help).",
 }
+DEFAULT_CALLBACKS = Path(__file__).parent / "callbacks" / "default.yaml"
 TRAINER_DEFAULTS: dict[str, Any] = {
     "default_root_dir": "logs/mm_lightning",  # the run dir: TensorBoard events, config.yaml, checkpoints/
     "logger": {
@@ -76,6 +79,8 @@ class MultimodalCLI(LightningCLI):
 
     @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        # every run's callbacks; a recipe adds its own after them (callbacks+), --print_config lists them
+        parser.set_defaults({"trainer.callbacks": yaml.safe_load(DEFAULT_CALLBACKS.read_text())})
         parser.link_arguments("model.text_tower", "data.init_args.tokenizer", compute_fn=tokenizer_of)
         parser.link_arguments("trainer.default_root_dir", "trainer.logger.init_args.save_dir")
         # the image tower's preprocessing reaches the data when both are built

@@ -17,7 +17,10 @@ if "PYTEST_XDIST_WORKER" in os.environ:
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_CONFIG = REPO / "configs" / "demo.yaml"
-LONG_RUN_CALLBACKS = REPO / "configs" / "callbacks" / "long_run.yaml"  # every recipe's but the demo's
+DEFAULT_CALLBACKS = REPO / "mm_lightning" / "callbacks" / "default.yaml"  # every run's
+LONG_RUN_CALLBACKS = (
+    REPO / "configs" / "callbacks" / "long_run.yaml"
+)  # what every recipe's but the demo's adds
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
@@ -48,7 +51,7 @@ def callback_args(root: Path, **changes: dict | None) -> list[str]:
     None to drop one; the way a user tunes them."""
     import yaml
 
-    entries = yaml.safe_load(LONG_RUN_CALLBACKS.read_text())
+    entries = yaml.safe_load(DEFAULT_CALLBACKS.read_text()) + yaml.safe_load(LONG_RUN_CALLBACKS.read_text())
     unknown = set(changes) - {_role(e) for e in entries}
     assert not unknown, unknown
     kept = []

@@ -10,7 +10,7 @@ import yaml
 
 from mm_lightning.cli import cli_main
 from mm_lightning.config_parser import CheckedParser, expand_short_names
-from tests.conftest import callback_args
+from tests.conftest import DEFAULT_CALLBACKS, callback_args
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 # configs without a model of their own (the towers have no defaults), parsed on top of a recipe: base.yaml unless
@@ -224,7 +224,7 @@ def test_a_short_name_the_parser_cannot_resolve_gets_its_path(capsys: pytest.Cap
 
 def test_saved_configs_name_callbacks_by_their_package(capsys: pytest.CaptureFixture[str]) -> None:
     long_run = str(CONFIGS / "callbacks" / "long_run.yaml")
-    config = _print_config(capsys, "--config", str(CONFIGS / "demo.yaml"), "--trainer.callbacks", long_run)
+    config = _print_config(capsys, "--config", str(CONFIGS / "demo.yaml"), "--trainer.callbacks+", long_run)
     names = [c["class_path"] for c in config["trainer"]["callbacks"]]
     assert "mm_lightning.extras.NaNGuard" in names and "lightning.pytorch.callbacks.ModelCheckpoint" in names
 
@@ -255,20 +255,30 @@ def test_every_callback_of_a_demo_run_is_in_its_printed_config(capsys: pytest.Ca
 
 
 @pytest.mark.parametrize(("name", "extras"), [("locked_features.yaml", 1), ("monitored.yaml", 5)])
-def test_callback_files_are_the_long_run_list_after_their_extras(name: str, extras: int) -> None:
+def test_callback_files_are_their_extras_then_a_long_runs(name: str, extras: int) -> None:
     long_run = yaml.safe_load((CONFIGS / "callbacks" / "long_run.yaml").read_text())
     assert yaml.safe_load((CONFIGS / "callbacks" / name).read_text())[extras:] == long_run
-
-
-def test_the_long_run_list_is_the_default_list_then_three_extras() -> None:
-    default = yaml.safe_load((CONFIGS / "callbacks" / "default.yaml").read_text())
-    long_run = yaml.safe_load((CONFIGS / "callbacks" / "long_run.yaml").read_text())
-    assert long_run[: len(default)] == default
-    assert [entry["class_path"] for entry in long_run[len(default) :]] == [
+    assert [entry["class_path"] for entry in long_run] == [
         "mm_lightning.extras.NaNGuard",
         "mm_lightning.extras.PreemptionCheckpoint",
         "mm_lightning.extras.ExactResume",
     ]
+
+
+@pytest.mark.parametrize(
+    ("recipe", "added"),
+    [("demo.yaml", None), ("finetune.yaml", "long_run.yaml"), ("lit.yaml", "locked_features.yaml"),
+     ("base.yaml", "monitored.yaml")],
+)  # fmt: skip
+def test_recipes_add_their_callbacks_to_the_one_default_list(
+    capsys: pytest.CaptureFixture[str], recipe: str, added: str | None
+) -> None:
+    printed = _print_config(capsys, "--config", str(CONFIGS / recipe))["trainer"]["callbacks"]
+    default = yaml.safe_load(DEFAULT_CALLBACKS.read_text())
+    extra = yaml.safe_load((CONFIGS / "callbacks" / added).read_text()) if added else []
+    names = [entry["class_path"] for entry in printed]
+    assert names == [entry["class_path"] for entry in default + extra]
+    assert names.count("lightning.pytorch.callbacks.ModelCheckpoint") == 3  # each default once, none copied
 
 
 def test_a_monitor_on_the_last_checkpoint_is_refused(

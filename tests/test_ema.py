@@ -16,7 +16,7 @@ from torch.optim.swa_utils import get_ema_avg_fn
 
 from mm_lightning.cli import main
 from mm_lightning.extras import EMA
-from tests.conftest import LONG_RUN_CALLBACKS, tiny_demo_args
+from tests.conftest import DEFAULT_CALLBACKS, LONG_RUN_CALLBACKS, tiny_demo_args
 
 OURS = {"class_path": "mm_lightning.extras.EMA", "init_args": {"decay": 0.5, "warmup": False}}
 STOCK = {"class_path": "lightning.pytorch.callbacks.EMAWeightAveraging", "init_args": {"decay": 0.5}}
@@ -26,7 +26,7 @@ def fit(root: Path, callbacks: list[dict], *extra: str, max_steps: int = 6) -> P
     """A tiny demo fit with ``callbacks`` named in a YAML overlay; returns its run dir."""
     root.mkdir(parents=True, exist_ok=True)
     overlay = root / "callbacks.yaml"
-    defaults = yaml.safe_load(LONG_RUN_CALLBACKS.read_text())
+    defaults = yaml.safe_load(DEFAULT_CALLBACKS.read_text()) + yaml.safe_load(LONG_RUN_CALLBACKS.read_text())
     overlay.write_text(
         yaml.safe_dump({"trainer": {"callbacks": [*callbacks, *defaults]}})
     )  # before the defaults

@@ -168,7 +168,7 @@ def test_skips_are_counted_without_any_callback(
 ) -> None:
     run, files = captions_run
     config = yaml.safe_load(DEMO_CONFIG.read_text())
-    del config["trainer"]["callbacks"]
+    config["trainer"]["callbacks"] = []  # none at all, not even the defaults
     config["data"] = {
         "class_path": "mm_lightning.data.MultimodalDataModule",
         "init_args": {"on_bad_record": "skip"},

@@ -128,8 +128,8 @@ def check_resume(cli_config: Any, parser: Any, command_line: Sequence[str] = ())
         if dirpath is None:
             parser.error(
                 f"--ckpt_path {ckpt_path}: the run has no checkpoint callback to say where its checkpoints are;"
-                " name the default ones (trainer.callbacks: configs/callbacks/default.yaml, or callbacks+: for"
-                " your own) or give the checkpoint's path"
+                " keep the default ones (mm_lightning/callbacks/default.yaml: add yours with callbacks+ instead of"
+                " replacing the list) or give the checkpoint's path"
             )
         try:
             found = run_checkpoint(ckpt_path, dirpath, fresh_ok=subcommand == "fit")

@@ -336,8 +336,8 @@ class LockedImageFeatures(pl.Callback):
                 raise FeatureCacheError(
                     f"LockedImageFeatures: {err}. Train from the JSONL files (--data.class_path"
                     " mm_lightning.data.MultimodalDataModule --data.init_args.train_file ...), or without the cache"
-                    " (a long run's callbacks without LockedImageFeatures: --trainer.callbacks"
-                    " configs/callbacks/long_run.yaml): the locked tower then runs every step"
+                    " (the default callbacks and a long run's: --trainer.callbacks mm_lightning/callbacks/default.yaml"
+                    " --trainer.callbacks+ configs/callbacks/long_run.yaml): the locked tower then runs every step"
                 ) from None
             if dataset is None:
                 continue

@@ -9,7 +9,7 @@
   caption, from the embeddings ``validation_step`` returns.
 
 All of them do their work on logging steps only (``trainer.log_every_n_steps``) or once per validation. They are
-opt-in: name them in ``trainer.callbacks`` (configs/callbacks/monitored.yaml, base.yaml's, names all of them, with ``FlopCounter``);
+opt-in: add them to ``trainer.callbacks`` (configs/callbacks/monitored.yaml, base.yaml's, adds all of them, with ``FlopCounter``);
 docs/training.md lists every tag, what it costs and what to do when it looks wrong.
 """
 

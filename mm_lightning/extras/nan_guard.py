@@ -1,5 +1,5 @@
 """NaN/Inf guard: skip optimizer steps whose loss or gradient norm is not finite, stop after K in a row.
-Listed in ``configs/callbacks/long_run.yaml``; elsewhere ``--trainer.callbacks+=mm_lightning.extras.NaNGuard``."""
+Added by ``configs/callbacks/long_run.yaml``; elsewhere ``--trainer.callbacks+=mm_lightning.extras.NaNGuard``."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from mm_lightning.data import MultimodalDataModule
 from mm_lightning.extras import LockedImageFeatures
 from mm_lightning.extras.feature_cache import FeatureTable, build_rows, image_key, view_seed
 from mm_lightning.models import MultimodalModule
-from tests.conftest import LONG_RUN_CALLBACKS, REPO, TinyRun
+from tests.conftest import DEFAULT_CALLBACKS, LONG_RUN_CALLBACKS, REPO, TinyRun
 from tests.data.helpers import TOKENIZER, save_image, write_jsonl
 from tests.models.helpers import EXACT_MODEL, gradient_caching, module_kwargs, tiny_config
 
@@ -286,7 +286,8 @@ def test_lit_on_the_shards_its_config_writes_says_how_to_train(
     assert line.startswith(
         "error: FeatureCacheError: LockedImageFeatures: precomputed image features replace the images of JSONL splits"
     )
-    assert "--trainer.callbacks configs/callbacks/long_run.yaml" in line and "Traceback" not in err
+    fix = "--trainer.callbacks mm_lightning/callbacks/default.yaml --trainer.callbacks+ configs/callbacks/long_run.yaml"
+    assert fix in line and "Traceback" not in err
     # control: the fix it names trains LiT on the shards
     assert (
         main(
@@ -295,6 +296,8 @@ def test_lit_on_the_shards_its_config_writes_says_how_to_train(
                 "--trainer.default_root_dir",
                 str(tmp_path / "run2"),
                 "--trainer.callbacks",
+                str(DEFAULT_CALLBACKS),
+                "--trainer.callbacks+",
                 str(LONG_RUN_CALLBACKS),
             ]
         )

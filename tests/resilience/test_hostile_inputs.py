@@ -180,7 +180,7 @@ def _split(root: Path, name: str, good: int, bad: list[str], first: int = 0) -> 
 def _cli_config(tmp_path: Path, mode: str, **files: Path) -> list[str]:
     """The demo model on tiny hostile splits: ``fit``/``validate``/... arguments after the subcommand."""
     config = yaml.safe_load(DEMO_CONFIG.read_text())
-    config["trainer"]["callbacks"] = str(LONG_RUN_CALLBACKS)  # the tests' callbacks file, from this copy
+    config["trainer"]["callbacks+"] = str(LONG_RUN_CALLBACKS)  # a long run's, after the defaults
     config["data"] = {
         "class_path": "mm_lightning.data.MultimodalDataModule",
         "init_args": {
