@@ -186,6 +186,14 @@ def _import_class(path: str) -> Any:
         return None
 
 
+def built_rule(name: str, record: Mapping[str, Any]) -> Any:
+    """The rule a record names (``class_path`` + ``init_args``), built as its slot's type: a module built in Python
+    records its rules so, and Lightning passes the records back when it loads the module (checked before)."""
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--rule", type=RULES[name])
+    return parser.instantiate(parser.parse_object({"rule": dict(record)})).rule
+
+
 def build_parts(parsed: Mapping[str, Namespace]) -> dict[str, Any]:
     """The checked parts and rules (:func:`checked_hyperparameters`), built."""
     built = {}
@@ -278,7 +286,7 @@ def network_from_checkpoint(
         )
     checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     hparams = checkpoint.get("hyper_parameters") or {}
-    checked = checked_hyperparameters(hparams, str(path), given=parts)
+    checked = checked_hyperparameters(hparams, str(path), given=parts)  # every record, as every loader does
     # the network's parts, and the adapters that change its towers (not the training rules)
     recorded = build_parts({name: spec for name, spec in checked.items() if name in (*PARTS, "adapters")})
     built = {}

@@ -15,6 +15,7 @@ from mm_lightning import ExplainedError
 from mm_lightning.evaluation.metrics import Ranks
 from mm_lightning.models.itm import ImageTextMatching
 from mm_lightning.models.losses.base import l2_normalize
+from mm_lightning.recorded import Recorded
 
 BELOW_TOP_K = (
     1000.0  # subtracted from the cosine of candidates outside the top k: they rank after every top k one
@@ -25,7 +26,7 @@ class NoMatchingHead(ExplainedError, ValueError):
     """Re-ranking was asked of a model without the matching head."""
 
 
-class Reranker:
+class Reranker(Recorded):
     """Keeps an epoch's unique rows (embeddings and projected tokens) and ranks them with re-scored top-k lists.
 
     Args:

@@ -343,8 +343,8 @@ class GradientCaching(WholeBatch):
         self.cache: GradientCache | None = None
 
     def _cache(self, model: Any) -> GradientCache:
-        if self.cache is None:
-            parts = [model.image_encoder, model.text_encoder, model.image_proj, model.text_proj]
+        parts = [model.image_encoder, model.text_encoder, model.image_proj, model.text_proj]
+        if self.cache is None or self.cache.towers[0] is not parts[0]:  # one rule may serve several modules
             self.cache = GradientCache(parts, self.chunks)
         return self.cache
 

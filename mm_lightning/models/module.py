@@ -112,15 +112,27 @@ class MultimodalModule(LightningModule):
         compile: bool | dict[str, Any] = False,
     ) -> None:
         super().__init__()
-        # CLI-built parts and rules are recorded as class_path + init_args; Python-built ones are objects: left out
+        # the CLI records parts and rules as class_path + init_args; built in Python, parts are left out
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r".*is an instance of `nn.Module`")
             self.save_hyperparameters()
-        built = [
-            name for name in (*PARTS, *RULES) if not isinstance(self.hparams.get(name), (Mapping, type(None)))
-        ]
-        if built:
+        built = [name for name in PARTS if not isinstance(self.hparams.get(name), (Mapping, type(None)))]
+        if built:  # towers and losses built in Python: their weights are saved, pass them again to load
             self.save_hyperparameters(ignore=built)
+        for name in RULES:  # rules built in Python: recorded as a config names them
+            if hasattr(self.hparams.get(name), "record"):
+                self.hparams[name] = self.hparams[name].record()
+        rules = dict(zip(RULES, (param_groups, batch_embedding, term_weighting, sample_weighting, adapters, reranker),
+                         strict=True))  # fmt: skip
+        if any(
+            isinstance(rule, Mapping) for rule in rules.values()
+        ):  # records, as a checked load passes them
+            from mm_lightning.checkpoints.loading import built_rule
+
+            rules = {name: built_rule(name, r) if isinstance(r, Mapping) else r for name, r in rules.items()}
+        param_groups, batch_embedding, term_weighting, sample_weighting, adapters, reranker = (
+            rules[name] for name in RULES
+        )
         self.param_group_rule = param_groups or ParamGroupRule()
         self.image_config = as_config(TowerTraining, image)
         self.text_config = as_config(TowerTraining, text)

@@ -12,13 +12,14 @@ from torch import Tensor, nn
 
 from mm_lightning.evaluation.rerank import Reranker
 from mm_lightning.models.towers.contract import EncoderOutput
+from mm_lightning.recorded import Recorded
 
 NamedParameters = list[tuple[str, nn.Parameter]]
 Batch = dict[str, Any]
 Embedded = tuple[EncoderOutput, Tensor, EncoderOutput, Tensor]
 
 
-class ParamGroupRule:
+class ParamGroupRule(Recorded):
     """Learning-rate groups ahead of the whole towers (``model.param_groups``): a parameter joins the first group
     that holds it, the rest of each tower its tower's group. This one adds none."""
 
@@ -27,7 +28,7 @@ class ParamGroupRule:
         return {}
 
 
-class WholeBatch:
+class WholeBatch(Recorded):
     """Embeds a training batch in one forward of each tower (``model.batch_embedding``). Another way (chunks with
     gradient caching, say) is a subclass: :meth:`embed` returns the batch's outputs, and :meth:`backward` may
     back-propagate the loss itself."""
@@ -49,7 +50,7 @@ class WholeBatch:
         return False
 
 
-class TermWeighting(nn.Module):
+class TermWeighting(Recorded, nn.Module):
     """The loss terms' weights at each training step (``model.term_weighting``): this one keeps the fixed weights
     of ``model.objective``. A subclass may adapt them and keep its state in buffers (saved with the model)."""
 
@@ -58,7 +59,7 @@ class TermWeighting(nn.Module):
         return fixed
 
 
-class SampleWeighting:
+class SampleWeighting(Recorded):
     """Per-pair loss weights of a batch (``model.sample_weighting``): this one gives none (equal weights)."""
 
     reads_pixels = False  # whether the weights read the images' pixels (which cached features replace)
@@ -68,7 +69,7 @@ class SampleWeighting:
         return None
 
 
-class TowerAdapters:
+class TowerAdapters(Recorded):
     """Changes each tower once it is built and its freezing applied (``model.adapters``): this one leaves them as
     they are. A subclass (peft's LoRA, say) adds modules that train in place of the tower; :meth:`merge` folds them
     back into plain weights when the network is loaded for export or inference."""

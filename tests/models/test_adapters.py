@@ -151,3 +151,34 @@ def test_lora_fit_from_yaml_then_export_gives_the_adapted_embeddings(tmp_path: P
     torch.testing.assert_close(normalized, want[0], atol=1e-5, rtol=0)
     # control: the adapters changed the embeddings, so the source directory's differ
     assert (torch.nn.functional.normalize(before, dim=-1) - want[0]).abs().max() > 1e-4
+
+
+def test_rules_built_in_python_are_recorded_and_reload(tmp_path: Path) -> None:
+    """A module built in Python records its rules as a config names them: its checkpoint reloads them (the adapted
+    weights load into adapted towers), and export merges the adapters."""
+    from mm_lightning.extras import DynamicWeightAveraging, LayerDecay, PeftAdapters
+    from tests.models.helpers import save_checkpoint, tiny_parts
+
+    torch.manual_seed(0)
+    rules = {
+        "adapters": PeftAdapters(text={"r": 4, "lora_alpha": 8}),
+        "term_weighting": DynamicWeightAveraging(window=3),
+        "param_groups": LayerDecay(image=0.5),
+    }
+    module = MultimodalModule(**tiny_kwargs(**rules))
+    assert module.hparams["param_groups"] == {
+        "class_path": "mm_lightning.extras.layer_decay.LayerDecay",
+        "init_args": {"image": 0.5, "text": None},
+    }
+    path = tmp_path / "python.ckpt"
+    save_checkpoint(module, path)
+    reloaded = MultimodalModule.load_from_checkpoint(path, **tiny_parts())
+    assert reloaded.term_weighting.window == 3 and reloaded.param_group_rule.decay["image"] == 0.5
+    merged = DualEncoder.from_checkpoint(path, **tiny_parts())
+    assert not any("lora_" in name for name, _ in merged.named_parameters())
+    # control: the same module without its adapters record cannot take the adapted weights
+    checkpoint = torch.load(path, weights_only=True)
+    del checkpoint["hyper_parameters"]["adapters"]
+    torch.save(checkpoint, tmp_path / "no_record.ckpt")
+    with pytest.raises(RuntimeError, match="lora_"):
+        DualEncoder.from_checkpoint(tmp_path / "no_record.ckpt", **tiny_parts())
