@@ -47,11 +47,13 @@ class StepClock(Callback):
 
 
 def without_feature_cache() -> str:
-    """``configs/lit.yaml``'s callbacks less its feature cache, as a ``--trainer.callbacks`` value."""
-    entries = yaml.safe_load((REPO / "configs" / "callbacks" / "locked_features.yaml").read_text())
-    kept = [e for e in entries if not e["class_path"].endswith(".LockedImageFeatures")]
-    assert len(kept) == len(entries) - 1, "the LiT callbacks name the feature cache once"
-    return json.dumps(kept)
+    """``configs/lit.yaml``'s callbacks less its feature cache (the default list, then a long run's three), as a
+    ``--trainer.callbacks`` value (it replaces the whole list)."""
+    default = yaml.safe_load((REPO / "mm_lightning" / "callbacks" / "default.yaml").read_text())
+    added = yaml.safe_load((REPO / "configs" / "callbacks" / "locked_features.yaml").read_text())
+    kept = [e for e in added if not e["class_path"].endswith(".LockedImageFeatures")]
+    assert len(kept) == len(added) - 1, "the LiT callbacks name the feature cache once"
+    return json.dumps(default + kept)
 
 
 def run(data: Path, args: argparse.Namespace, cache: bool, root: Path) -> tuple[float, float]:

@@ -12,14 +12,17 @@ class Recorded:
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         rule = super().__new__(cls)
+        signature = inspect.signature(cls.__init__)  # the class's own arguments, inherited ones included
         try:
-            bound = inspect.signature(cls).bind(*args, **kwargs)
+            bound = signature.bind(rule, *args, **kwargs)
         except (
             TypeError
-        ):  # a copy or an unpickling (no arguments; the state comes after), or a wrong call (which
-            return rule  # __init__ then refuses)
+        ):  # a copy or an unpickling passes none (its state comes after); a wrong call, __init__ refuses
+            return rule
         bound.apply_defaults()
-        rule.recorded_args = dict(bound.arguments)
+        named = list(signature.parameters.values())[1:]
+        keep = [p.name for p in named if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        rule.recorded_args = {name: bound.arguments[name] for name in keep}
         return rule
 
     def record(self) -> dict[str, Any]:

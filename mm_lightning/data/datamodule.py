@@ -100,10 +100,8 @@ class MultimodalDataModule(pl.LightningDataModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        if isinstance(
-            self.hparams.get("train_order"), TrainOrder
-        ):  # built in Python: recorded as a config names it
-            self.hparams["train_order"] = self.hparams["train_order"].record()
+        if isinstance(self.hparams.get("train_order"), TrainOrder):  # the CLI records class_path + init_args
+            self.save_hyperparameters(ignore=["train_order"])  # built in Python: a checkpoint holds no object
         self.train_order = train_order or TrainOrder()
         files = (train_file, val_file, test_file, predict_file)
         self.files: dict[str, str | None] = dict(zip(("train", "val", "test", "predict"), files, strict=True))

@@ -24,7 +24,6 @@ from typing_extensions import override
 
 from mm_lightning import ExplainedError
 from mm_lightning.data.loader import StartsWorkersOutsideTheGroup, derive_seed, derived_rng
-from mm_lightning.recorded import Recorded
 
 
 class Visit(int):
@@ -142,7 +141,7 @@ class GlobalOrderSampler(DistributedSampler):
                 yield Visit(int(block[position - first]), epoch, position)
 
 
-class TrainOrder(Recorded):
+class TrainOrder:
     """How the training split's epoch stream is drawn (``data.init_args.train_order``): this one shuffles the
     data set by ``(seed, epoch)``. Another order is a subclass named by ``class_path`` whose :meth:`sampler`
     returns a :class:`GlobalOrderSampler` subclass, so that ranks, visits and exact resume work as here."""

@@ -119,9 +119,11 @@ class MultimodalModule(LightningModule):
         built = [name for name in PARTS if not isinstance(self.hparams.get(name), (Mapping, type(None)))]
         if built:  # towers and losses built in Python: their weights are saved, pass them again to load
             self.save_hyperparameters(ignore=built)
-        for name in RULES:  # rules built in Python: recorded as a config names them
-            if hasattr(self.hparams.get(name), "record"):
-                self.hparams[name] = self.hparams[name].record()
+        recorded = {
+            name: rule.record() for name in RULES if hasattr(rule := self.hparams.get(name), "record")
+        }
+        if recorded:  # rules built in Python: recorded as a config names them (for the loggers too)
+            self.save_hyperparameters({**self.hparams, **recorded})
         rules = dict(zip(RULES, (param_groups, batch_embedding, term_weighting, sample_weighting, adapters, reranker),
                          strict=True))  # fmt: skip
         if any(

@@ -156,7 +156,7 @@ def test_lora_fit_from_yaml_then_export_gives_the_adapted_embeddings(tmp_path: P
 def test_rules_built_in_python_are_recorded_and_reload(tmp_path: Path) -> None:
     """A module built in Python records its rules as a config names them: its checkpoint reloads them (the adapted
     weights load into adapted towers), and export merges the adapters."""
-    from mm_lightning.extras import DynamicWeightAveraging, LayerDecay, PeftAdapters
+    from mm_lightning.extras import ComplexityWeighting, DynamicWeightAveraging, LayerDecay, PeftAdapters
     from tests.models.helpers import save_checkpoint, tiny_parts
 
     torch.manual_seed(0)
@@ -164,6 +164,7 @@ def test_rules_built_in_python_are_recorded_and_reload(tmp_path: Path) -> None:
         "adapters": PeftAdapters(text={"r": 4, "lora_alpha": 8}),
         "term_weighting": DynamicWeightAveraging(window=3),
         "param_groups": LayerDecay(image=0.5),
+        "sample_weighting": ComplexityWeighting(),  # no arguments of its own: recorded with none
     }
     module = MultimodalModule(**tiny_kwargs(**rules))
     assert module.hparams["param_groups"] == {
@@ -174,6 +175,8 @@ def test_rules_built_in_python_are_recorded_and_reload(tmp_path: Path) -> None:
     save_checkpoint(module, path)
     reloaded = MultimodalModule.load_from_checkpoint(path, **tiny_parts())
     assert reloaded.term_weighting.window == 3 and reloaded.param_group_rule.decay["image"] == 0.5
+    assert type(reloaded.sample_weighting).__name__ == "ComplexityWeighting"
+    assert module.hparams["sample_weighting"]["init_args"] == {}
     merged = DualEncoder.from_checkpoint(path, **tiny_parts())
     assert not any("lora_" in name for name, _ in merged.named_parameters())
     # control: the same module without its adapters record cannot take the adapted weights
