@@ -242,6 +242,18 @@ def quick_photos(root: Path) -> Path:
     return build(root, dataclasses.replace(PHOTO_SETS["coco"], count=QUICK_PHOTOS))
 
 
+def add_photo_source(parser: argparse.ArgumentParser) -> None:
+    """``--images`` (your photos) or ``--quick`` (a few small ones), one of them required: what
+    :func:`run_on_photos` reads."""
+    given = parser.add_mutually_exclusive_group(required=True)
+    given.add_argument("--images", type=Path, nargs="+", help="JSONLs or image folders")
+    given.add_argument(
+        "--quick",
+        action="store_true",
+        help="the same path in seconds on a few photos, in a fresh temporary folder",
+    )
+
+
 def run_on_photos(args: argparse.Namespace, name: str, run: Callable[[argparse.Namespace], None]) -> None:
     """``run(args)``; with ``--quick``, on a few small photos in a temporary folder that goes afterwards."""
     if not args.quick:

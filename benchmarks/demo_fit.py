@@ -19,23 +19,17 @@ import tempfile
 import time
 from pathlib import Path
 
+from support.small_demo import SMALL_DEMO
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 REPO = Path(__file__).resolve().parents[1]
-# --quick: 4 small batches of a small generated set, validated after 2 and 4, past a short LR warmup (the decay
-# asks the trainer for the run's length)
+# --quick: 4 small batches of the small demo, validated after 2 and 4
 QUICK = [
+    *SMALL_DEMO,
     "--trainer.max_steps", "4",
     "--trainer.max_epochs", "1",
     "--trainer.val_check_interval", "2",
-    "--model.image_tower.init_args.image_size", "32",
-    "--data.init_args.render_size", "32",
-    "--data.init_args.train_renders", "1",
-    "--data.init_args.num_val", "24",
-    "--data.init_args.num_test", "24",
-    "--data.init_args.batch_size", "8",
     "--data.init_args.num_workers", "0",
-    "--model.optim.warmup_steps", "2",
 ]  # fmt: skip
 
 

@@ -30,6 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from data_pipeline import (  # noqa: E402
+    add_photo_source,
     photo_tokenizer,
     repeated,
     run_on_photos,
@@ -61,13 +62,7 @@ def loader_for(jsonl: Path, tokenizer: str, batch_size: int, workers: int, parts
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    given = parser.add_mutually_exclusive_group(required=True)
-    given.add_argument("--images", type=Path, nargs="+", help="JSONLs or image folders")
-    given.add_argument(
-        "--quick",
-        action="store_true",
-        help="the same path in seconds on a few photos, in a fresh temporary folder",
-    )
+    add_photo_source(parser)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=7)

@@ -51,6 +51,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.profilers import SimpleProfiler
+from support.small_demo import SMALL_DEMO
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -67,17 +68,7 @@ STEP_HOOKS = (
     "on_before_optimizer_step",
     "on_before_zero_grad",
 )
-# --quick: small batches of a small generated set, and a warmup short enough that the runs reach the LR decay
-# (which asks the trainer for the run's length)
-QUICK = [
-    "--model.image_tower.init_args.image_size", "32",
-    "--data.init_args.render_size", "32",
-    "--data.init_args.train_renders", "1",
-    "--data.init_args.num_val", "24",
-    "--data.init_args.num_test", "24",
-    "--data.init_args.batch_size", "8",
-    "--model.optim.warmup_steps", "2",
-]  # fmt: skip
+QUICK = SMALL_DEMO  # --quick
 
 
 class WorkMeter:

@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from data_pipeline import photo_tokenizer, repeated, run_on_photos, user_jsonl  # noqa: E402
+from data_pipeline import add_photo_source, photo_tokenizer, repeated, run_on_photos, user_jsonl  # noqa: E402
 
 from mm_lightning.data import MultimodalDataModule  # noqa: E402
 from mm_lightning.data.images import EncodedImage, read_image_bytes  # noqa: E402
@@ -123,13 +123,7 @@ def with_workers(dm: MultimodalDataModule, seconds: float) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    given = parser.add_mutually_exclusive_group(required=True)
-    given.add_argument("--images", type=Path, nargs="+", help="folders of images or JSONLs")
-    given.add_argument(
-        "--quick",
-        action="store_true",
-        help="the same path in seconds on a few photos, in a fresh temporary folder",
-    )
+    add_photo_source(parser)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--epoch-images", type=int, default=1024)
