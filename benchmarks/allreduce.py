@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader, Dataset
 from typing_extensions import override
 
 from mm_lightning.cli import cli_main
+from mm_lightning.config_parser import CHECKPOINT_GROUPS
 
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = ("ddp", "bucketed", "bucketed_overlap", "per_parameter")
@@ -101,7 +102,7 @@ def time_fit(
             "--trainer.max_steps", str(WARMUP_STEPS + steps),
             "--trainer.logger", "false",
             "--trainer.callbacks", "[]",
-            "--trainer.enable_checkpointing", "false",
+            *[f"--{group}.save_top_k=0" for group in CHECKPOINT_GROUPS],  # no checkpoints
             "--trainer.enable_progress_bar", "false",
             "--trainer.enable_model_summary", "false",
             "--trainer.limit_val_batches", "0",

@@ -9,15 +9,19 @@ import logging
 import sys
 import warnings
 from importlib import import_module
-from pathlib import Path
 from typing import Any
 
-import yaml
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
 
 from mm_lightning.checkpoints.run_folder import check_run_folder
-from mm_lightning.config_parser import CheckedParser, expand_short_names, expand_strategy_name
+from mm_lightning.config_parser import (
+    CHECKPOINT_GROUPS,
+    CheckedParser,
+    add_default_callbacks,
+    expand_short_names,
+    expand_strategy_name,
+)
 from mm_lightning.data import MultimodalDataModule
 from mm_lightning.models import MultimodalModule
 from mm_lightning.models.towers.contract import tokenizer_of
@@ -30,7 +34,6 @@ STANDALONE_COMMANDS = {
     "export": "Export a checkpoint as a Hugging Face model directory (options: export --help).",
     "zeroshot": "Zero-shot classification of labeled images with a checkpoint (options: zeroshot --help).",
 }
-DEFAULT_CALLBACKS = Path(__file__).parent / "callbacks" / "default.yaml"
 TRAINER_DEFAULTS: dict[str, Any] = {
     "default_root_dir": "logs/mm_lightning",  # the run dir: TensorBoard events, config.yaml, checkpoints/
     "logger": {
@@ -79,8 +82,9 @@ class MultimodalCLI(LightningCLI):
 
     @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        # every run's callbacks; a recipe adds its own after them (callbacks+), --print_config lists them
-        parser.set_defaults({"trainer.callbacks": yaml.safe_load(DEFAULT_CALLBACKS.read_text())})
+        add_default_callbacks(
+            parser
+        )  # a recipe adds its own after them (callbacks+), --print_config lists them
         parser.link_arguments("model.text_tower", "data.init_args.tokenizer", compute_fn=tokenizer_of)
         parser.link_arguments("trainer.default_root_dir", "trainer.logger.init_args.save_dir")
         # the image tower's preprocessing reaches the data when both are built
@@ -101,7 +105,7 @@ class MultimodalCLI(LightningCLI):
             warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
             super().parse_arguments(parser, args)
         self.run_data_options = check_run_folder(
-            self.config, parser, given if isinstance(given, list) else ()
+            self.config, parser, given if isinstance(given, list) else (), CHECKPOINT_GROUPS
         )
 
     @override

@@ -8,9 +8,12 @@ import json
 import re
 import sys
 from importlib import import_module
+from pathlib import Path
 from typing import Any
 
+import yaml
 from jsonargparse import DefaultHelpFormatter
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, instantiate_class
 from lightning.pytorch.strategies import StrategyRegistry
 from typing_extensions import override
@@ -22,6 +25,19 @@ from mm_lightning.models.towers.contract import tokenizer_of
 BUILT_IN_PACKAGES = ("mm_lightning.callbacks", "mm_lightning.data", "mm_lightning.models.towers",
                      "mm_lightning.models.losses", "mm_lightning.extras")  # fmt: skip
 EXPLICIT_ALL_REDUCE = "mm_lightning.extras.ExplicitAllReduceDDPStrategy"
+DEFAULT_CALLBACKS = Path(__file__).parent / "callbacks" / "default.yaml"
+DEFAULT_CHECKPOINTS = Path(__file__).parent / "callbacks" / "checkpoints.yaml"
+# the run's ModelCheckpoints as option groups (--checkpoint.every_n_train_steps 500), in the order they run
+CHECKPOINT_GROUPS = ("best_checkpoint", "checkpoint", "timed_checkpoint")
+
+
+def add_default_callbacks(parser: LightningArgumentParser) -> None:
+    """Every run's callbacks: the checkpoint groups (``callbacks/checkpoints.yaml``) and ``trainer.callbacks``'
+    default list (``callbacks/default.yaml``), which a recipe extends with ``callbacks+``."""
+    for key in CHECKPOINT_GROUPS:
+        parser.add_lightning_class_args(ModelCheckpoint, key)
+    parser.set_defaults(yaml.safe_load(DEFAULT_CHECKPOINTS.read_text()))
+    parser.set_defaults({"trainer.callbacks": yaml.safe_load(DEFAULT_CALLBACKS.read_text())})
 
 
 def explicit_all_reduce(**init_params: Any) -> Any:
@@ -172,6 +188,7 @@ def data_config_parser(
     parser.add_lightning_class_args(Trainer, "trainer")
     parser.add_lightning_class_args(MultimodalModule, "model")
     parser.add_lightning_class_args(LightningDataModule, "data", subclass_mode=True)
+    add_default_callbacks(parser)  # a run's config may set them
     parser.add_class_arguments(options, nested_key)
     parser.link_arguments("model.text_tower", "data.init_args.tokenizer", compute_fn=tokenizer_of)
     return parser

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,40 +31,43 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     return len(os.sched_getaffinity(0))
 
 
-def _role(entry: dict) -> str:
-    name = entry["class_path"].rpartition(".")[2]
-    if name == "ModelCheckpoint":
-        args = entry.get("init_args") or {}
-        return (
-            "best_checkpoint"
-            if args.get("monitor")
-            else "timed_checkpoint"
-            if args.get("train_time_interval")
-            else "checkpoint"
-        )
-    return name
+CHECKPOINT_GROUPS = ("best_checkpoint", "checkpoint", "timed_checkpoint")
+
+
+def default_callback_entries() -> list[dict]:
+    """The default ``trainer.callbacks`` list, then the long-run callbacks (the NaN guard, preemption saves and
+    exact resume)."""
+    import yaml
+
+    return yaml.safe_load(DEFAULT_CALLBACKS.read_text()) + yaml.safe_load(LONG_RUN_CALLBACKS.read_text())
 
 
 def callback_args(root: Path, **changes: dict | None) -> list[str]:
-    """``--trainer.callbacks <file>``: a copy of the long-run callbacks (the demo's, then
-    the NaN guard, preemption saves and exact resume) written under ``root``, with ``changes``
-    keyed by class name (``checkpoint``/``timed_checkpoint``/``best_checkpoint`` for the ModelCheckpoints): new init_args, or
-    None to drop one; the way a user tunes them."""
+    """The long-run callbacks, tuned the way a user tunes them: ``changes`` keyed by a checkpoint group
+    (``checkpoint``, ``timed_checkpoint``, ``best_checkpoint``) become its options on the command line
+    (``--checkpoint.every_n_train_steps 2``); keyed by class name, new init_args of a list entry, or None to
+    drop it, in a copy of the list written under ``root`` (``--trainer.callbacks <file>``)."""
     import yaml
 
-    entries = yaml.safe_load(DEFAULT_CALLBACKS.read_text()) + yaml.safe_load(LONG_RUN_CALLBACKS.read_text())
-    unknown = set(changes) - {_role(e) for e in entries}
+    entries = default_callback_entries()
+    listed = {k: v for k, v in changes.items() if k not in CHECKPOINT_GROUPS}
+    unknown = set(listed) - {e["class_path"].rpartition(".")[2] for e in entries}
     assert not unknown, unknown
     kept = []
     for entry in entries:
-        change = changes.get(_role(entry), {})
+        change = listed.get(entry["class_path"].rpartition(".")[2], {})
         if change is not None:
             kept.append({**entry, "init_args": {**(entry.get("init_args") or {}), **change}})
     text = yaml.safe_dump(kept, sort_keys=False)
     path = Path(root) / f"callbacks-{hashlib.sha256(text.encode()).hexdigest()[:8]}.yaml"  # one per variant
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
-    return ["--trainer.callbacks", str(path)]
+    options = [
+        f"--{group}.{key}={value if isinstance(value, str) else json.dumps(value)}"
+        for group in CHECKPOINT_GROUPS
+        for key, value in (changes.get(group) or {}).items()
+    ]
+    return ["--trainer.callbacks", str(path), *options]
 
 
 def small_demo_args(root: Path) -> list[str]:

@@ -227,8 +227,9 @@ def test_module_entry_point_runs(capsys: pytest.CaptureFixture) -> None:
         timeout=120,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    # readable: a bare LightningCLI prints about 500; the default callbacks, listed as trainer.callbacks' default, ~35 more
-    assert len(result.stdout.splitlines()) <= 660
+    # a bare LightningCLI prints about 500 lines; the default callbacks, listed as trainer.callbacks' default, ~35
+    # more; the three checkpoint groups, Lightning's ModelCheckpoint documentation each, ~150 each
+    assert len(result.stdout.splitlines()) <= 1120
     assert (
         "--model.fusion.heads" in result.stdout
         and "--trainer.callbacks.help CLASS_PATH_OR_NAME" in result.stdout

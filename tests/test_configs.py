@@ -10,7 +10,7 @@ import yaml
 
 from mm_lightning.cli import cli_main
 from mm_lightning.config_parser import CheckedParser, expand_short_names
-from tests.conftest import DEFAULT_CALLBACKS, callback_args
+from tests.conftest import CHECKPOINT_GROUPS, DEFAULT_CALLBACKS, callback_args
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 # configs without a model of their own (the towers have no defaults), parsed on top of a recipe: base.yaml unless
@@ -168,9 +168,8 @@ def test_run_dir_moves_logs_and_checkpoints(capsys: pytest.CaptureFixture[str]) 
     )
     assert config["trainer"]["default_root_dir"] == "runs/a"
     # derived from the run directory after parsing, unless set (tests below), so printed as unset
-    saving = [c for c in config["trainer"]["callbacks"] if c["class_path"].endswith(".ModelCheckpoint")]
-    assert len(saving) == 3  # best, last.ckpt at epoch ends, last.ckpt every 30 minutes
-    assert all(c["init_args"]["dirpath"] is None for c in saving)
+    # best, last.ckpt at epoch ends, last.ckpt every 30 minutes
+    assert all(config[group]["dirpath"] is None for group in CHECKPOINT_GROUPS)
     assert "save_dir" not in config["trainer"]["logger"]["init_args"]
     assert config["trainer"]["plugins"][0]["class_path"] == "mm_lightning.checkpoints.AtomicCheckpointIO"
 
@@ -185,10 +184,29 @@ def _checkpoint_dir(*args: str) -> str:
     return os.path.relpath(last.dirpath)
 
 
-def test_checkpoint_dirpath_is_honoured_from_a_callbacks_file(tmp_path: Path) -> None:
+def test_checkpoint_dirpath_is_honoured_from_the_command_line(tmp_path: Path) -> None:
     assert _checkpoint_dir() == os.path.join("runs", "a", "checkpoints")  # the default: under the run dir
     moved = callback_args(tmp_path, checkpoint={"dirpath": "elsewhere/yaml"})
     assert _checkpoint_dir(*moved) == os.path.join("elsewhere", "yaml")  # the best one follows last.ckpt's
+
+
+def test_checkpoint_options_are_set_on_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    cli = cli_main(
+        ["--config", str(CONFIGS / "demo.yaml"), "--checkpoint.every_n_train_steps", "7",
+         "--timed_checkpoint.train_time_interval", "01:00:00", "--best_checkpoint.monitor", "val/loss",
+         "--best_checkpoint.mode", "min"],
+        run=False,
+    )  # fmt: skip
+    best, last, timed = cli.trainer.checkpoint_callbacks
+    # the trigger, as its state key records it
+    assert last.filename == "last" and "'every_n_train_steps': 7" in last.state_key
+    assert "'train_time_interval': datetime.timedelta(seconds=3600)" in timed.state_key
+    assert (best.monitor, best.mode) == ("val/loss", "min")
+    printed = _print_config(
+        capsys, "--config", str(CONFIGS / "demo.yaml"), "--checkpoint.every_n_train_steps", "7"
+    )
+    assert printed["checkpoint"]["every_n_train_steps"] == 7
+    assert printed["timed_checkpoint"]["train_time_interval"] == "0:30:00"  # control: the default
 
 
 def test_short_names_of_built_in_classes_on_the_command_line_become_paths() -> None:
@@ -226,7 +244,7 @@ def test_saved_configs_name_callbacks_by_their_package(capsys: pytest.CaptureFix
     long_run = str(CONFIGS / "callbacks" / "long_run.yaml")
     config = _print_config(capsys, "--config", str(CONFIGS / "demo.yaml"), "--trainer.callbacks+", long_run)
     names = [c["class_path"] for c in config["trainer"]["callbacks"]]
-    assert "mm_lightning.extras.NaNGuard" in names and "lightning.pytorch.callbacks.ModelCheckpoint" in names
+    assert "mm_lightning.extras.NaNGuard" in names and "mm_lightning.callbacks.RunSummary" in names
 
 
 # what Lightning adds itself: the CLI's config writer and the progress bar of trainer.enable_progress_bar
@@ -235,6 +253,7 @@ ADDED_BY_LIGHTNING = {"SaveConfigCallback", "TQDMProgressBar", "RichProgressBar"
 
 def _not_in_config(callbacks: list, printed: dict) -> list[str]:
     listed = [c["class_path"] if isinstance(c, dict) else c for c in printed["trainer"]["callbacks"]]
+    listed += ["lightning.pytorch.callbacks.ModelCheckpoint"] * len(set(CHECKPOINT_GROUPS) & printed.keys())
     left = [f"{type(c).__module__}.{type(c).__qualname__}" for c in callbacks]
     for path in listed:  # each listed class accounts for one callback of the run
         cls = type(next(c for c in callbacks if path.endswith("." + type(c).__qualname__)))
@@ -246,7 +265,7 @@ def test_every_callback_of_a_demo_run_is_in_its_printed_config(capsys: pytest.Ca
     printed = _print_config(capsys, "--config", str(CONFIGS / "demo.yaml"))
     trainer = cli_main(["--config", str(CONFIGS / "demo.yaml")], run=False).trainer
     assert _not_in_config(trainer.callbacks, printed) == []
-    assert len(printed["trainer"]["callbacks"]) == 10
+    assert len(printed["trainer"]["callbacks"]) == 7
     # control: a callback the config does not name is found
     from lightning.pytorch.callbacks import EarlyStopping
 
@@ -278,7 +297,7 @@ def test_recipes_add_their_callbacks_to_the_one_default_list(
     extra = yaml.safe_load((CONFIGS / "callbacks" / added).read_text()) if added else []
     names = [entry["class_path"] for entry in printed]
     assert names == [entry["class_path"] for entry in default + extra]
-    assert names.count("lightning.pytorch.callbacks.ModelCheckpoint") == 3  # each default once, none copied
+    assert "lightning.pytorch.callbacks.ModelCheckpoint" not in names  # the checkpoints are option groups
 
 
 def test_a_monitor_on_the_last_checkpoint_is_refused(
@@ -287,8 +306,18 @@ def test_a_monitor_on_the_last_checkpoint_is_refused(
     monitored = callback_args(tmp_path, checkpoint={"monitor": "val/loss"})
     with pytest.raises(SystemExit):
         cli_main(["--config", str(CONFIGS / "demo.yaml"), *monitored], run=False)
-    assert "set the monitor on the other (best) checkpoint callback" in capsys.readouterr().err
+    assert "set the monitor on best_checkpoint (--best_checkpoint.monitor)" in capsys.readouterr().err
     cli_main(["--config", str(CONFIGS / "demo.yaml"), *callback_args(tmp_path)], run=False)  # control
+
+
+def test_checkpointing_off_says_how(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--config", str(CONFIGS / "demo.yaml"), "--trainer.default_root_dir", str(tmp_path)]
+    with pytest.raises(SystemExit):
+        cli_main([*args, "--trainer.enable_checkpointing", "false"], run=False)
+    fix = " ".join(f"--{group}.save_top_k 0" for group in CHECKPOINT_GROUPS)
+    assert fix in capsys.readouterr().err
+    cli = cli_main([*args, *fix.split()], run=False)  # control: the fix it names
+    assert all(c.save_top_k == 0 for c in cli.trainer.checkpoint_callbacks)
 
 
 def test_ckpt_path_last_without_checkpoint_callbacks_says_what_to_name(
@@ -296,7 +325,8 @@ def test_ckpt_path_last_without_checkpoint_callbacks_says_what_to_name(
 ) -> None:
     args = ["validate", "--config", str(CONFIGS / "demo.yaml"), "--trainer.default_root_dir", str(tmp_path)]
     with pytest.raises(SystemExit):
-        cli_main([*args, "--trainer.callbacks", "[]", "--ckpt_path", "last"])
+        off = [f"--{group}.save_top_k=0" for group in CHECKPOINT_GROUPS]
+        cli_main([*args, *off, "--ckpt_path", "last"])
     assert "has no checkpoint callback" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # control: with them, the usual line naming the folder it looked in
         cli_main([*args, "--ckpt_path", "last"])

@@ -17,15 +17,17 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from mm_lightning import ExplainedError
 
 
-def checkpoint_callbacks(config: Any) -> list[Any]:
-    """The checkpoint callbacks (``ModelCheckpoint`` and subclasses) of a parsed config's ``trainer.callbacks``."""
+def checkpoint_callbacks(config: Any, groups: Sequence[str] = ()) -> list[Any]:
+    """The init arguments of a parsed config's checkpoint callbacks: its option ``groups`` that hold a
+    ``ModelCheckpoint``'s (``checkpoint``), then ``ModelCheckpoint`` entries (and subclasses) of
+    ``trainer.callbacks``."""
+    found = [config[key] for key in groups if config.get(key) is not None]
     callbacks = (config.get("trainer") or {}).get("callbacks") or []
-    found = []
     for callback in callbacks if isinstance(callbacks, list) else [callbacks]:
         module, _, name = str(callback.get("class_path", "")).rpartition(".")
         cls = getattr(import_module(module), name, None) if module else None  # imported while parsing
         if isinstance(cls, type) and issubclass(cls, ModelCheckpoint):
-            found.append(callback)
+            found.append(callback.init_args)
     return found
 
 
@@ -33,8 +35,9 @@ def folders_of(saving: list[Any]) -> dict[str, str | None]:
     """Where last.ckpt goes (the checkpoint callback named ``last`` or with ``save_last``) and the best one (the
     one with a monitor)."""
     folders: dict[str, str | None] = {"last": None, "best": None}
-    for callback in saving:
-        args = callback.init_args
+    for args in saving:
+        if args.get("save_top_k") == 0 and not args.get("save_last"):
+            continue  # turned off
         writes_last = args.get("filename") == "last" or bool(args.get("save_last"))
         for role in ("last",) * writes_last + ("best",) * (args.get("monitor") is not None):
             folders[role] = folders[role] or args.get("dirpath")
@@ -81,31 +84,42 @@ def refuse_earlier_checkpoints(dirpath: str | None, parser: Any) -> None:
     )
 
 
-def check_run_folder(cli_config: Any, parser: Any, command_line: Sequence[str] = ()) -> RunDataOptions | None:
+def check_run_folder(
+    cli_config: Any, parser: Any, command_line: Sequence[str] = (), checkpoint_groups: Sequence[str] = ()
+) -> RunDataOptions | None:
     """Default the checkpoint folders, then :func:`check_resume` (a parsed config of the CLI, its parser, the
-    arguments it parsed); returns the run's data options an evaluation of a checkpoint carried over."""
+    arguments it parsed, the option groups that hold checkpoint callbacks); returns the run's data options an
+    evaluation of a checkpoint carried over."""
     subcommand = cli_config.get("subcommand")
-    default_checkpoint_dirs(cli_config[subcommand] if subcommand else cli_config, parser)
-    return check_resume(cli_config, parser, command_line)
+    default_checkpoint_dirs(cli_config[subcommand] if subcommand else cli_config, parser, checkpoint_groups)
+    return check_resume(cli_config, parser, command_line, checkpoint_groups)
 
 
-def default_checkpoint_dirs(config: Any, parser: Any) -> None:
+def default_checkpoint_dirs(config: Any, parser: Any, groups: Sequence[str] = ()) -> None:
     """Default a checkpoint callback's ``dirpath`` to last.ckpt's, or else to ``<run dir>/checkpoints``."""
-    saving = checkpoint_callbacks(config)
-    for callback in saving:
-        if callback.init_args.get("filename") == "last" and callback.init_args.get("monitor") is not None:
+    if groups and (config.get("trainer") or {}).get("enable_checkpointing") is False:
+        # Lightning refuses a ModelCheckpoint beside it, and the groups always build theirs
+        off = " ".join(f"--{group}.save_top_k 0" for group in groups)
+        parser.error(
+            f"--trainer.enable_checkpointing false: turn the checkpoint callbacks off with {off} instead"
+        )
+    saving = checkpoint_callbacks(config, groups)
+    for args in saving:
+        if args.get("filename") == "last" and args.get("monitor") is not None:
             parser.error(
                 "the ModelCheckpoint that writes last.ckpt has a monitor: last.ckpt would hold the best step,"
-                " not the latest; set the monitor on the other (best) checkpoint callback instead"
+                " not the latest; set the monitor on best_checkpoint (--best_checkpoint.monitor) instead"
             )
     run_dir = config.get("trainer", {}).get("default_root_dir")
     folder = folders_of(saving)["last"] or (os.path.join(run_dir, "checkpoints") if run_dir else None)
-    for callback in saving:
-        if callback.init_args.get("dirpath") is None:
-            callback.init_args.dirpath = folder
+    for args in saving:
+        if args.get("dirpath") is None:
+            args.dirpath = folder
 
 
-def check_resume(cli_config: Any, parser: Any, command_line: Sequence[str] = ()) -> RunDataOptions | None:
+def check_resume(
+    cli_config: Any, parser: Any, command_line: Sequence[str] = (), checkpoint_groups: Sequence[str] = ()
+) -> RunDataOptions | None:
     """Right after parsing: resolve ``--ckpt_path last``/``best`` in the run's checkpoint folder (or refuse),
     refuse a fresh ``fit`` over an earlier run's checkpoints, check the file and what it records, refuse a resume
     with nothing left to train, carry the run's data options into ``test``/``validate``/``predict``
@@ -115,7 +129,7 @@ def check_resume(cli_config: Any, parser: Any, command_line: Sequence[str] = ())
         return None
     config = cli_config[subcommand]
     ckpt_path = config.get("ckpt_path")
-    folders = folders_of(checkpoint_callbacks(config))
+    folders = folders_of(checkpoint_callbacks(config, checkpoint_groups))
     wanted, other = ("best", "last") if ckpt_path == "best" else ("last", "best")
     dirpath = folders[wanted] or folders[other]
     if subcommand == "fit" and not ckpt_path:
@@ -128,8 +142,7 @@ def check_resume(cli_config: Any, parser: Any, command_line: Sequence[str] = ())
         if dirpath is None:
             parser.error(
                 f"--ckpt_path {ckpt_path}: the run has no checkpoint callback to say where its checkpoints are;"
-                " keep the default ones (mm_lightning/callbacks/default.yaml: add yours with callbacks+ instead of"
-                " replacing the list) or give the checkpoint's path"
+                " keep the default ones (--checkpoint.save_top_k 1) or give the checkpoint's path"
             )
         try:
             found = run_checkpoint(ckpt_path, dirpath, fresh_ok=subcommand == "fit")

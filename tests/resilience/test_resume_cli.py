@@ -29,7 +29,8 @@ MAX_STEPS = 12  # the tiny demo has 64 training batches per epoch: every checkpo
 
 def cli_args(data_root: Path, run: Path, *extra: str) -> list[str]:
     """Tiny demo fit writing logs and checkpoints under ``run``, sharing the generated data in ``data_root``."""
-    args = tiny_demo_args(run, max_steps=MAX_STEPS, callbacks={"checkpoint": {"every_n_train_steps": 2}})
+    # last.ckpt every 2 steps, as a user sets it on the command line
+    args = tiny_demo_args(run, "--checkpoint.every_n_train_steps", "2", max_steps=MAX_STEPS)
     args[args.index("--data.init_args.data_dir") + 1] = str(data_root / "demo")
     return ["fit", *args, *DATA_EXTRA, *extra]
 
