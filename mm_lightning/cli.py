@@ -15,13 +15,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
 
 from mm_lightning.checkpoints.run_folder import check_run_folder
-from mm_lightning.config_parser import (
-    CHECKPOINT_GROUPS,
-    CheckedParser,
-    add_default_callbacks,
-    expand_short_names,
-    expand_strategy_name,
-)
+from mm_lightning.config_parser import CHECKPOINT_GROUPS, CheckedParser, add_default_callbacks
 from mm_lightning.data import MultimodalDataModule
 from mm_lightning.models import MultimodalModule
 from mm_lightning.models.towers.contract import tokenizer_of
@@ -82,9 +76,8 @@ class MultimodalCLI(LightningCLI):
 
     @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        add_default_callbacks(
-            parser
-        )  # a recipe adds its own after them (callbacks+), --print_config lists them
+        # the checkpoint groups and the default callbacks; a recipe adds its own after them (callbacks+)
+        add_default_callbacks(parser)
         parser.link_arguments("model.text_tower", "data.init_args.tokenizer", compute_fn=tokenizer_of)
         parser.link_arguments("trainer.default_root_dir", "trainer.logger.init_args.save_dir")
         # the image tower's preprocessing reaches the data when both are built
@@ -97,9 +90,6 @@ class MultimodalCLI(LightningCLI):
         # The one more override: the run-folder checks read the parsed config and must act before LightningCLI
         # reads a checkpoint's hyperparameters (right after parsing); a link cannot reach into trainer.callbacks.
         given = sys.argv[1:] if args is None else args
-        if isinstance(given, list):  # a dict or namespace of options names its classes itself
-            expanded = expand_short_names(expand_strategy_name(given))
-            args = args if expanded == given else expanded
         with warnings.catch_warnings():
             # given arguments replace the process's own (cli_main's contract), so LightningCLI's warning is moot
             warnings.filterwarnings("ignore", message="LightningCLI's args parameter")

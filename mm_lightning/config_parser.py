@@ -1,10 +1,8 @@
 """Parsing a run's config (``fit``'s and the data commands'): a parser whose errors name the fix and whose
-``--help`` is short, built-in classes by their short names on the command line, and the data of a config read
-alone (``audit``, ``shard``)."""
+``--help`` is short, every run's default callbacks, and the data of a config read alone (``audit``, ``shard``)."""
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from importlib import import_module
@@ -12,19 +10,16 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from jsonargparse import DefaultHelpFormatter
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, instantiate_class
 from lightning.pytorch.strategies import StrategyRegistry
 from typing_extensions import override
 
-from mm_lightning import PUBLIC_PATHS
 from mm_lightning.models import MultimodalModule
 from mm_lightning.models.towers.contract import tokenizer_of
 
 BUILT_IN_PACKAGES = ("mm_lightning.callbacks", "mm_lightning.data", "mm_lightning.models.towers",
                      "mm_lightning.models.losses", "mm_lightning.extras")  # fmt: skip
-EXPLICIT_ALL_REDUCE = "mm_lightning.extras.ExplicitAllReduceDDPStrategy"
 DEFAULT_CALLBACKS = Path(__file__).parent / "callbacks" / "default.yaml"
 DEFAULT_CHECKPOINTS = Path(__file__).parent / "callbacks" / "checkpoints.yaml"
 # the run's ModelCheckpoints as option groups (--checkpoint.every_n_train_steps 500), in the order they run
@@ -47,8 +42,6 @@ def explicit_all_reduce(**init_params: Any) -> Any:
     return ExplicitAllReduceDDPStrategy(**init_params)
 
 
-explicit_all_reduce.class_path = EXPLICIT_ALL_REDUCE  # type: ignore[attr-defined]  (what the CLI expands the name to)
-
 for _name, _start_method in (("ddp_explicit", "popen"), ("ddp_explicit_spawn", "spawn")):
     StrategyRegistry.register(
         _name,
@@ -59,85 +52,21 @@ for _name, _start_method in (("ddp_explicit", "popen"), ("ddp_explicit_spawn", "
     )
 
 
-def expand_strategy_name(args: list[str]) -> list[str]:
-    """With ``--trainer.strategy.<option>`` given, turn ``--trainer.strategy <registry name>`` into its class
-    (plus the registry entry's options): jsonargparse takes nested options only under a class."""
-    if not any(a.startswith("--trainer.strategy.") for a in args):
-        return args
-    out: list[str] = []
-    i = 0
-    while i < len(args):
-        arg, name = args[i], None
-        if arg == "--trainer.strategy" and i + 1 < len(args):
-            name, i = args[i + 1], i + 2
-        elif arg.startswith("--trainer.strategy="):
-            name, i = arg.split("=", 1)[1], i + 1
-        else:
-            out.append(arg)
-            i += 1
-            continue
-        if name not in StrategyRegistry:
-            out += ["--trainer.strategy", name]
-            continue
-        entry = StrategyRegistry[name]
-        build = entry["strategy"]  # a class, or a constructor naming its class
-        class_path = getattr(build, "class_path", f"{build.__module__}.{build.__qualname__}")
-        out += ["--trainer.strategy", class_path]
-        for key, value in entry["init_params"].items():
-            out += [f"--trainer.strategy.{key}", value if isinstance(value, str) else json.dumps(value)]
-    return out
-
-
-def expand_short_names(args: list[str]) -> list[str]:
-    """Replace built-in short class names (``--model.image_tower TimmTower``) by their import paths.
-
-    LightningCLI resolves short names only among loaded classes (config files must give the path)."""
-    out = list(args)
-    for i, arg in enumerate(args):
-        key, eq, value = arg.partition("=")
-        if eq and takes_a_class(key) and value.isidentifier():
-            out[i] = f"{key}={public_path(value)}"
-        elif i and takes_a_class(args[i - 1]) and arg.isidentifier():
-            out[i] = public_path(arg)
-    return out
+# what --help says of a part's option instead of listing every loaded nn.Module subclass
+ANY_MODULE = re.compile(r"known\s+subclasses:\s+torch\.nn\.Module,[^)]*")  # across wrapped lines
+BUILT_IN_PARTS = "any nn.Module; built in: mm_lightning.models.{towers,losses}"
 
 
 def public_path(name: str) -> str:
     """The import path of a built-in class by its short name (``name`` itself if none is built in)."""
-    # their exports fill PUBLIC_PATHS; loaded only when a short name is given
     for package in BUILT_IN_PACKAGES:
-        import_module(package)
-    return PUBLIC_PATHS.get(name, name)
-
-
-CLASS_OPTIONS = {"model.image_tower", "model.text_tower", "model.loss", "trainer.strategy", "trainer.callbacks",
-                 "trainer.plugins", "trainer.logger", "data"}  # fmt: skip
-
-
-def takes_a_class(flag: str) -> bool:
-    """Whether the option ``flag`` takes a class (a part, ``--data``, a callback, a ``class_path``)."""
-    name = flag[2:].rstrip("+") if flag.startswith("--") else ""
-    return name in CLASS_OPTIONS or name.endswith(".class_path")
-
-
-class PartsHelpFormatter(DefaultHelpFormatter):
-    """``--help`` that names the built-in towers and losses instead of every loaded ``nn.Module`` subclass."""
-
-    @override
-    def _get_help_string(self, action: Any) -> str:
-        text = super()._get_help_string(action)
-        return re.sub(r"known subclasses: torch\.nn\.Module, [^)]*", BUILT_IN_PARTS, text, flags=re.S)
-
-
-BUILT_IN_PARTS = "any nn.Module; built in: mm_lightning.models.{towers,losses}"
+        if name in getattr(import_module(package), "__all__", ()):
+            return f"{package}.{name}"
+    return name
 
 
 class CheckedParser(LightningArgumentParser):
     """The CLI's parser: errors that name the fix, a short ``--help``."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("formatter_class", PartsHelpFormatter)
-        super().__init__(*args, **kwargs)
 
     @override
     def print_usage(self, file: Any = None) -> None:
@@ -146,7 +75,7 @@ class CheckedParser(LightningArgumentParser):
     @override
     def format_help(self) -> str:
         self.usage = self.short_usage()
-        return super().format_help()
+        return ANY_MODULE.sub(BUILT_IN_PARTS, super().format_help())
 
     def short_usage(self) -> str:
         # argparse's own usage would list every option once more
@@ -156,10 +85,10 @@ class CheckedParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None) -> Any:
         if "trainer.strategy" in message and "NestedArg" in message:
             message += (
-                "\nA strategy registry name in a config file (e.g. strategy: ddp_explicit) takes no nested options;"
-                " give the class instead (strategy: {class_path: mm_lightning.extras.ExplicitAllReduceDDPStrategy,"
-                " init_args: {mode: per_parameter}}, as configs/ddp_explicit.yaml does), or the name on the command line:"
-                " --trainer.strategy ddp_explicit --trainer.strategy.mode per_parameter."
+                "\nA strategy registry name (e.g. ddp_explicit) takes no nested options; give the class instead, in a"
+                " config (strategy: {class_path: mm_lightning.extras.ExplicitAllReduceDDPStrategy, init_args: {mode:"
+                " per_parameter}}, as configs/ddp_explicit.yaml does) or on the command line (--trainer.strategy"
+                " mm_lightning.extras.ExplicitAllReduceDDPStrategy --trainer.strategy.mode per_parameter)."
             )
         short_name = re.search(r"Expected a dot import path string: (\w+)\b", message)
         if short_name and public_path(short_name.group(1)) != short_name.group(1):  # a built-in class
@@ -204,6 +133,6 @@ def read_data_config(
     """The data module of a run's config and the command's options, parsed by :func:`data_config_parser`. The
     model is checked, not built (its weights may be remote); the trainer section is not used."""
     parser = data_config_parser(command, options, nested_key, description)
-    config = parser.parse_args(expand_short_names(list(argv or [])))
+    config = parser.parse_args(list(argv or []))
     given = config[nested_key] if nested_key else config
     return instantiate_datamodule(config.data), {f: given[f] for f in options.__dataclass_fields__}

@@ -1,6 +1,6 @@
 """Runs a one-step demo ``fit`` as shipped (its callbacks, its worker, a validation batch; smaller renders) and
-prints, as JSON, the package modules it loaded with their lines; then a second step that names gradient caching and
-the SigLIP loss, and what that loaded on top.
+prints, as JSON, the package modules it loaded with their lines; then a second step that names gradient caching (an
+extra), and what that loaded on top.
 
     python tests/core_size.py <run folder>
 """
@@ -42,11 +42,6 @@ if __name__ == "__main__":
     run = Path(sys.argv[1])
     one_step(run / "core")
     core = package_modules()
-    opt_in = [
-        "--model.batch_embedding",
-        "mm_lightning.extras.GradientCaching",
-        "--model.loss",
-        "mm_lightning.models.losses.SigLipLoss",
-    ]
+    opt_in = ["--model.batch_embedding", "mm_lightning.extras.GradientCaching"]
     one_step(run / "opt_in", "--data.init_args.data_dir", str(run / "core" / "demo"), *opt_in)
     print(json.dumps({"core": core, "opt_in": sorted(set(package_modules()) - set(core))}))

@@ -230,6 +230,9 @@ def test_module_entry_point_runs(capsys: pytest.CaptureFixture) -> None:
     # a bare LightningCLI prints about 500 lines; the default callbacks, listed as trainer.callbacks' default, ~35
     # more; the three checkpoint groups, Lightning's ModelCheckpoint documentation each, ~150 each
     assert len(result.stdout.splitlines()) <= 1120
+    # a part's option names the built-in ones, not every nn.Module subclass loaded
+    assert "built in: mm_lightning.models.{towers,losses}" in result.stdout
+    assert "known subclasses: torch.nn.Module" not in " ".join(result.stdout.split())
     assert (
         "--model.fusion.heads" in result.stdout
         and "--trainer.callbacks.help CLASS_PATH_OR_NAME" in result.stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 import yaml
 
 from mm_lightning.cli import cli_main
-from mm_lightning.config_parser import CheckedParser, expand_short_names
+from mm_lightning.config_parser import CheckedParser
 from tests.conftest import CHECKPOINT_GROUPS, DEFAULT_CALLBACKS, callback_args
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -130,13 +131,13 @@ def test_strategy_shorthand_and_nested_override(capsys: pytest.CaptureFixture[st
         capsys, "--config", demo, "--config", overlay, "--trainer.strategy.mode", "per_parameter"
     )
     assert config["trainer"]["strategy"]["init_args"]["mode"] == "per_parameter"
-    # nested options need the class (a registry name is a plain string); its short name resolves
+    # nested options need the class (a registry name is a plain string)
     config = _print_config(
         capsys,
         "--config",
         demo,
         "--trainer.strategy",
-        "ExplicitAllReduceDDPStrategy",
+        "mm_lightning.extras.ExplicitAllReduceDDPStrategy",
         "--trainer.strategy.mode",
         "per_parameter",
     )
@@ -147,8 +148,7 @@ def test_strategy_shorthand_and_nested_override(capsys: pytest.CaptureFixture[st
 def test_nested_options_under_a_strategy_name_say_how_to_fix(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    # on the command line the name takes nested options (tests/test_readme_commands.py); in a config file it
-    # is a plain string, and the error says what to write instead
+    # a registry name is a plain string, in a config file or on the command line: the error says what to write
     named = tmp_path / "named.yaml"
     named.write_text("trainer:\n  strategy: ddp_explicit\n")
     args = ["--config", str(CONFIGS / "demo.yaml"), "--config", str(named)]
@@ -209,25 +209,24 @@ def test_checkpoint_options_are_set_on_the_command_line(capsys: pytest.CaptureFi
     assert printed["timed_checkpoint"]["train_time_interval"] == "0:30:00"  # control: the default
 
 
-def test_short_names_of_built_in_classes_on_the_command_line_become_paths() -> None:
-    args = [
-        "--model.image_tower",
-        "TimmTower",
-        "--model.loss=SigLipLoss",
-        "--trainer.callbacks+=ModelSummary",
-    ]
-    assert expand_short_names(args) == [
-        "--model.image_tower", "mm_lightning.models.towers.TimmTower",
-        "--model.loss=mm_lightning.models.losses.SigLipLoss",
-        "--trainer.callbacks+=mm_lightning.callbacks.ModelSummary",
-    ]  # fmt: skip
+def test_short_names_of_built_in_classes_resolve_by_jsonargparse(capsys: pytest.CaptureFixture[str]) -> None:
+    printed = _print_config(
+        capsys, "--config", str(CONFIGS / "demo.yaml"), "--model.image_tower", "TimmTower",
+        "--model.image_tower.init_args.name", "resnet18", "--model.loss=ContrastiveLoss",
+        "--model.loss.init_args.temperature_init=0.05",
+        "--trainer.callbacks+=BadRecordLogger", "--data.init_args.text_key=Record",
+    )  # fmt: skip
+    assert printed["model"]["image_tower"]["class_path"].endswith(".TimmTower")
+    assert printed["model"]["loss"]["class_path"].endswith(".ContrastiveLoss")
+    assert printed["model"]["loss"]["init_args"]["temperature_init"] == 0.05
+    assert printed["trainer"]["callbacks"][-1]["class_path"] == "mm_lightning.callbacks.BadRecordLogger"
     # control: an option that takes a plain value keeps a value that happens to be a class's name
-    plain = ["--trainer.logger.init_args.version", "TimmTower", "--data.init_args.text_key=Record"]
-    assert expand_short_names(plain) == plain
+    assert printed["data"]["init_args"]["text_key"] == "Record"
 
 
 def test_a_short_name_the_parser_cannot_resolve_gets_its_path(capsys: pytest.CaptureFixture[str]) -> None:
-    # a config file's short class_path of a built-in class not loaded yet: jsonargparse's error, plus the path
+    # the short name of a built-in class jsonargparse did not resolve (an extra not loaded yet, say): its error, plus
+    # the path
     parser = CheckedParser(exit_on_error=True)
     with pytest.raises(SystemExit):
         parser.error('Parser key "model.loss": Expected a dot import path string: SigLipLoss')
@@ -318,6 +317,24 @@ def test_checkpointing_off_says_how(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert fix in capsys.readouterr().err
     cli = cli_main([*args, *fix.split()], run=False)  # control: the fix it names
     assert all(c.save_top_k == 0 for c in cli.trainer.checkpoint_callbacks)
+
+
+def test_a_listed_checkpoint_doing_a_groups_work_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A callbacks file copied before the checkpoints became option groups lists last.ckpt's ModelCheckpoint."""
+    last = {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+            "init_args": {"filename": "last", "every_n_train_steps": 500}}  # fmt: skip
+    args = ["--config", str(CONFIGS / "demo.yaml"), "--trainer.default_root_dir", str(tmp_path)]
+    with pytest.raises(SystemExit):
+        cli_main([*args, "--trainer.callbacks", json.dumps([last])], run=False)
+    assert "does the work of the checkpoint option group" in capsys.readouterr().err
+    # controls: with that group off it is the run's last.ckpt; a checkpoint of its own (every step's) joins them
+    cli_main([*args, "--trainer.callbacks", json.dumps([last]), "--checkpoint.save_top_k", "0",
+              "--timed_checkpoint.save_top_k", "0"], run=False)  # fmt: skip
+    steps = {**last, "init_args": {"filename": "{step}", "every_n_train_steps": 1, "save_top_k": -1}}
+    cli = cli_main([*args, "--trainer.callbacks", json.dumps([steps])], run=False)
+    assert len(cli.trainer.checkpoint_callbacks) == 4
 
 
 def test_ckpt_path_last_without_checkpoint_callbacks_says_what_to_name(

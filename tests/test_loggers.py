@@ -31,7 +31,9 @@ def test_every_logger_of_the_shipped_overlay_and_wandb_gets_the_metrics(tmp_path
     overlay["trainer"]["logger"].append(WANDB_OFFLINE)
     (tmp_path / "loggers.yaml").write_text(yaml.safe_dump(overlay))
     run_dir = tmp_path / "run"
-    args = tiny_demo_args(run_dir, "--config", "loggers.yaml", "--trainer.callbacks+=RetrievalGridLogger")
+    args = tiny_demo_args(
+        run_dir, "--config", "loggers.yaml", "--trainer.callbacks+=mm_lightning.extras.RetrievalGridLogger"
+    )
     done = subprocess.run(
         [sys.executable, "-m", "mm_lightning", "fit", *args], cwd=tmp_path, capture_output=True, text=True,
         env={**os.environ, "PYTHONPATH": str(REPO), "WANDB_SILENT": "true"}, timeout=280,

@@ -115,26 +115,24 @@ def test_a_broken_command_is_caught(capsys: pytest.CaptureFixture, monkeypatch: 
         parses(["export", "--ckpt_path", "last.ckpt", "--format", "onnx", "--out", "x"], capsys)
 
 
-def test_strategy_name_takes_nested_options(
+def test_strategy_class_takes_nested_options(
     capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``--trainer.strategy <registry name>`` with ``--trainer.strategy.<option>``: the name's class, the options
-    of its registry entry, then the user's."""
+    """docs/scaling.md: ``--trainer.strategy <class>`` with ``--trainer.strategy.<option>``; a registry name
+    takes none, and the error names the class to give."""
     monkeypatch.chdir(REPO)
-    argv = ["--config", "configs/demo.yaml", "--trainer.strategy", "ddp_explicit"]  # run=False: no subcommand
+    argv = ["--config", "configs/demo.yaml", "--trainer.strategy"]  # run=False: no subcommand
     nested = ["--trainer.strategy.mode", "per_parameter", "--trainer.strategy.timeout_s", "300"]
-    cli = cli_main([*argv, *nested], run=False)
+    cli = cli_main([*argv, "mm_lightning.extras.ExplicitAllReduceDDPStrategy", *nested], run=False)
     strategy = cli.trainer.strategy
     assert type(strategy).__name__ == "ExplicitAllReduceDDPStrategy"
     assert (strategy.mode, strategy.timeout_s) == ("per_parameter", 300.0)
-    spawn = cli_main(
-        [*argv[:-1], "ddp_spawn", "--trainer.strategy.find_unused_parameters", "true"], run=False
-    )
-    assert spawn.trainer.strategy._start_method == "spawn"  # from the registry entry "ddp_spawn"
-    assert spawn.trainer.strategy._ddp_kwargs["find_unused_parameters"] is True
-    plain = cli_main(argv, run=False)  # without nested options the name is passed through as it is
+    plain = cli_main([*argv, "ddp_explicit"], run=False)  # the registry name alone
     assert type(plain.trainer.strategy).__name__ == "ExplicitAllReduceDDPStrategy"
     assert plain.trainer.strategy.mode == "bucketed"
+    with pytest.raises(SystemExit):
+        cli_main([*argv, "ddp_explicit", *nested], run=False)
+    assert "--trainer.strategy mm_lightning.extras.ExplicitAllReduceDDPStrategy" in capsys.readouterr().err
 
 
 def test_help_lists_every_command(capsys: pytest.CaptureFixture) -> None:

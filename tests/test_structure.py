@@ -9,7 +9,10 @@ would close a cycle counts too.
 from __future__ import annotations
 
 import ast
+import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from tests.conftest import REPO
@@ -281,3 +284,48 @@ def test_control_package_imports_of_children_are_not_cycles(tmp_path: Path) -> N
     pkg = _write(tmp_path, {"pkg/__init__.py": "from pkg.a import x\n", "pkg/a.py": "from pkg.b import y\n",
                             "pkg/b.py": "y = 1\n"})  # fmt: skip
     assert cycles(import_graph(pkg)) == []
+
+
+# Imports every module of a package as the first of that package in the process: the package's modules are dropped
+# from sys.modules in between (the libraries stay loaded, so each costs milliseconds). Prints the failures as JSON.
+IMPORT_EACH_FIRST = """
+import importlib, json, sys, traceback
+sys.path.insert(0, sys.argv[1])
+failed = {}
+for name in sys.argv[3:]:
+    for loaded in [m for m in sys.modules if m == sys.argv[2] or m.startswith(sys.argv[2] + ".")]:
+        del sys.modules[loaded]
+    try:
+        importlib.import_module(name)
+    except Exception as err:
+        failed[name] = f"{type(err).__name__}: {err}"
+print(json.dumps(failed))
+"""
+
+
+def modules_failing_when_imported_first(root: Path) -> dict[str, str]:
+    names = sorted(n for n in module_files(root) if not n.endswith("__main__"))  # __main__ runs the CLI
+    result = subprocess.run(
+        [sys.executable, "-c", IMPORT_EACH_FIRST, str(root.parent), root.name, *names],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_every_module_imports_first() -> None:
+    """Whichever module a user imports first loads (packages that import each other load in any order)."""
+    assert modules_failing_when_imported_first(PACKAGE) == {}
+
+
+def test_control_a_module_that_fails_when_imported_first_is_found(tmp_path: Path) -> None:
+    # two packages whose __init__ import their modules, each module importing the other package's
+    pkg = _write(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/p/__init__.py": "from pkg.p.m import M\n",
+        "pkg/p/m.py": "from pkg.q.n import N\n\nclass M:\n    pass\n",
+        "pkg/q/__init__.py": "from pkg.q.n import N\n",
+        "pkg/q/n.py": "from pkg.p.m import M\n\nclass N:\n    pass\n",
+    })  # fmt: skip
+    failing = modules_failing_when_imported_first(pkg)
+    assert set(failing) >= {"pkg.p", "pkg.q"} and "ImportError" in failing["pkg.p"]

@@ -1,13 +1,15 @@
 """The callbacks of the training core: bad-record counts, throughput, the run report and the prediction writer."""
 
-from mm_lightning import lazy_exports
+from mm_lightning.callbacks.bad_records import BadRecordLogger
+from mm_lightning.callbacks.prediction import EmbeddingWriter
+from mm_lightning.callbacks.run_report import ModelSummary, ProgressLines, RunSummary
+from mm_lightning.callbacks.throughput import ThroughputMonitor
 
-_EXPORTS = {
-    "BadRecordLogger": "mm_lightning.callbacks.bad_records",
-    "EmbeddingWriter": "mm_lightning.callbacks.prediction",
-    "ModelSummary": "mm_lightning.callbacks.run_report",
-    "ProgressLines": "mm_lightning.callbacks.run_report",
-    "RunSummary": "mm_lightning.callbacks.run_report",
-    "ThroughputMonitor": "mm_lightning.callbacks.throughput",
-}
-__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = [
+    "BadRecordLogger",
+    "EmbeddingWriter",
+    "ModelSummary",
+    "ProgressLines",
+    "RunSummary",
+    "ThroughputMonitor",
+]

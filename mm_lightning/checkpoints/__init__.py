@@ -1,11 +1,7 @@
 """Checkpoints: atomic saves and checked loads (:mod:`.io`), file checks and the run's ``last``/``best``
 (:mod:`.files`), what a checkpoint may rebuild (:mod:`.loading`), the run folder (:mod:`.run_folder`)."""
 
-from mm_lightning import lazy_exports
+from mm_lightning.checkpoints.files import CheckpointFileError, check_checkpoint_file
+from mm_lightning.checkpoints.io import AtomicCheckpointIO
 
-_EXPORTS = {
-    "AtomicCheckpointIO": "mm_lightning.checkpoints.io",
-    "CheckpointFileError": "mm_lightning.checkpoints.files",
-    "check_checkpoint_file": "mm_lightning.checkpoints.files",
-}
-__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = ["AtomicCheckpointIO", "CheckpointFileError", "check_checkpoint_file"]

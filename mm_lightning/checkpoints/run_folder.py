@@ -15,31 +15,47 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from mm_lightning import ExplainedError
+from mm_lightning.checkpoints.files import nothing_left_to_train, run_checkpoint
 
 
-def checkpoint_callbacks(config: Any, groups: Sequence[str] = ()) -> list[Any]:
-    """The init arguments of a parsed config's checkpoint callbacks: its option ``groups`` that hold a
-    ``ModelCheckpoint``'s (``checkpoint``), then ``ModelCheckpoint`` entries (and subclasses) of
+def listed_checkpoints(config: Any) -> list[Any]:
+    """The init arguments of the ``ModelCheckpoint`` entries (and subclasses) of a parsed config's
     ``trainer.callbacks``."""
-    found = [config[key] for key in groups if config.get(key) is not None]
+    found = []
     callbacks = (config.get("trainer") or {}).get("callbacks") or []
     for callback in callbacks if isinstance(callbacks, list) else [callbacks]:
         module, _, name = str(callback.get("class_path", "")).rpartition(".")
         cls = getattr(import_module(module), name, None) if module else None  # imported while parsing
-        if isinstance(cls, type) and issubclass(cls, ModelCheckpoint):
+        if (
+            isinstance(cls, type)
+            and issubclass(cls, ModelCheckpoint)
+            and callback.get("init_args") is not None
+        ):
             found.append(callback.init_args)
     return found
+
+
+def checkpoint_callbacks(config: Any, groups: Sequence[str] = ()) -> list[Any]:
+    """The init arguments of a parsed config's checkpoint callbacks: its option ``groups`` that hold a
+    ``ModelCheckpoint``'s (``checkpoint``), then those listed in ``trainer.callbacks``."""
+    return [config[key] for key in groups if config.get(key) is not None] + listed_checkpoints(config)
+
+
+def is_on(args: Any) -> bool:
+    """Whether a checkpoint callback's arguments let it write anything (``save_top_k 0`` turns one off)."""
+    return args.get("save_top_k") != 0 or bool(args.get("save_last"))
+
+
+def writes_last(args: Any) -> bool:
+    return args.get("filename") == "last" or bool(args.get("save_last"))
 
 
 def folders_of(saving: list[Any]) -> dict[str, str | None]:
     """Where last.ckpt goes (the checkpoint callback named ``last`` or with ``save_last``) and the best one (the
     one with a monitor)."""
     folders: dict[str, str | None] = {"last": None, "best": None}
-    for args in saving:
-        if args.get("save_top_k") == 0 and not args.get("save_last"):
-            continue  # turned off
-        writes_last = args.get("filename") == "last" or bool(args.get("save_last"))
-        for role in ("last",) * writes_last + ("best",) * (args.get("monitor") is not None):
+    for args in filter(is_on, saving):
+        for role in ("last",) * writes_last(args) + ("best",) * (args.get("monitor") is not None):
             folders[role] = folders[role] or args.get("dirpath")
     return folders
 
@@ -104,17 +120,38 @@ def default_checkpoint_dirs(config: Any, parser: Any, groups: Sequence[str] = ()
             f"--trainer.enable_checkpointing false: turn the checkpoint callbacks off with {off} instead"
         )
     saving = checkpoint_callbacks(config, groups)
-    for args in saving:
+    for args in filter(is_on, saving):
         if args.get("filename") == "last" and args.get("monitor") is not None:
             parser.error(
                 "the ModelCheckpoint that writes last.ckpt has a monitor: last.ckpt would hold the best step,"
                 " not the latest; set the monitor on best_checkpoint (--best_checkpoint.monitor) instead"
             )
+    refuse_listed_copies(config, parser, groups)
     run_dir = config.get("trainer", {}).get("default_root_dir")
     folder = folders_of(saving)["last"] or (os.path.join(run_dir, "checkpoints") if run_dir else None)
     for args in saving:
         if args.get("dirpath") is None:
             args.dirpath = folder
+
+
+def refuse_listed_copies(config: Any, parser: Any, groups: Sequence[str]) -> None:
+    """Refuse a ``ModelCheckpoint`` in ``trainer.callbacks`` that does a checkpoint group's work (a copy of an
+    older callbacks file, say): two would write the same files, and Lightning refuses two alike."""
+    active = {key: config[key] for key in groups if config.get(key) is not None and is_on(config[key])}
+    for args in filter(is_on, listed_checkpoints(config)):
+        same = [
+            key
+            for key, group in active.items()
+            if (writes_last(args) and writes_last(group))
+            or (args.get("monitor") is not None and args.get("monitor") == group.get("monitor"))
+        ]
+        if same:
+            parser.error(
+                f"trainer.callbacks lists a ModelCheckpoint (filename {args.get('filename')!r}, monitor"
+                f" {args.get('monitor')!r}) that does the work of the {same[0]} option group: drop it from the list"
+                f" and set the group's options instead (--{same[0]}.every_n_train_steps, ...;"
+                f" mm_lightning/callbacks/checkpoints.yaml), or turn the group off with --{same[0]}.save_top_k 0"
+            )
 
 
 def check_resume(
@@ -136,8 +173,6 @@ def check_resume(
         refuse_earlier_checkpoints(dirpath, parser)
     if not ckpt_path:
         return None
-    from mm_lightning.checkpoints.files import nothing_left_to_train, run_checkpoint
-
     if ckpt_path in ("last", "best") and not os.path.isfile(ckpt_path):
         if dirpath is None:
             parser.error(

@@ -14,7 +14,11 @@ from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
-from mm_lightning.models.losses.base import l2_normalize
+
+def l2_normalize(embeddings: Tensor) -> Tensor:
+    """Unit-length fp32 rows (bf16/fp16 cosines are too coarse to rank thousands of candidates)."""
+    return torch.nn.functional.normalize(embeddings.float(), dim=-1)
+
 
 DEFAULT_KS = (1, 5, 10)
 

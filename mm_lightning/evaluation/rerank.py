@@ -7,15 +7,18 @@ defined. Every process scores every query (the work is not split over processes)
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from mm_lightning import ExplainedError
-from mm_lightning.evaluation.metrics import Ranks
-from mm_lightning.models.itm import ImageTextMatching
-from mm_lightning.models.losses.base import l2_normalize
+from mm_lightning.evaluation.metrics import Ranks, l2_normalize
 from mm_lightning.recorded import Recorded
+
+if TYPE_CHECKING:  # the models import this module (the reranker slot): no import back at load time
+    from mm_lightning.models.itm import ImageTextMatching
 
 BELOW_TOP_K = (
     1000.0  # subtracted from the cosine of candidates outside the top k: they rank after every top k one

@@ -17,9 +17,9 @@ from torch import Tensor, nn
 
 from mm_lightning.data.records import STAND_IN_KEY
 from mm_lightning.distributed import gather_rows, pad_to_global_length, single_process, world
-from mm_lightning.evaluation.metrics import Ranks, RetrievalMetrics, first_occurrence
+from mm_lightning.evaluation.metrics import Ranks, RetrievalMetrics, first_occurrence, l2_normalize
 from mm_lightning.evaluation.rerank import Reranker
-from mm_lightning.models.losses.base import l2_normalize, weighted_sum
+from mm_lightning.models.losses.base import weighted_sum
 from mm_lightning.models.towers.contract import EncoderOutput
 
 

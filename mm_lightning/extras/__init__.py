@@ -1,38 +1,61 @@
-"""The opt-in parts, each loaded only when a config or a command names it: the explicit all-reduce strategy,
-gradient caching, the locked-feature cache, WebDataset shards and weighted mixes, length-grouped batches, what a
-long run adds to the callbacks (NaN guard, preemption saves, exact resume), the monitors and FLOP counter, EMA,
-layer-wise learning-rate decay and peft adapters. The training core never imports
-them at load time (``tests/test_core_size.py``)."""
+"""The opt-in parts, which run only when a config or a command names one (the package loads then): the explicit
+all-reduce strategy, gradient caching, the locked-feature cache, WebDataset shards and weighted mixes, length-grouped
+batches, what a long run adds to the callbacks (NaN guard, preemption saves, exact resume), the monitors and FLOP
+counter, EMA, layer-wise learning-rate decay and peft adapters. The training core never imports them
+(``tests/test_structure.py``, ``tests/test_core_size.py``)."""
 
-from mm_lightning import lazy_exports
+from mm_lightning.extras.adapters import PeftAdapters
+from mm_lightning.extras.ema import EMA
+from mm_lightning.extras.exact_resume import ExactResume
+from mm_lightning.extras.explicit_allreduce.reducers import (
+    BucketedReducer,
+    GradientReducer,
+    OverlappingBucketedReducer,
+    PerParameterReducer,
+)
+from mm_lightning.extras.explicit_allreduce.strategy import CollectiveError, ExplicitAllReduceDDPStrategy
+from mm_lightning.extras.feature_cache import LockedImageFeatures
+from mm_lightning.extras.flops import FlopCounter
+from mm_lightning.extras.gradient_caching import GradientCaching
+from mm_lightning.extras.layer_decay import LayerDecay
+from mm_lightning.extras.length_grouping import LengthGroupedSampler, LengthGrouping
+from mm_lightning.extras.loss_weighting import ComplexityWeighting, DynamicWeightAveraging
+from mm_lightning.extras.monitors import (
+    GradNormMonitor,
+    PeakMemoryMonitor,
+    RetrievalGridLogger,
+    StepTimeMonitor,
+)
+from mm_lightning.extras.nan_guard import NaNGuard, NonFiniteTrainingError
+from mm_lightning.extras.preemption import PreemptionCheckpoint
+from mm_lightning.extras.shards.datamodule import DemoShardDataModule, ShardDataModule, Source
 
-_EXPORTS = {
-    "BucketedReducer": "mm_lightning.extras.explicit_allreduce.reducers",
-    "CollectiveError": "mm_lightning.extras.explicit_allreduce.strategy",
-    "ComplexityWeighting": "mm_lightning.extras.loss_weighting",
-    "DemoShardDataModule": "mm_lightning.extras.shards.datamodule",
-    "DynamicWeightAveraging": "mm_lightning.extras.loss_weighting",
-    "EMA": "mm_lightning.extras.ema",
-    "ExactResume": "mm_lightning.extras.exact_resume",
-    "ExplicitAllReduceDDPStrategy": "mm_lightning.extras.explicit_allreduce.strategy",
-    "FlopCounter": "mm_lightning.extras.flops",
-    "GradNormMonitor": "mm_lightning.extras.monitors",
-    "GradientCaching": "mm_lightning.extras.gradient_caching",
-    "GradientReducer": "mm_lightning.extras.explicit_allreduce.reducers",
-    "LayerDecay": "mm_lightning.extras.layer_decay",
-    "LengthGroupedSampler": "mm_lightning.extras.length_grouping",
-    "LengthGrouping": "mm_lightning.extras.length_grouping",
-    "LockedImageFeatures": "mm_lightning.extras.feature_cache",
-    "NaNGuard": "mm_lightning.extras.nan_guard",
-    "NonFiniteTrainingError": "mm_lightning.extras.nan_guard",
-    "OverlappingBucketedReducer": "mm_lightning.extras.explicit_allreduce.reducers",
-    "PeakMemoryMonitor": "mm_lightning.extras.monitors",
-    "PeftAdapters": "mm_lightning.extras.adapters",
-    "PerParameterReducer": "mm_lightning.extras.explicit_allreduce.reducers",
-    "PreemptionCheckpoint": "mm_lightning.extras.preemption",
-    "RetrievalGridLogger": "mm_lightning.extras.monitors",
-    "ShardDataModule": "mm_lightning.extras.shards.datamodule",
-    "Source": "mm_lightning.extras.shards.datamodule",
-    "StepTimeMonitor": "mm_lightning.extras.monitors",
-}
-__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = [
+    "BucketedReducer",
+    "CollectiveError",
+    "ComplexityWeighting",
+    "DemoShardDataModule",
+    "DynamicWeightAveraging",
+    "EMA",
+    "ExactResume",
+    "ExplicitAllReduceDDPStrategy",
+    "FlopCounter",
+    "GradNormMonitor",
+    "GradientCaching",
+    "GradientReducer",
+    "LayerDecay",
+    "LengthGroupedSampler",
+    "LengthGrouping",
+    "LockedImageFeatures",
+    "NaNGuard",
+    "NonFiniteTrainingError",
+    "OverlappingBucketedReducer",
+    "PeakMemoryMonitor",
+    "PeftAdapters",
+    "PerParameterReducer",
+    "PreemptionCheckpoint",
+    "RetrievalGridLogger",
+    "ShardDataModule",
+    "Source",
+    "StepTimeMonitor",
+]

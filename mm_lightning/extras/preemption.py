@@ -155,7 +155,11 @@ class PreemptionCheckpoint(Callback):
     def _save_last(trainer: Trainer) -> str:
         """Writes ``last.ckpt`` in the folder of the ``ModelCheckpoint`` that keeps one (else the first's; every
         rank calls this)."""
-        folders = [c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint) and c.dirpath]
+        folders = [
+            c
+            for c in trainer.checkpoint_callbacks
+            if isinstance(c, ModelCheckpoint) and c.dirpath and (c.save_top_k != 0 or c.save_last)  # not off
+        ]
         folders.sort(key=lambda c: c.filename != ModelCheckpoint.CHECKPOINT_NAME_LAST and not c.save_last)
         if folders:
             path = folders[0].format_checkpoint_name({}, ModelCheckpoint.CHECKPOINT_NAME_LAST)

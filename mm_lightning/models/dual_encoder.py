@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 from typing_extensions import override
 
+from mm_lightning.evaluation.metrics import l2_normalize
 from mm_lightning.models.config import (
     DEFAULT_FUSION,
     DEFAULT_TRAINING,
@@ -21,8 +22,8 @@ from mm_lightning.models.config import (
     as_config,
 )
 from mm_lightning.models.itm import ImageTextMatching
-from mm_lightning.models.losses import ContrastiveLoss, loss_terms
-from mm_lightning.models.losses.base import l2_normalize
+from mm_lightning.models.losses import ContrastiveLoss, SigLipLoss, loss_terms
+from mm_lightning.models.losses.checks import check_loss
 from mm_lightning.models.rules import TowerAdapters
 from mm_lightning.models.towers.contract import (
     EncoderOutput,
@@ -39,11 +40,7 @@ from mm_lightning.models.towers.contract import (
     train_last_groups,
 )
 
-# named by path so a run imports only the loss it uses
-BUILT_IN_LOSSES = {
-    "mm_lightning.models.losses.clip.ContrastiveLoss",
-    "mm_lightning.models.losses.siglip.SigLipLoss",
-}
+BUILT_IN_LOSSES = (ContrastiveLoss, SigLipLoss)
 
 
 class DualEncoder(nn.Module):
@@ -91,9 +88,7 @@ class DualEncoder(nn.Module):
         )
         loss = ContrastiveLoss() if loss is None else loss
         # a user's loss (a subclass of a built-in one too) is checked against the contract (losses/checks.py)
-        if f"{type(loss).__module__}.{type(loss).__qualname__}" not in BUILT_IN_LOSSES:
-            from mm_lightning.models.losses.checks import check_loss
-
+        if type(loss) not in BUILT_IN_LOSSES:
             check_loss(loss, embed_dim, needs_logits=itm)
         self.contrastive = loss
         take_over_logit_scale(self.contrastive, self.image_encoder, self.text_encoder)

@@ -6,10 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mm_lightning.evaluation.metrics import retrieval_metrics
+from mm_lightning.evaluation.metrics import l2_normalize, retrieval_metrics
 from mm_lightning.evaluation.rerank import Reranker
 from mm_lightning.models.itm import ImageTextMatching
-from mm_lightning.models.losses.base import l2_normalize
 
 IMAGES, CAPTIONS, K = 12, 2, 4
 

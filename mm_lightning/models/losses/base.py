@@ -9,7 +9,6 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mm_lightning import ExplainedError
@@ -128,11 +127,6 @@ def loss_terms(loss: nn.Module, value: Any, reserved: tuple[str, ...] = ()) -> d
                 f"term {name!r} is {shape}, not a scalar tensor; a loss returns a scalar or a dict of scalars",
             )
     return {name: term.reshape(()) for name, term in terms.items()}
-
-
-def l2_normalize(embeddings: Tensor) -> Tensor:
-    """Unit-length fp32 rows (bf16/fp16 cosines are too coarse to rank thousands of candidates)."""
-    return F.normalize(embeddings.float(), dim=-1)
 
 
 def weighted_sum(terms: dict[str, Tensor], weights: Mapping[str, Any]) -> Tensor:

@@ -1,4 +1,4 @@
-"""A loss of your own, checked once on a dry batch when the model is built (loaded only for such a loss)."""
+"""A loss of your own, checked once on a dry batch when the model is built."""
 
 from __future__ import annotations
 

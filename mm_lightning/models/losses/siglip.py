@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mm_lightning.distributed import gather_no_grad, world
-from mm_lightning.models.losses.base import PairLogits, ScaledPairLoss, l2_normalize
+from mm_lightning.evaluation.metrics import l2_normalize
+from mm_lightning.models.losses.base import PairLogits, ScaledPairLoss
 
 
 def _exchange(tensor: Tensor, step: int) -> Tensor:

@@ -19,18 +19,19 @@ processor config; the tokenizer is the directory's own.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
-from transformers import AutoConfig, AutoModel, CLIPModel, PreTrainedModel, SiglipModel
+from transformers import AutoConfig, AutoModel
 
 from mm_lightning.assets import resolve_pretrained
 from mm_lightning.models.towers.contract import ConfiguredTower, EncoderOutput
 from mm_lightning.models.towers.hf_text import load_hf, set_hf_gradient_checkpointing
 from mm_lightning.models.towers.hf_vision import image_processor_data_config
 
-DUAL_ENCODERS = (CLIPModel, SiglipModel)
+if TYPE_CHECKING:  # its module loads accelerate and more: only a run with this tower pays for it
+    from transformers import PreTrainedModel
 
 
 def load_dual_encoder(
@@ -47,7 +48,9 @@ def load_dual_encoder(
         model = load_hf(AutoModel, name, path, **overrides)
     else:
         model = AutoModel.from_config(load_hf(AutoConfig, name, path, **overrides))
-    if not isinstance(model, DUAL_ENCODERS):
+    from transformers import CLIPModel, SiglipModel
+
+    if not isinstance(model, (CLIPModel, SiglipModel)):
         raise ValueError(
             f"{name} holds a {type(model).__name__}; CLIPImageTower and CLIPTextTower need a CLIPModel or "
             "SiglipModel directory (for a vision model alone use HFVisionTower)"

@@ -16,8 +16,9 @@ import logging
 from typing import Any
 
 import torch
+import transformers
 from torch import Tensor
-from transformers import AutoConfig, AutoImageProcessor, AutoModel, CLIPVisionModel, SiglipVisionModel
+from transformers import AutoConfig, AutoModel
 
 from mm_lightning.assets import resolve_pretrained
 from mm_lightning.models.towers.contract import (
@@ -31,8 +32,9 @@ from mm_lightning.models.towers.hf_text import load_hf, set_hf_gradient_checkpoi
 
 log = logging.getLogger(__name__)
 
-# dual-encoder configs whose vision half loads directly from the full checkpoint
-VISION_HALF = {"clip": CLIPVisionModel, "siglip": SiglipVisionModel}
+# dual-encoder configs whose vision half loads directly from the full checkpoint (by name: transformers loads a
+# model's module on first use)
+VISION_HALF = {"clip": "CLIPVisionModel", "siglip": "SiglipVisionModel"}
 
 
 def _interpolation_name(resample: Any) -> str:
@@ -54,6 +56,8 @@ def image_processor_data_config(
 
     Falls back (with a warning) to ImageNet statistics when the directory has no processor config.
     """
+    from transformers import AutoImageProcessor  # loads accelerate and more: only these towers pay for it
+
     try:
         processor = AutoImageProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
@@ -95,7 +99,8 @@ class HFVisionTower(ConfiguredTower):
         path = resolve_pretrained(name)
         overrides = dict(config_overrides or {})
         config = load_hf(AutoConfig, name, path, trust_remote_code=trust_remote_code)
-        model_cls = VISION_HALF.get(config.model_type, AutoModel)
+        half = VISION_HALF.get(config.model_type)
+        model_cls = getattr(transformers, half) if half else AutoModel
         extra = {"add_pooling_layer": False} if config.model_type == "vit" else {}
         if pretrained:
             self.model = model_cls.from_pretrained(

@@ -22,6 +22,7 @@ from mm_lightning.models.towers.contract import (
     image_data_config,
     is_weights_file,
 )
+from mm_lightning.models.towers.weights import load_weights_file
 
 CUSTOM_IMAGE_ENCODERS = ("resnet_custom", "vit_custom")
 
@@ -121,8 +122,6 @@ class TorchvisionTower(Tower):
         full_keys = set(self.backbone.state_dict())
         self._forward_impl, self.pooled_dim, self.token_dim = self._adapt(name)
         if from_file:
-            from mm_lightning.models.towers.weights import load_weights_file
-
             head_keys = full_keys - set(self.backbone.state_dict())
             load_weights_file(self.backbone, weights, strict=strict, ignored=head_keys)
         self.name, self.image_size = name, image_size

@@ -1,5 +1,5 @@
 """A tower's weights from a local file (``.safetensors`` or a torch state dict), checked key by key and shape by
-shape; loaded only when a tower is given such a file."""
+shape."""
 
 from __future__ import annotations
 
