@@ -57,11 +57,6 @@ class _DropNotices(logging.Filter):
         return not any(text in str(record.msg) for text in self.UNACTIONABLE)
 
 
-def batch_size_of(batch: dict[str, Any]) -> int:
-    """Number of image-text pairs in a batch (used by the throughput monitor)."""
-    return int(batch["image"].shape[0])
-
-
 def image_config_of(model: Any) -> dict[str, Any] | None:
     """The image tower's preprocessing (``model.data_config["image"]``), or None for a tower without one."""
     try:

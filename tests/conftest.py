@@ -98,7 +98,7 @@ def tiny_demo_args(
         "--trainer.log_every_n_steps", "1",
         "--trainer.enable_progress_bar", "false",
         "--trainer.default_root_dir", str(root),  # logs in root/version_N, checkpoints in root/checkpoints
-        *callback_args(root, **{"ThroughputMonitor": {"window_size": 3}, **(callbacks or {})}),
+        *callback_args(root, **{"ThroughputLogger": {"window_size": 3}, **(callbacks or {})}),
         *extra,
     ]  # fmt: skip
 

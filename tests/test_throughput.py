@@ -10,7 +10,7 @@ import pytest
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import Logger
 
-from mm_lightning.callbacks import ThroughputMonitor
+from mm_lightning.callbacks import ThroughputLogger
 from tests.models.helpers import pair_loader, tiny_module
 
 
@@ -32,7 +32,7 @@ def test_rates_are_logged_on_logging_steps_with_one_device_sync_each(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     syncs: list[int] = []  # the steps at which the monitor waits for the device (Lightning's: every step)
-    logger, monitor = MemoryLogger(), ThroughputMonitor(batch_size_fn=lambda batch: len(batch["image"]))
+    logger, monitor = MemoryLogger(), ThroughputLogger(batch_size_fn=lambda batch: len(batch["image"]))
     monkeypatch.setattr(monitor, "wait_for_device", lambda trainer: syncs.append(trainer.global_step))
     trainer = Trainer(
         accelerator="cpu", max_steps=9, logger=logger, log_every_n_steps=3, callbacks=[monitor],
@@ -59,14 +59,14 @@ def test_rates_are_logged_on_logging_steps_with_one_device_sync_each(
 
 def test_a_window_of_one_logging_step_is_refused() -> None:
     with pytest.raises(ValueError, match="window_size must be >= 2"):
-        ThroughputMonitor(batch_size_fn=len, window_size=1)
+        ThroughputLogger(batch_size_fn=len, window_size=1)
 
 
 def test_accumulated_micro_batches_are_counted_and_the_clock_read_once_per_logging_step(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     syncs: list[int] = []
-    logger, monitor = MemoryLogger(), ThroughputMonitor(batch_size_fn=lambda batch: len(batch["image"]))
+    logger, monitor = MemoryLogger(), ThroughputLogger(batch_size_fn=lambda batch: len(batch["image"]))
     monkeypatch.setattr(monitor, "wait_for_device", lambda trainer: syncs.append(trainer.global_step))
     trainer = Trainer(
         accelerator="cpu", max_steps=4, logger=logger, log_every_n_steps=2, callbacks=[monitor],

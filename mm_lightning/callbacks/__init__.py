@@ -2,14 +2,13 @@
 
 from mm_lightning.callbacks.bad_records import BadRecordLogger
 from mm_lightning.callbacks.prediction import EmbeddingWriter
-from mm_lightning.callbacks.run_report import ModelSummary, ProgressLines, RunSummary
-from mm_lightning.callbacks.throughput import ThroughputMonitor
+from mm_lightning.callbacks.run_report import ProgressLines, RunSummary
+from mm_lightning.callbacks.throughput import ThroughputLogger
 
 __all__ = [
     "BadRecordLogger",
     "EmbeddingWriter",
-    "ModelSummary",
     "ProgressLines",
     "RunSummary",
-    "ThroughputMonitor",
+    "ThroughputLogger",
 ]

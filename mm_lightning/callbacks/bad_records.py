@@ -10,7 +10,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from mm_lightning.data.records import SkipLog
-from mm_lightning.models.module import loggers_write_this_step
+from mm_lightning.logging_steps import loggers_write_this_step
 
 
 class BadRecordLogger(pl.Callback):

@@ -11,7 +11,7 @@ from lightning.fabric.utilities.throughput import Throughput, get_available_flop
 from lightning.pytorch import Callback, LightningModule, Trainer
 from typing_extensions import override
 
-from mm_lightning.models.module import loggers_write_this_step
+from mm_lightning.logging_steps import loggers_write_this_step
 
 # the dtype the matrix products run in, by Trainer precision (for the device's peak FLOP/s in the MFU)
 PRECISION_DTYPES = {
@@ -23,7 +23,12 @@ PRECISION_DTYPES = {
 }
 
 
-class ThroughputMonitor(Callback):
+def batch_size_of(batch: dict[str, Any]) -> int:
+    """The number of image-text pairs in a batch."""
+    return int(batch["image"].shape[0])
+
+
+class ThroughputLogger(Callback):
     """Training samples/s and batches/s (FLOPs/s and MFU with ``pl_module.flops_per_batch``) under Lightning's
     ``ThroughputMonitor`` names (``train/device/samples_per_sec``, ...), over a window of logging steps.
 
@@ -33,11 +38,11 @@ class ThroughputMonitor(Callback):
     time inside a fit is left out; validation, test and predict throughput are not logged.
 
     Args:
-        batch_size_fn: batch -> its number of samples.
+        batch_size_fn: batch -> its number of samples (by default, of image-text pairs).
         window_size: logging steps the rates are measured over (2: from the previous logging step to this one).
     """
 
-    def __init__(self, batch_size_fn: Callable[[Any], int], window_size: int = 2) -> None:
+    def __init__(self, batch_size_fn: Callable[[Any], int] = batch_size_of, window_size: int = 2) -> None:
         if window_size < 2:
             raise ValueError(
                 f"window_size must be >= 2 (the rates need two logging steps), got {window_size}"

@@ -1,4 +1,4 @@
-"""FLOPs of one batch, measured once with torch's ``FlopCounterMode``, for the ``ThroughputMonitor``."""
+"""FLOPs of one batch, measured once with torch's ``FlopCounterMode``, for the ``ThroughputLogger``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing_extensions import override
 class FlopCounter(Callback):
     """Counts the FLOPs of the first training batch (forward + backward) and the first evaluation batch.
 
-    ``ThroughputMonitor`` reads ``pl_module.flops_per_batch`` to log FLOPs/s (and MFU on GPUs with a known peak);
+    ``ThroughputLogger`` reads ``pl_module.flops_per_batch`` to log FLOPs/s (and MFU on GPUs with a known peak);
     this callback sets it to the measured value of the stage that runs. The count is free after the first batch.
     A training batch that runs no backward (a step the NaN guard skipped) is not counted; the next one is.
 

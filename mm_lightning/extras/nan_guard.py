@@ -14,7 +14,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from mm_lightning import ExplainedError
-from mm_lightning.models.module import ends_epoch_or_run, loggers_write_this_step
+from mm_lightning.logging_steps import ends_epoch_or_run, loggers_write_this_step
 
 
 def _grads(module: nn.Module) -> list[Tensor]:

@@ -21,6 +21,7 @@ from mm_lightning.data.loader import derive_seed, global_seed
 from mm_lightning.data.order import planned_steps
 from mm_lightning.data.records import STAND_IN_KEY
 from mm_lightning.evaluation.rerank import Reranker
+from mm_lightning.logging_steps import ends_epoch_or_run, loggers_write_this_step
 from mm_lightning.models.config import (
     DEFAULT_FUSION,
     DEFAULT_OBJECTIVE,
@@ -160,7 +161,7 @@ class MultimodalModule(LightningModule):
         self._towers_compiled = False
         self.reranker = reranker
         self.evaluation = None
-        self.flops_per_batch: int | None = None  # set by the FlopCounter callback, for ThroughputMonitor
+        self.flops_per_batch: int | None = None  # set by the FlopCounter callback, for ThroughputLogger
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> MultimodalModule:  # type: ignore[override]
@@ -360,21 +361,3 @@ def batch_draws(trainer: Trainer | None, device: torch.device) -> Iterator[None]
         if accelerated:
             getattr(torch, device.type).manual_seed(seed)  # the current device's generator (the module's)
         yield
-
-
-def loggers_write_this_step(trainer: Trainer | None, steps_before: int | None = None) -> bool:
-    """Whether loggers receive this training batch's logged values (``True`` without a trainer).
-
-    From ``on_train_batch_end`` pass ``steps_before``: ``global_step`` read at ``on_train_batch_start``."""
-    if trainer is None or trainer.fast_dev_run:
-        return True
-    every = trainer.log_every_n_steps
-    steps = trainer.global_step if steps_before is None else steps_before
-    return every > 0 and ((steps + 1) % every == 0 or trainer.should_stop)
-
-
-def ends_epoch_or_run(trainer: Trainer) -> bool:
-    """Whether this training batch is its epoch's last or leads to the run's last step (``max_steps``)."""
-    if 0 < trainer.max_steps <= trainer.global_step + 1:
-        return True
-    return bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)

@@ -1,4 +1,4 @@
-"""FLOPs per batch, measured once with torch's FlopCounterMode by a callback, feed the ThroughputMonitor."""
+"""FLOPs per batch, measured once with torch's FlopCounterMode by a callback, feed the ThroughputLogger."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
-from mm_lightning.callbacks import ThroughputMonitor
+from mm_lightning.callbacks import ThroughputLogger
 from mm_lightning.extras import FlopCounter
 from tests.models.helpers import pair_loader, tiny_module
 
@@ -59,7 +59,7 @@ def test_module_flops_reach_the_throughput_monitor_without_warning(tmp_path: Pat
     model = tiny_module()
     assert model.flops_per_batch is None  # nothing measured before the first batch
     counter = FlopCounter()
-    monitor = ThroughputMonitor(batch_size_fn=lambda batch: batch["image"].shape[0], window_size=2)
+    monitor = ThroughputLogger(batch_size_fn=lambda batch: batch["image"].shape[0], window_size=2)
     trainer = Trainer(
         accelerator="cpu", max_steps=4, logger=CSVLogger(tmp_path), log_every_n_steps=1, callbacks=[counter, monitor],
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,

@@ -99,7 +99,7 @@ def test_data_wait_fraction_follows_loader_time(delay: float, low: float, high: 
     trainer.fit(TinyModule(), DataLoader(SlowDataset(delay), batch_size=4))
     fractions = logger.values("train/data_wait_fraction")
     assert len(fractions) == 3 and all(low < f < high for f in fractions), fractions
-    assert logger.values("train/steps_per_sec") == []  # one owner: the ThroughputMonitor
+    assert logger.values("train/steps_per_sec") == []  # one owner: the ThroughputLogger
 
 
 class GradCapture(Callback):

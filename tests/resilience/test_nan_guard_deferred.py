@@ -12,7 +12,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from mm_lightning.extras.nan_guard import NaNGuard, NonFiniteTrainingError
-from mm_lightning.models.module import ends_epoch_or_run, loggers_write_this_step
+from mm_lightning.logging_steps import ends_epoch_or_run, loggers_write_this_step
 from tests.resilience.helpers import TinyModule, fit_tiny
 from tests.resilience.test_nan_guard import ParamsAfterEachStep
 

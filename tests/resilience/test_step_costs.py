@@ -18,7 +18,7 @@ from typing_extensions import override
 
 from mm_lightning.extras.exact_resume import reseed_torch
 from mm_lightning.extras.nan_guard import NaNGuard
-from mm_lightning.models.module import loggers_write_this_step
+from mm_lightning.logging_steps import loggers_write_this_step
 from tests.resilience.helpers import TinyModule, random_loader
 from tests.resilience.test_monitors import MemoryLogger
 

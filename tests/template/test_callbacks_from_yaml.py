@@ -37,4 +37,4 @@ def test_user_callbacks_dropped_replaced_and_added_from_yaml(tmp_path: Path) -> 
     names = json.loads(listing.read_text())
     assert "CallbackList" in names and "MyLearningRateMonitor" in names
     assert "NaNGuard" not in names and "ModelSummary" not in names and "LearningRateMonitor" not in names
-    assert {"ModelCheckpoint", "ThroughputMonitor", "PreemptionCheckpoint", "ExactResume"} <= set(names)
+    assert {"ModelCheckpoint", "ThroughputLogger", "PreemptionCheckpoint", "ExactResume"} <= set(names)
