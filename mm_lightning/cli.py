@@ -15,10 +15,9 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
 
 from mm_lightning.checkpoints.run_folder import check_run_folder
-from mm_lightning.config_parser import CHECKPOINT_GROUPS, CheckedParser, add_default_callbacks
+from mm_lightning.config_parser import CHECKPOINT_GROUPS, CheckedParser, add_default_callbacks, tokenizer_of
 from mm_lightning.data import MultimodalDataModule
 from mm_lightning.models import MultimodalModule
-from mm_lightning.models.towers.contract import tokenizer_of
 
 # Commands with their own small parsers (mm_lightning.commands.<name>.main), listed in ``--help`` with these lines.
 STANDALONE_COMMANDS = {

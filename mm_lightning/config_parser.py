@@ -10,13 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, instantiate_class
 from lightning.pytorch.strategies import StrategyRegistry
 from typing_extensions import override
 
 from mm_lightning.models import MultimodalModule
-from mm_lightning.models.towers.contract import tokenizer_of
+from mm_lightning.models.towers.contract import TowerContractError
 
 BUILT_IN_PACKAGES = ("mm_lightning.callbacks", "mm_lightning.data", "mm_lightning.models.towers",
                      "mm_lightning.models.losses", "mm_lightning.extras")  # fmt: skip
@@ -24,6 +25,29 @@ DEFAULT_CALLBACKS = Path(__file__).parent / "callbacks" / "default.yaml"
 DEFAULT_CHECKPOINTS = Path(__file__).parent / "callbacks" / "checkpoints.yaml"
 # the run's ModelCheckpoints as option groups (--checkpoint.every_n_train_steps 500), in the order they run
 CHECKPOINT_GROUPS = ("best_checkpoint", "checkpoint", "timed_checkpoint")
+
+
+def tokenizer_of(text_tower: Any) -> str | None:
+    """The tokenizer of a text tower given by ``class_path`` + ``init_args`` (for the CLI's link).
+
+    A built-in tower says it (``tokenizer_for``), a user's tower by its ``tokenizer`` argument.
+    """
+    if text_tower is None:
+        return None
+    spec = text_tower.as_dict() if isinstance(text_tower, Namespace) else dict(text_tower)
+    class_path, init_args = spec.get("class_path"), dict(spec.get("init_args") or {})
+    if not isinstance(class_path, str):
+        return None  # not a class (yet): nothing to link
+    module, _, name = class_path.rpartition(".")
+    tower_class = getattr(import_module(module), name)
+    if hasattr(tower_class, "tokenizer_for"):
+        return tower_class.tokenizer_for(init_args)
+    if init_args.get("tokenizer") is not None:
+        return str(init_args["tokenizer"])
+    raise TowerContractError(
+        f"text tower {class_path} names no tokenizer: give it a `tokenizer` argument (the tokenizer its input ids"
+        " come from, e.g. tokenizer: mm-lightning/demo-bert)"
+    )
 
 
 def add_default_callbacks(parser: LightningArgumentParser) -> None:

@@ -2,7 +2,8 @@
 
 from mm_lightning.callbacks.bad_records import BadRecordLogger
 from mm_lightning.callbacks.prediction import EmbeddingWriter
-from mm_lightning.callbacks.run_report import ProgressLines, RunSummary
+from mm_lightning.callbacks.progress_lines import ProgressLines
+from mm_lightning.callbacks.run_summary import RunSummary
 from mm_lightning.callbacks.throughput import ThroughputLogger
 
 __all__ = [

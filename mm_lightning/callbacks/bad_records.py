@@ -178,7 +178,7 @@ class BadRecordLogger(pl.Callback):
             return log
         summary = log.summary()
         if trainer.is_global_zero:
-            from mm_lightning.callbacks.logger_media import log_text  # loaded only when a run skipped records
+            from mm_lightning.logger_media import log_text  # loaded only when a run skipped records
 
             log_text(trainer, "data/skipped_summary", summary)
         return log

@@ -4,6 +4,7 @@ or loads a checkpoint)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import zipfile
 from pathlib import Path
@@ -15,6 +16,25 @@ from mm_lightning import ExplainedError
 
 # Keys every checkpoint written by Lightning's Trainer holds (Lightning's resume reads both).
 LIGHTNING_KEYS = ("pytorch-lightning_version", "state_dict")
+
+
+def sha256_of(path: str | os.PathLike) -> str:
+    """The file's SHA-256 (hex): results name exactly the checkpoint they came from."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def further_limits(steps: int, epochs: int, max_steps: int, max_epochs: int) -> dict[str, int]:
+    """The limits a run at ``steps`` / ``epochs`` has reached, each raised to run as long again."""
+    reached = {}
+    if max_steps >= 0 and steps >= max_steps:
+        reached["steps"] = steps + max(max_steps, 1)
+    if max_epochs >= 0 and epochs >= max_epochs:
+        reached["epochs"] = epochs + max(max_epochs, 1)
+    return reached
 
 
 class CheckpointFileError(ExplainedError, ValueError):
@@ -124,8 +144,6 @@ def nothing_left_to_train(
     max_steps = -1 if max_steps is None else max_steps
     if max_epochs is None:  # Lightning's default: 1000 epochs unless max_steps or max_time is set
         max_epochs = 1000 if max_steps == -1 and max_time is None else -1
-    from mm_lightning.callbacks.run_report import further_limits
-
     reached = further_limits(steps, epochs, max_steps, max_epochs)
     if not reached:
         return None

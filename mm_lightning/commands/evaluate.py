@@ -30,7 +30,7 @@ import numpy as np
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 
 from mm_lightning import ExplainedError
-from mm_lightning.callbacks.run_report import sha256_of
+from mm_lightning.checkpoints.files import sha256_of
 from mm_lightning.checkpoints.run_folder import RUN_DATA_OPTIONS, RunDataOptions, flattened
 from mm_lightning.evaluation.intervals import (
     CLASSIFICATION_UNIT,

@@ -68,7 +68,7 @@ from transformers import PreTrainedModel, VisionTextDualEncoderConfig, VisionTex
 from transformers.activations import LinearActivation
 
 from mm_lightning import ExplainedError
-from mm_lightning.callbacks.run_report import sha256_of
+from mm_lightning.checkpoints.files import sha256_of
 from mm_lightning.models import DualEncoder
 from mm_lightning.models.towers.clip import CLIPImageTower, CLIPTextTower, load_dual_encoder
 from mm_lightning.models.towers.hf_text import HFTextTower

@@ -18,7 +18,7 @@ from mm_lightning.data.collate import MultimodalCollate
 from mm_lightning.data.config import CaptionSampling, ImageOptions, LoaderOptions, with_group_defaults
 from mm_lightning.data.images import decode_image_bytes
 from mm_lightning.data.jsonl import JsonlIndex, RecordParser
-from mm_lightning.data.loader import WorkerSafeDataLoader, global_seed, ignore_stop_signals
+from mm_lightning.data.loader import WorkerSafeDataLoader, ignore_stop_signals
 from mm_lightning.data.order import ResumableDataLoader, TrainOrder, TrainPosition, draw_seeds
 from mm_lightning.data.records import (
     IMAGE_KINDS,
@@ -29,6 +29,7 @@ from mm_lightning.data.records import (
     SkippedRecords,
 )
 from mm_lightning.data.samples import BadRecordPolicy, SampleBuilder
+from mm_lightning.data.seeding import global_seed
 from mm_lightning.data.transforms import (
     DEFAULT_IMAGE_SIZE,
     IMAGENET_MEAN,

@@ -1,5 +1,5 @@
-"""Loaders whose workers survive group-wide signals, and the run's seed (:func:`global_seed`) and seeds derived from it, so random draws
-depend only on it and what they are for."""
+"""Loaders whose workers survive group-wide signals: a stop signal sent to the whole process group reaches the
+main process only, which saves and exits in order."""
 
 from __future__ import annotations
 
@@ -8,11 +8,9 @@ import multiprocessing
 import os
 import signal
 import sys
-import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 from lightning.fabric.utilities.seed import pl_worker_init_function
 from torch.utils.data import DataLoader
 
@@ -71,19 +69,3 @@ def _die_with_parent() -> None:
         parent = multiprocessing.parent_process()
         if parent is not None and not parent.is_alive():
             os._exit(1)
-
-
-def global_seed(default: int = 0) -> int:
-    """The seed ``seed_everything`` set for this run (``default`` if none was set)."""
-    return int(os.environ.get("PL_GLOBAL_SEED", default))
-
-
-def derive_seed(base: int, values: Sequence[int] | np.ndarray | int) -> int:
-    """A 32-bit seed that is a pure function of ``base`` and ``values`` (a batch index, item indices...)."""
-    data = np.asarray(values, dtype=np.int64).reshape(-1).tobytes()
-    return zlib.crc32(data, base & 0xFFFFFFFF)  # not hash(): stable across processes and Python versions
-
-
-def derived_rng(base: int, *values: int) -> np.random.Generator:
-    """A NumPy generator that is a pure function of ``base`` (low 32 bits) and ``values`` (epoch, item...)."""
-    return np.random.default_rng([base & 0xFFFFFFFF, *values])

@@ -23,7 +23,8 @@ from torch.utils.data import DataLoader, DistributedSampler
 from typing_extensions import override
 
 from mm_lightning import ExplainedError
-from mm_lightning.data.loader import StartsWorkersOutsideTheGroup, derive_seed, derived_rng
+from mm_lightning.data.loader import StartsWorkersOutsideTheGroup
+from mm_lightning.data.seeding import derive_seed, derived_rng
 
 
 class Visit(int):

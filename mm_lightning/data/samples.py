@@ -11,8 +11,8 @@ import torch
 
 from mm_lightning import ExplainedError
 from mm_lightning.data.images import DEFAULT_MAX_PIXELS, ImageDecodeError, decode_image_file
-from mm_lightning.data.loader import derived_rng
 from mm_lightning.data.records import SKIPPED_KEY, STAND_IN_KEY, Record, RecordError, record_errors
+from mm_lightning.data.seeding import derived_rng
 from mm_lightning.data.transforms import DecodeResizedCrop
 
 ORIGIN_KEY = "origin"  # sample field: where the record came from, for errors found in the collate

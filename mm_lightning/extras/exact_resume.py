@@ -12,8 +12,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
-from mm_lightning.data.loader import derive_seed, global_seed
 from mm_lightning.data.order import ResumableDataLoader
+from mm_lightning.data.seeding import derive_seed, global_seed
 
 
 class ExactResume(Callback):

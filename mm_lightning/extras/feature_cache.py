@@ -50,8 +50,8 @@ from typing_extensions import override
 from mm_lightning import ExplainedError
 from mm_lightning.data.datamodule import STAGE_SPLITS, MultimodalDataModule
 from mm_lightning.data.images import ImageDecodeError, read_image_bytes
-from mm_lightning.data.loader import derive_seed, global_seed
 from mm_lightning.data.records import Record, RecordError
+from mm_lightning.data.seeding import derive_seed, global_seed
 
 Encoder = Callable[[torch.Tensor], torch.Tensor]  # normalized (B, 3, H, W) images -> (B, D) features
 

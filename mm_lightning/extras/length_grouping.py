@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from mm_lightning.data.loader import derived_rng
 from mm_lightning.data.order import GlobalOrderSampler, TrainOrder
+from mm_lightning.data.seeding import derived_rng
 
 
 def caption_lengths(dataset: Any) -> np.ndarray:

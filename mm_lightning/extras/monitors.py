@@ -30,9 +30,9 @@ from torchvision.transforms.v2.functional import InterpolationMode, resize
 from torchvision.utils import make_grid
 from typing_extensions import override
 
-from mm_lightning.callbacks.logger_media import log_image, takes_images
 from mm_lightning.data.collate import load_tokenizer
 from mm_lightning.extras.nan_guard import step_grad_norms
+from mm_lightning.logger_media import log_image, takes_images
 
 
 def _log(trainer: Trainer, metrics: dict[str, float]) -> None:

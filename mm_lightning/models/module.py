@@ -17,9 +17,9 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
 from typing_extensions import override
 
-from mm_lightning.data.loader import derive_seed, global_seed
 from mm_lightning.data.order import planned_steps
 from mm_lightning.data.records import STAND_IN_KEY
+from mm_lightning.data.seeding import derive_seed, global_seed
 from mm_lightning.evaluation.rerank import Reranker
 from mm_lightning.logging_steps import ends_epoch_or_run, loggers_write_this_step
 from mm_lightning.models.config import (

@@ -14,10 +14,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from mm_lightning.data.loader import global_seed
 from mm_lightning.data.order import draw_seeds
 from mm_lightning.data.records import Record, RecordError, record_errors, validate_captions
 from mm_lightning.data.samples import BadRecordPolicy, SampleBuilder, TooManyBadRecords
+from mm_lightning.data.seeding import global_seed
 from mm_lightning.extras.shards.files import ShardCache, ShardError, ShardInfo
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif")

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
-from mm_lightning.data.loader import derived_rng
 from mm_lightning.data.order import GlobalOrderSampler, Visit
+from mm_lightning.data.seeding import derived_rng
 
 MIX_BLOCK = 4096  # interleaving decisions drawn per block (vectorized, O(block) memory)
 # Distinct random streams per purpose: numpy seeds from (seed, epoch, purpose, ...), all non-negative.

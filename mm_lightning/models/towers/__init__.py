@@ -7,8 +7,9 @@ from mm_lightning.models.towers.contract import EncoderOutput, Tower, TowerContr
 from mm_lightning.models.towers.hf_text import HFTextTower
 from mm_lightning.models.towers.hf_vision import HFVisionTower
 from mm_lightning.models.towers.open_clip import OpenCLIPImageTower, OpenCLIPTextTower
+from mm_lightning.models.towers.small_resnet import SmallResNet
 from mm_lightning.models.towers.timm import TimmTower
-from mm_lightning.models.towers.torchvision import SmallResNet, TorchvisionTower
+from mm_lightning.models.towers.torchvision import TorchvisionTower
 
 __all__ = [
     "CLIPImageTower",

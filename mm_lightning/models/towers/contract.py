@@ -13,11 +13,9 @@ import difflib
 import inspect
 import math
 from dataclasses import dataclass
-from importlib import import_module
 from typing import Any, Literal
 
 import torch
-from jsonargparse import Namespace
 from torch import Tensor, nn
 
 from mm_lightning import ExplainedError
@@ -287,26 +285,3 @@ def keep_locked_layers_in_eval(tower: nn.Module) -> None:
         own = list(module.parameters(recurse=False))
         if own and not any(p.requires_grad for p in own):
             module.eval()
-
-
-def tokenizer_of(text_tower: Any) -> str | None:
-    """The tokenizer of a text tower given by ``class_path`` + ``init_args`` (for the CLI's link).
-
-    A built-in tower says it (``tokenizer_for``), a user's tower by its ``tokenizer`` argument.
-    """
-    if text_tower is None:
-        return None
-    spec = text_tower.as_dict() if isinstance(text_tower, Namespace) else dict(text_tower)
-    class_path, init_args = spec.get("class_path"), dict(spec.get("init_args") or {})
-    if not isinstance(class_path, str):
-        return None  # not a class (yet): nothing to link
-    module, _, name = class_path.rpartition(".")
-    tower_class = getattr(import_module(module), name)
-    if hasattr(tower_class, "tokenizer_for"):
-        return tower_class.tokenizer_for(init_args)
-    if init_args.get("tokenizer") is not None:
-        return str(init_args["tokenizer"])
-    raise TowerContractError(
-        f"text tower {class_path} names no tokenizer: give it a `tokenizer` argument (the tokenizer its input ids"
-        " come from, e.g. tokenizer: mm-lightning/demo-bert)"
-    )

@@ -1,31 +1,16 @@
-"""What a run prints as it goes and when it ends, also when its output goes to a file (nohup, SLURM)."""
+"""What a run produced, printed when it ends: its checkpoints with their SHA-256, the last metrics, and the commands
+that train it further, test and evaluate it."""
 
 from __future__ import annotations
 
-import hashlib
 import os
-import sys
-import time
-from datetime import timedelta
-from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_only
 from typing_extensions import override
 
-
-def sha256_of(path: str | os.PathLike) -> str:
-    """The file's SHA-256 (hex): results name exactly the checkpoint they came from."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _duration(seconds: float) -> str:
-    return str(timedelta(seconds=round(seconds)))
+from mm_lightning.checkpoints.files import further_limits, sha256_of
 
 
 def _checkpoint_option(best: ModelCheckpoint | None, last: str) -> str:
@@ -48,16 +33,6 @@ def _sha256(path: str) -> list[str]:
     return [f"    SHA-256 {sha256_of(path)}"] if os.path.isfile(path) else []
 
 
-def further_limits(steps: int, epochs: int, max_steps: int, max_epochs: int) -> dict[str, int]:
-    """The limits a run at ``steps`` / ``epochs`` has reached, each raised to run as long again."""
-    reached = {}
-    if max_steps >= 0 and steps >= max_steps:
-        reached["steps"] = steps + max(max_steps, 1)
-    if max_epochs >= 0 and epochs >= max_epochs:
-        reached["epochs"] = epochs + max(max_epochs, 1)
-    return reached
-
-
 def _train_further(trainer: Trainer) -> tuple[str, str]:
     """(what, options) that resume the run for as long again: the limits it reached, raised."""
     max_epochs = -1 if trainer.max_epochs is None else trainer.max_epochs
@@ -69,7 +44,7 @@ def _train_further(trainer: Trainer) -> tuple[str, str]:
     return f" ({what})", "".join(f" --trainer.max_{unit} {total}" for unit, total in reached.items())
 
 
-def _metrics(trainer: Trainer, prefix: str) -> str:
+def metrics_line(trainer: Trainer, prefix: str) -> str:
     """``name value`` pairs of the logged metrics under ``prefix`` (recalls at 1 and the loss first)."""
     values = {
         k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(prefix) and v.numel() == 1
@@ -98,7 +73,7 @@ class RunSummary(Callback):
             lines += [f"  best {value}{best.best_model_path}", *_sha256(best.best_model_path)]
         if last:
             lines += [f"  last checkpoint: {last}", *_sha256(last)]
-        validated = _metrics(trainer, "val/")
+        validated = metrics_line(trainer, "val/")
         if validated:
             lines.append(f"  last validation: {validated}")
         if log_dir:
@@ -132,64 +107,9 @@ class RunSummary(Callback):
 
     @staticmethod
     def _evaluated(trainer: Trainer, stage: str, prefix: str) -> None:
-        lines = [f"Finished {stage}: {_metrics(trainer, prefix) or 'no metric logged'}"]
+        lines = [f"Finished {stage}: {metrics_line(trainer, prefix) or 'no metric logged'}"]
         if trainer.ckpt_path:
             lines += [f"  checkpoint: {trainer.ckpt_path}", *_sha256(trainer.ckpt_path)]
         if _log_dir(trainer):
             lines.append(f"  logs: {_log_dir(trainer)}")
         print("\n".join(lines), flush=True)
-
-
-class ProgressLines(Callback):
-    """Plain progress lines for output that is not a terminal (rank 0); silent on a terminal (it has the bar).
-
-    Args:
-        every_s: Seconds between two training progress lines.
-        force: Print them on a terminal too."""
-
-    def __init__(self, every_s: float = 30.0, force: bool = False) -> None:
-        self.every_s = every_s
-        self.force = force
-        self._active = False
-        self._start_time = self._last_time = 0.0
-        self._start_step = 0
-
-    @override
-    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._active = trainer.is_global_zero and (self.force or not sys.stdout.isatty())
-
-    @override
-    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._start_time = self._last_time = time.monotonic()
-        self._start_step = trainer.global_step
-
-    @override
-    def on_train_batch_end(
-        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        now = time.monotonic()
-        if not self._active or now - self._last_time < self.every_s:
-            return
-        self._last_time = now
-        step, total = trainer.global_step, trainer.estimated_stepping_batches
-        rate = (step - self._start_step) / max(now - self._start_time, 1e-9)
-        epochs = f"/{trainer.max_epochs}" if trainer.max_epochs and trainer.max_epochs > 0 else ""
-        line = f"epoch {trainer.current_epoch + 1}{epochs} step {step}"
-        if total != float("inf"):
-            line += f"/{int(total)} ({100 * step / total:.0f}%)"
-        loss = trainer.callback_metrics.get("train/loss")
-        if loss is not None:
-            line += f"  train/loss {float(loss):.4f}"
-        line += f"  {rate:.2f} steps/s  elapsed {_duration(now - self._start_time)}"
-        if total != float("inf") and rate > 0:
-            line += f"  left ~{_duration((total - step) / rate)}"
-        print(line, flush=True)
-
-    @override
-    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._active and trainer.state.fn == "fit" and not trainer.sanity_checking:
-            metrics = _metrics(trainer, "val/")
-            print(
-                f"epoch {trainer.current_epoch + 1} step {trainer.global_step} validated: {metrics}",
-                flush=True,
-            )
