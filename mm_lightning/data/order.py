@@ -217,7 +217,11 @@ class ResumableDataLoader(StartsWorkersOutsideTheGroup, DataLoader):
         sampler = self.sampler
         saved = state_dict.get(self.KEY)
         if saved is None:
-            saved = self._from_batch_count(state_dict)
+            raise LayoutChangeError(
+                f"The checkpoint's train-loader state holds no {self.KEY!r} (keys: {sorted(state_dict)[:6]}): it was"
+                " not written by this loader, so where the epoch stopped is unknown; resume from a checkpoint this"
+                " version wrote, or start the run again"
+            )
         epoch, consumed = int(saved["epoch"]), int(saved["consumed"])
         if int(saved["stream_length"]) != sampler.stream_length():
             warnings.warn(
@@ -246,29 +250,6 @@ class ResumableDataLoader(StartsWorkersOutsideTheGroup, DataLoader):
         sampler.resume_at(epoch, consumed)
         self._reading, self._yielded = None, 0
         self.position_loaded = True
-
-    def _from_batch_count(self, state: dict[str, Any]) -> dict[str, Any]:
-        """A position saved as torchdata's loader state (before positions were global): its batch count."""
-        if state.get("_iterator_finished"):
-            yielded = 0
-        elif "mm_lightning_batches_yielded" in state:
-            yielded = int(state["mm_lightning_batches_yielded"])
-        elif "_snapshot" in state:  # with workers
-            yielded = int(state["_snapshot"].get("_snapshot_step", 0)) + int(
-                state.get("_steps_since_snapshot", 0)
-            )
-        else:
-            yielded = int(state.get("_num_yielded", 0))
-        warnings.warn(
-            "The checkpoint's train-loader position is a per-process batch count (saved by an earlier version):"
-            f" continuing after {yielded} batches per process, in this version's order, so this epoch may see some"
-            " samples twice or not at all",
-            stacklevel=3,
-        )
-        epoch = int(state.get("mm_lightning_sampler_epoch", self.sampler.epoch))
-        layout = self.layout()
-        consumed = yielded * self.sampler.global_batch
-        return {"epoch": epoch, "consumed": consumed, "stream_length": self.sampler.stream_length(), **layout}
 
     def continue_progress(self, trainer: Any) -> None:
         """Lightning's count of this epoch's batches in this run's layout: the steps the consumed samples make,

@@ -70,9 +70,11 @@ def test_a_resume_on_another_layout_reads_the_rest_of_the_epoch_once(after: tupl
         return  # the same global batch: a per-process batch count names the same position
     # Control: a position kept as each process's batch count (what per-rank loader states give) repeats or
     # skips samples once the global batch changes.
-    legacy = {"mm_lightning_batches_yielded": 6}
-    with pytest.warns(UserWarning, match="per-process batch count"):
-        counted = sum(read(resumed(legacy, *after)), [])
+    key = ResumableDataLoader.KEY
+    per_process = {
+        key: {**state[key], "consumed": 6 * after[0] * after[1]}
+    }  # 6 steps of the new global batch
+    counted = sum(read(resumed(per_process, *after)), [])
     assert Counter(seen + counted) != Counter(range(SIZE))
 
 
@@ -83,6 +85,13 @@ def test_an_epoch_end_position_starts_the_next_epoch_on_any_layout() -> None:
     next_epoch = read(resumed(state, 3, 4))
     ranks = loaders(3, 4, epoch=1)
     assert next_epoch == read(ranks) and len(next_epoch) == SIZE // 12
+
+
+def test_a_loader_state_without_a_position_is_refused() -> None:
+    # what a per-process loader (torchdata's StatefulDataLoader) saves: a batch count, no position of the epoch
+    with pytest.raises(LayoutChangeError, match="where the epoch stopped is unknown"):
+        resumed({"_num_yielded": 6, "_iterator_finished": False}, 1, 8)
+    read(resumed(loaders(1, 8)[0].state_dict(), 1, 8))  # control: a position this loader saved
 
 
 def test_loading_a_position_twice_changes_nothing() -> None:

@@ -18,7 +18,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from mm_lightning.cli import cli_main, main
 from mm_lightning.data.demo import demo_generator_args, generate_demo_dataset
-from mm_lightning.data.order import GlobalOrderSampler, ResumableDataLoader
+from mm_lightning.data.order import GlobalOrderSampler, LayoutChangeError, ResumableDataLoader
 from tests.conftest import DEMO_CONFIG
 from tests.test_process_exit import exit_problems, run_or_report_hang
 
@@ -84,11 +84,9 @@ def test_loader_state_at_epoch_end_resumes_at_the_next_epoch(
     stock = resumed(StatefulDataLoader, stock_state, *settings)
     assert run_epoch(stock, 1, resumed=True) == [[-1]] * BATCHES
 
-    # That state (a checkpoint written before positions were sample counts) loads into this loader, with a
-    # warning, without losing the epoch.
-    with pytest.warns(UserWarning, match="per-process batch count"):
-        legacy = resumed(ResumableDataLoader, stock_state, *settings)
-    assert run_epoch(legacy, 1, resumed=True) == uninterrupted[1]
+    # That state (a batch count per process, no position of the epoch) is refused, not guessed at.
+    with pytest.raises(LayoutChangeError, match="where the epoch stopped is unknown"):
+        resumed(ResumableDataLoader, stock_state, *settings)
 
 
 def keep_epoch_end(to: Path) -> list[str]:
