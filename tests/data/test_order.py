@@ -186,3 +186,54 @@ def test_a_visit_survives_the_trip_to_a_worker() -> None:
 
     visit = pickle.loads(pickle.dumps(Visit(7, 2, 31)))
     assert (int(visit), visit.epoch, visit.position) == (7, 2, 31) and isinstance(visit, Visit)
+
+
+# The order's property, without processes: for each kind of stream, every layout before and after a kill (processes
+# x batch size) and every kill point of the epoch, the resumed run reads the rest of the epoch's stream, each visit
+# once (a run that changes its global batch mid-epoch leaves a tail shorter than one global batch).
+STREAMS = {  # kind -> (sampler, batch sizes, the stream's order follows the batch size)
+    "jsonl": (None, (2, 4), False),
+    "length_grouping": (length_grouped, (2, 4), True),
+    "two_source_mixture": (mixture, (2, 3), False),
+}
+WORLDS = (1, 2, 3, 4, 8)
+
+
+def epoch_stream(kind: str, batch: int) -> list[int]:
+    sampler_of, _, _ = STREAMS[kind]
+    return sum(read(loaders(1, batch, sampler_of)), [])
+
+
+@pytest.mark.parametrize("kind", list(STREAMS))
+def test_every_visit_is_read_once_across_a_resume_on_any_layout(kind: str) -> None:
+    sampler_of, batches, follows_batch = STREAMS[kind]
+    checked = 0
+    for batch_before in batches:
+        stream = epoch_stream(kind, batch_before)
+        for world_before in WORLDS:
+            before = read(loaders(world_before, batch_before, sampler_of))
+            for kill in range(1, len(before)):  # after every step but the epoch's last
+                ranks = loaders(world_before, batch_before, sampler_of)
+                seen = sum(read(ranks, steps=kill), [])
+                state = ranks[0].state_dict()
+                for world_after in WORLDS:
+                    for batch_after in (batch_before,) if follows_batch else batches:
+                        # as Lightning does: this layout's steps left in the epoch, by count
+                        left = (len(stream) - len(seen)) // (world_after * batch_after)
+                        rest = sum(read(resumed(state, world_after, batch_after, sampler_of), steps=left), [])
+                        case = (kind, world_before, batch_before, kill, world_after, batch_after)
+                        # the epoch's stream in order, each visit once; only a tail short of a global batch is left
+                        assert seen + rest == stream[: len(seen) + len(rest)], case
+                        assert len(stream) - len(seen + rest) < world_after * batch_after, case
+                        checked += 1
+    assert checked > 500
+
+
+def test_control_a_position_kept_per_rank_reads_visits_twice_or_never() -> None:
+    stream = epoch_stream("two_source_mixture", 3)
+    ranks = loaders(2, 3, mixture)
+    seen = sum(read(ranks, steps=4), [])
+    key = ResumableDataLoader.KEY
+    per_rank = {key: {**ranks[0].state_dict()[key], "consumed": 4 * 8 * 3}}  # 4 steps of the new global batch
+    rest = sum(read(resumed(per_rank, 8, 3, mixture)), [])
+    assert seen + rest != stream and Counter(seen + rest) != Counter(stream)
