@@ -25,6 +25,7 @@ OPT_IN = {
     "mm_lightning.errors",
     "mm_lightning.assets.demo_bert",
     "mm_lightning.models.towers.user_towers",
+    "mm_lightning.logger_media",
 }
 
 

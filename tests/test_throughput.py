@@ -1,4 +1,4 @@
-"""The throughput monitor counts every step's samples but waits for the device only on the steps that log, and
+"""The throughput logger counts every step's samples but waits for the device only on the steps that log, and
 logs under Lightning's ThroughputMonitor names."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The callbacks of the training core: bad-record counts, throughput, the run report and the prediction writer."""
+"""The callbacks of the training core: bad-record counts, throughput, the run summary, progress lines and the
+prediction writer."""
 
 from mm_lightning.callbacks.bad_records import BadRecordLogger
 from mm_lightning.callbacks.prediction import EmbeddingWriter

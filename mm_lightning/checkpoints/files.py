@@ -1,6 +1,6 @@
 """Checks that a file is a complete checkpoint written by Lightning, and says what is wrong when it is not; finds
-a run's ``last``/``best`` checkpoint and says when a resume has nothing left to train (loaded when a run resumes
-or loads a checkpoint)."""
+a run's ``last``/``best`` checkpoint, says when a resume has nothing left to train (the limits a run reached:
+:func:`further_limits`) and gives a file's SHA-256 (:func:`sha256_of`), which results and summaries name."""
 
 from __future__ import annotations
 

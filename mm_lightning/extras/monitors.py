@@ -1,7 +1,7 @@
 """Monitors that show why a run is slow or unstable (scalars to every logger; the grid to those that take images).
 
-* :class:`StepTimeMonitor` - ``train/data_wait_fraction`` (steps per second come from Lightning's
-  ``ThroughputLogger``, a default callback);
+* :class:`StepTimeMonitor` - ``train/data_wait_fraction`` (steps per second come from the
+  project's ``ThroughputLogger``, a default callback);
 * :class:`PeakMemoryMonitor` - ``train/peak_memory_mb`` (CUDA allocator peak, or process peak RSS on CPU);
 * :class:`GradNormMonitor` - ``grad_norm/<submodule>`` and ``grad_norm/total`` after the DDP reduction (the
   one place gradient norms are logged);

@@ -199,6 +199,21 @@ STREAMS = {  # kind -> (sampler, batch sizes, the stream's order follows the bat
 WORLDS = (1, 2, 3, 4, 8)
 
 
+def reads_the_rest_once(seen: list[int], rest: list[int], stream: list[int], global_batch_after: int) -> bool:
+    """The epoch's stream in order, each visit once; only a tail short of the new global batch is left unread."""
+    read_so_far = seen + rest
+    return read_so_far == stream[: len(read_so_far)] and len(stream) - len(read_so_far) < global_batch_after
+
+
+def resume_reads(
+    state: dict, world: int, batch: int, sampler_of: Any, seen: list[int], stream: list[int]
+) -> list:
+    """What ``world`` x ``batch`` loaders resumed from ``state`` read of the epoch, as Lightning reads it: the
+    layout's steps left in the epoch, by count."""
+    left = (len(stream) - len(seen)) // (world * batch)
+    return sum(read(resumed(state, world, batch, sampler_of), steps=left), [])
+
+
 def epoch_stream(kind: str, batch: int) -> list[int]:
     sampler_of, _, _ = STREAMS[kind]
     return sum(read(loaders(1, batch, sampler_of)), [])
@@ -218,22 +233,23 @@ def test_every_visit_is_read_once_across_a_resume_on_any_layout(kind: str) -> No
                 state = ranks[0].state_dict()
                 for world_after in WORLDS:
                     for batch_after in (batch_before,) if follows_batch else batches:
-                        # as Lightning does: this layout's steps left in the epoch, by count
-                        left = (len(stream) - len(seen)) // (world_after * batch_after)
-                        rest = sum(read(resumed(state, world_after, batch_after, sampler_of), steps=left), [])
+                        rest = resume_reads(state, world_after, batch_after, sampler_of, seen, stream)
                         case = (kind, world_before, batch_before, kill, world_after, batch_after)
-                        # the epoch's stream in order, each visit once; only a tail short of a global batch is left
-                        assert seen + rest == stream[: len(seen) + len(rest)], case
-                        assert len(stream) - len(seen + rest) < world_after * batch_after, case
+                        assert reads_the_rest_once(seen, rest, stream, world_after * batch_after), case
                         checked += 1
     assert checked > 500
 
 
-def test_control_a_position_kept_per_rank_reads_visits_twice_or_never() -> None:
+@pytest.mark.parametrize(("world_after", "batch_after"), [(8, 3), (1, 2)])
+def test_control_a_position_kept_per_rank_skips_or_repeats_visits(world_after: int, batch_after: int) -> None:
     stream = epoch_stream("two_source_mixture", 3)
     ranks = loaders(2, 3, mixture)
     seen = sum(read(ranks, steps=4), [])
+    state = ranks[0].state_dict()
+    rest = resume_reads(state, world_after, batch_after, mixture, seen, stream)
+    assert reads_the_rest_once(seen, rest, stream, world_after * batch_after)  # the global position
     key = ResumableDataLoader.KEY
-    per_rank = {key: {**ranks[0].state_dict()[key], "consumed": 4 * 8 * 3}}  # 4 steps of the new global batch
-    rest = sum(read(resumed(per_rank, 8, 3, mixture)), [])
-    assert seen + rest != stream and Counter(seen + rest) != Counter(stream)
+    # 4 steps of the new global batch: past the 24 samples read (8 x 3), or short of them (1 x 2)
+    per_rank = {key: {**state[key], "consumed": 4 * world_after * batch_after}}
+    rest = resume_reads(per_rank, world_after, batch_after, mixture, seen, stream)
+    assert not reads_the_rest_once(seen, rest, stream, world_after * batch_after)

@@ -55,7 +55,7 @@ def test_a_step_without_backward_is_not_counted(tmp_path: Path) -> None:
     assert counter.totals["train"] == pytest.approx(4 * BATCH * IN * OUT, rel=0.01)
 
 
-def test_module_flops_reach_the_throughput_monitor_without_warning(tmp_path: Path) -> None:
+def test_module_flops_reach_the_throughput_logger_without_warning(tmp_path: Path) -> None:
     model = tiny_module()
     assert model.flops_per_batch is None  # nothing measured before the first batch
     counter = FlopCounter()
