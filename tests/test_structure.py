@@ -1,6 +1,6 @@
 """The package stays readable as a template: no import cycle, one-way layers, the explicit all-reduce off the
-read path, the core naming no extra, no private name imported across modules, no deprecation shims, no private
-Lightning name.
+read path, the core naming no extra, Lightning's loop state written in one module, no private name imported across
+modules, no deprecation shims, no private Lightning name.
 
 Imports are read from the source (every ``import``, also those inside functions), so a lazy import that
 would close a cycle counts too.
@@ -165,6 +165,39 @@ def test_control_an_extra_the_core_names_is_found(tmp_path: Path) -> None:
         "pkg.data.d:3 names pkg.extras",
         "pkg.models.m -> pkg.extras.x",
     ]
+
+
+LOOP_STATE_WRITER = "mm_lightning.data.resume"
+LOOP_STATE = re.compile(r"\b(fit_loop|epoch_loop|\w*progress)\b")
+
+
+def loop_state_writers(root: Path) -> list[str]:
+    """Writes to Lightning's loop state (an assignment or ``setattr`` on a loop or a progress counter)."""
+    found = []
+    for name, path in sorted(module_files(root).items()):
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[ast.AST] = []
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                targets = [t for t in targets if isinstance(t, (ast.Attribute, ast.Subscript))]
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr" and node.args:
+                targets = [node.args[0]]
+            found += [f"{name}:{node.lineno}" for t in targets if LOOP_STATE.search(ast.unparse(t))]
+    return found
+
+
+def test_lightning_loop_state_is_written_in_one_module() -> None:
+    assert {where.split(":")[0] for where in loop_state_writers(PACKAGE)} <= {LOOP_STATE_WRITER}
+
+
+def test_control_a_loop_state_write_elsewhere_is_found(tmp_path: Path) -> None:
+    pkg = _write(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/a.py": "def f(trainer):\n    trainer.fit_loop.epoch_loop.batch_progress.current.ready = 0\n",
+        "pkg/b.py": "def g(progress):\n    setattr(progress.current, 'ready', 1)\n    progress.is_last_batch = True\n",
+        "pkg/c.py": "def h(x):\n    x.progress_bar = 1\n    loop = x.fit_loop\n",
+    })  # fmt: skip
+    assert sorted(loop_state_writers(pkg)) == ["pkg.a:2", "pkg.b:2", "pkg.b:3"]
 
 
 def private_imports(root: Path) -> list[str]:

@@ -19,7 +19,7 @@ from mm_lightning.data.config import CaptionSampling, ImageOptions, LoaderOption
 from mm_lightning.data.images import decode_image_bytes
 from mm_lightning.data.jsonl import JsonlIndex, RecordParser
 from mm_lightning.data.loader import WorkerSafeDataLoader, ignore_stop_signals
-from mm_lightning.data.order import ResumableDataLoader, TrainOrder, TrainPosition, draw_seeds
+from mm_lightning.data.order import TrainOrder, draw_seeds
 from mm_lightning.data.records import (
     IMAGE_KINDS,
     EmptySplitError,
@@ -28,6 +28,7 @@ from mm_lightning.data.records import (
     SkipLog,
     SkippedRecords,
 )
+from mm_lightning.data.resume import ResumableDataLoader, TrainPosition
 from mm_lightning.data.samples import BadRecordPolicy, SampleBuilder
 from mm_lightning.data.seeding import global_seed
 from mm_lightning.data.transforms import (
@@ -311,7 +312,7 @@ class MultimodalDataModule(pl.LightningDataModule):
     @override
     def train_dataloader(self) -> ResumableDataLoader:
         """This rank's share of each global batch of the epoch's order; its position is saved with the data
-        module (and by Lightning), and a resume on any number of processes continues it."""
+        module, and a resume on any number of processes continues it (:mod:`mm_lightning.data.resume`)."""
         dataset, hp = self._dataset("train"), self.hparams
         world, rank = self._rank_info()
         rows = "images" if dataset.caption_sampling == "random" else "caption rows"

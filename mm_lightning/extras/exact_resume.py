@@ -12,7 +12,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
-from mm_lightning.data.order import ResumableDataLoader
+from mm_lightning.data.resume import ResumableDataLoader
 from mm_lightning.data.seeding import derive_seed, global_seed
 
 
@@ -40,7 +40,8 @@ class ExactResume(Callback):
         self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]
     ) -> None:
         fit_loop = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
-        self._saved_position = bool(fit_loop.get("combined_loader"))
+        # Lightning's copy of a loader's position: empty where a data module keeps it (and applies it itself)
+        self._saved_position = any(fit_loop.get("combined_loader") or [])
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -48,9 +49,10 @@ class ExactResume(Callback):
         if self._saved_position and isinstance(loader, ResumableDataLoader) and not loader.position_loaded:
             rank_zero_warn(
                 "The checkpoint's position in the training data was not restored, so this epoch starts over with"
-                " a new order. Lightning restores it only mid-epoch and only into a loader set up after the"
-                " checkpoint is read (configure_optimizers reading trainer.estimated_stepping_batches sets it up"
-                " earlier); the built-in data modules keep it themselves, in checkpoints written since they do."
+                " a new order. Lightning restores a loader passed to fit only mid-epoch and only if it is set up"
+                " after the checkpoint is read (configure_optimizers reading trainer.estimated_stepping_batches sets"
+                " it up earlier); a data module that keeps a mm_lightning.data.resume.TrainPosition, as the"
+                " built-in ones do, restores it in every case."
             )
         self._saved_position = False
 

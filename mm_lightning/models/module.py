@@ -17,8 +17,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
 from typing_extensions import override
 
-from mm_lightning.data.order import planned_steps
 from mm_lightning.data.records import STAND_IN_KEY
+from mm_lightning.data.resume import planned_steps, rescale_for_global_batch
 from mm_lightning.data.seeding import derive_seed, global_seed
 from mm_lightning.evaluation.rerank import Reranker
 from mm_lightning.logging_steps import ends_epoch_or_run, loggers_write_this_step
@@ -36,11 +36,7 @@ from mm_lightning.models.config import (
 )
 from mm_lightning.models.dual_encoder import DualEncoder
 from mm_lightning.models.losses import weighted_sum
-from mm_lightning.models.optim import (
-    clip_gradients,
-    optimizer_and_schedule,
-    rescale_for_global_batch,
-)
+from mm_lightning.models.optim import clip_gradients, optimizer_and_schedule
 from mm_lightning.models.rules import (
     RULES,
     ParamGroupRule,

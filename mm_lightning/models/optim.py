@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
@@ -69,32 +69,6 @@ def warmup_cosine(
         return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return LambdaLR(optimizer, factor)
-
-
-LR_SCALING = {"none": lambda ratio: 1.0, "linear": lambda ratio: ratio, "sqrt": math.sqrt}
-
-
-def rescale_for_global_batch(trainer: Any, rule: str) -> None:
-    """After a resume with another global batch than the checkpoint's, scales the learning rates (and the
-    schedule's peak) by ``rule`` of new / old global batch, and says so."""
-    change = getattr(trainer.train_dataloader, "global_batch_change", None)
-    if change is None:
-        return
-    old, new = change
-    factor = LR_SCALING[rule](new / old)
-    if factor != 1.0:
-        for config in trainer.lr_scheduler_configs:
-            config.scheduler.base_lrs = [lr * factor for lr in config.scheduler.base_lrs]
-        for optimizer in trainer.optimizers:
-            for group in optimizer.param_groups:
-                group["lr"] *= factor
-                if "initial_lr" in group:
-                    group["initial_lr"] *= factor
-    done = "kept" if factor == 1.0 else f"scaled by {factor:.4g}"
-    rank_zero_info(
-        f"Global batch {old} -> {new}: learning rates {done} (model.optim.lr_scaling: {rule}; linear and sqrt"
-        " scale them by the ratio or its square root)"
-    )
 
 
 def clip_grouped(groups: dict[str, tuple[Iterable[nn.Parameter], float | None]]) -> dict[str, torch.Tensor]:

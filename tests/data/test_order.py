@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from mm_lightning.data import MultimodalDataModule
-from mm_lightning.data.order import GlobalOrderSampler, LayoutChangeError, ResumableDataLoader, Visit
+from mm_lightning.data.order import GlobalOrderSampler, Visit
+from mm_lightning.data.resume import LayoutChangeError, ResumableDataLoader
 from mm_lightning.extras import LengthGroupedSampler
 from mm_lightning.extras.shards.mixing import ShardOrderSampler, SourcePlan
 from tests.data.helpers import TOKENIZER, coco_style
@@ -45,7 +46,7 @@ def read(ranks: list[ResumableDataLoader], steps: int | None = None) -> list[lis
 def resumed(state: dict, world: int, batch: int, sampler_of: Any = None) -> list[ResumableDataLoader]:
     ranks = loaders(world, batch, sampler_of)
     for loader in ranks:
-        loader.load_state_dict(state)
+        loader.load_position(state)
     return ranks
 
 
@@ -59,8 +60,8 @@ def test_ranks_read_the_steps_one_process_reads(world: int, batch: int) -> None:
 def test_a_resume_on_another_layout_reads_the_rest_of_the_epoch_once(after: tuple[int, int]) -> None:
     before = loaders(2, 4)
     seen = sum(read(before, steps=6), [])  # 6 steps of 2 x 4 = 48 samples
-    state = before[0].state_dict()
-    assert state == before[1].state_dict()  # the position is the epoch's, not a rank's
+    state = before[0].position_state()
+    assert state == before[1].position_state()  # the position is the epoch's, not a rank's
     assert state[ResumableDataLoader.KEY]["consumed"] == 48
     rest = sum(read(resumed(state, *after)), [])
     assert Counter(seen + rest) == Counter(range(SIZE))  # each sample of the epoch once
@@ -81,7 +82,7 @@ def test_a_resume_on_another_layout_reads_the_rest_of_the_epoch_once(after: tupl
 def test_an_epoch_end_position_starts_the_next_epoch_on_any_layout() -> None:
     before = loaders(2, 4)
     read(before)
-    state = before[0].state_dict()
+    state = before[0].position_state()
     next_epoch = read(resumed(state, 3, 4))
     ranks = loaders(3, 4, epoch=1)
     assert next_epoch == read(ranks) and len(next_epoch) == SIZE // 12
@@ -91,18 +92,18 @@ def test_a_loader_state_without_a_position_is_refused() -> None:
     # what a per-process loader (torchdata's StatefulDataLoader) saves: a batch count, no position of the epoch
     with pytest.raises(LayoutChangeError, match="where the epoch stopped is unknown"):
         resumed({"_num_yielded": 6, "_iterator_finished": False}, 1, 8)
-    read(resumed(loaders(1, 8)[0].state_dict(), 1, 8))  # control: a position this loader saved
+    read(resumed(loaders(1, 8)[0].position_state(), 1, 8))  # control: a position this loader saved
 
 
 def test_loading_a_position_twice_changes_nothing() -> None:
     before = loaders(2, 4)
     read(before, steps=3)
-    state = before[0].state_dict()
+    state = before[0].position_state()
     (once,) = resumed(state, 1, 8)
     (twice,) = resumed(state, 1, 8)
-    twice.load_state_dict(state)
+    twice.load_position(state)
     assert read([once]) == read([twice])
-    assert twice.state_dict()[ResumableDataLoader.KEY]["layouts"] == [
+    assert twice.position_state()[ResumableDataLoader.KEY]["layouts"] == [
         {"epoch": 0, "consumed": 24, "world_size": 1, "batch_size": 8}
     ]
 
@@ -114,7 +115,7 @@ def test_workers_read_the_same_stream_and_save_the_same_position() -> None:
         sampler = GlobalOrderSampler(SIZE, 4, num_replicas=2, rank=rank, seed=5)
         with_workers.append(ResumableDataLoader(list(range(SIZE)), sampler, batch_size=4, num_workers=2))
     assert read(with_workers, steps=3) == read(ranks, steps=3)
-    assert with_workers[0].state_dict() == ranks[0].state_dict()  # prefetched batches are not counted
+    assert with_workers[0].position_state() == ranks[0].position_state()  # prefetched batches are not counted
 
 
 def length_grouped(size: int, batch: int, num_replicas: int = 1, rank: int = 0, seed: int = 0) -> Any:
@@ -125,7 +126,7 @@ def length_grouped(size: int, batch: int, num_replicas: int = 1, rank: int = 0, 
 def test_length_groups_resume_on_other_processes_but_not_another_batch_size() -> None:
     before = loaders(2, 4, length_grouped)
     seen = sum(read(before, steps=3), [])
-    state = before[0].state_dict()
+    state = before[0].position_state()
     rest = sum(read(resumed(state, 3, 4, length_grouped)), [])
     assert Counter(seen + rest) == Counter(range(SIZE))
     with pytest.raises(LayoutChangeError, match="data.batch_size 4"):
@@ -145,7 +146,7 @@ def test_a_two_source_mixture_resumes_on_other_processes_with_its_exact_counts()
     for after in [(1, 12), (3, 4), (3, 2)]:
         before = loaders(2, 6, mixture)
         seen = sum(read(before, steps=5), [])
-        rest = sum(read(resumed(before[0].state_dict(), *after, mixture)), [])
+        rest = sum(read(resumed(before[0].position_state(), *after, mixture)), [])
         assert seen + rest == full  # the rest of the same stream, each visit once
 
 
@@ -230,7 +231,7 @@ def test_every_visit_is_read_once_across_a_resume_on_any_layout(kind: str) -> No
             for kill in range(1, len(before)):  # after every step but the epoch's last
                 ranks = loaders(world_before, batch_before, sampler_of)
                 seen = sum(read(ranks, steps=kill), [])
-                state = ranks[0].state_dict()
+                state = ranks[0].position_state()
                 for world_after in WORLDS:
                     for batch_after in (batch_before,) if follows_batch else batches:
                         rest = resume_reads(state, world_after, batch_after, sampler_of, seen, stream)
@@ -245,7 +246,7 @@ def test_control_a_position_kept_per_rank_skips_or_repeats_visits(world_after: i
     stream = epoch_stream("two_source_mixture", 3)
     ranks = loaders(2, 3, mixture)
     seen = sum(read(ranks, steps=4), [])
-    state = ranks[0].state_dict()
+    state = ranks[0].position_state()
     rest = resume_reads(state, world_after, batch_after, mixture, seen, stream)
     assert reads_the_rest_once(seen, rest, stream, world_after * batch_after)  # the global position
     key = ResumableDataLoader.KEY

@@ -114,8 +114,11 @@ def test_mid_epoch_resume_continues_the_same_order(tmp_path: Path, length_groupi
 
     full = _fit(dm(), tmp_path, max_steps=5)  # one epoch has 6 batches: resume inside it
     ckpt = tmp_path / "ckpt" / "step=2.ckpt"
-    state = torch.load(ckpt, weights_only=False)["loops"]["fit_loop"]["state_dict"]
-    assert state.get("combined_loader"), "train loader position missing from the checkpoint"
+    saved = torch.load(ckpt, weights_only=True)
+    assert saved["MultimodalDataModule"]["train_loader"], "train loader position missing from the checkpoint"
+    assert not any(
+        saved["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+    )  # held once: not also Lightning's
     resumed = _fit(dm(), tmp_path / "resumed", max_steps=5, ckpt=str(ckpt))
     assert resumed == full[2:]
     assert sorted(i for b in full for i in b) != [

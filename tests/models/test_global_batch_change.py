@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mm_lightning.data.order import planned_steps
-from mm_lightning.models.optim import rescale_for_global_batch, warmup_cosine
+from mm_lightning.data.resume import planned_steps, rescale_for_global_batch
+from mm_lightning.models.optim import warmup_cosine
 
 
 def trainer_after(change: tuple[int, int] | None, planned: float | None = None) -> SimpleNamespace:

@@ -16,7 +16,8 @@ from torch.utils.data import DataLoader
 
 from mm_lightning.data import loader as loader_module
 from mm_lightning.data.loader import WorkerSafeDataLoader, ignore_stop_signals
-from mm_lightning.data.order import GlobalOrderSampler, ResumableDataLoader
+from mm_lightning.data.order import GlobalOrderSampler
+from mm_lightning.data.resume import ResumableDataLoader
 
 
 class SlowToLeaveTheGroup:

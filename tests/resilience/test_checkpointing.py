@@ -22,7 +22,8 @@ from torch.utils.data import TensorDataset
 from typing_extensions import override
 
 from mm_lightning.checkpoints import AtomicCheckpointIO
-from mm_lightning.data.order import GlobalOrderSampler, ResumableDataLoader, TrainPosition
+from mm_lightning.data.order import GlobalOrderSampler
+from mm_lightning.data.resume import ResumableDataLoader, TrainPosition
 from mm_lightning.extras import ExactResume, PreemptionCheckpoint
 from tests.resilience.helpers import TinyModule, random_loader
 
@@ -214,7 +215,7 @@ def test_a_saved_position_goes_only_to_a_fit_resumed_from_a_checkpoint() -> None
     saved = ResumableDataLoader(data, GlobalOrderSampler(40, 8), batch_size=8)
     batches = iter(saved)
     next(batches), next(batches)
-    state = {TrainPosition.KEY: saved.state_dict()}
+    state = {TrainPosition.KEY: saved.position_state()}
     for ckpt_path, applied in ((None, False), ("last.ckpt", True)):
         position = TrainPosition()
         position.load_state_dict(state)

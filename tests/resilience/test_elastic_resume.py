@@ -17,13 +17,13 @@ import torch
 
 from mm_lightning.cli import main
 from mm_lightning.data.demo import demo_generator_args, generate_demo_dataset
-from mm_lightning.data.order import ResumableDataLoader
+from mm_lightning.data.resume import ResumableDataLoader
 from tests.conftest import DEMO_CONFIG, REPO, callback_args
 from tests.resilience.helpers import recorded_samples
 from tests.strategies.launch import free_port, kill_all
 from tests.test_process_exit import exit_problems, run_or_report_hang
 
-unpatched = ResumableDataLoader.load_state_dict
+unpatched = ResumableDataLoader.load_position
 IMAGES = 48  # training images: whole steps of 2 x 4, 1 x 4, 1 x 8 and 3 x 4 samples
 KILLED_AT = 3  # steps of 2 x 4 = 24 samples, half the epoch
 # A resumed 2 x 4 -> 1 x 8 run against an uninterrupted 1 x 8 one, relative L2 distances. Measured (6 steps):
@@ -148,7 +148,7 @@ def test_a_run_killed_on_2_processes_resumes_on_1_and_3_reading_each_sample_once
         unpatched(self, {ResumableDataLoader.KEY: {**saved, "consumed": steps * self.sampler.global_batch}})
 
     control = resumed_copy(killed, tmp_path / "control")
-    monkeypatch.setattr(ResumableDataLoader, "load_state_dict", per_process_count)
+    monkeypatch.setattr(ResumableDataLoader, "load_position", per_process_count)
     assert main([*fit_args(data, control, 1, 4), "--ckpt_path", "last"]) == 0
     assert seen_in(killed, control) != epoch
 
@@ -178,7 +178,7 @@ def test_the_same_global_batch_on_fewer_processes_gives_the_uninterrupted_weight
         saved["consumed"] += saved["world_size"] * saved["batch_size"]
         unpatched(self, {ResumableDataLoader.KEY: saved})
 
-    monkeypatch.setattr(ResumableDataLoader, "load_state_dict", skip_a_batch)
+    monkeypatch.setattr(ResumableDataLoader, "load_position", skip_a_batch)
     assert main([*fit_args(data, control, 1, 8), "--ckpt_path", "last"]) == 0
     parameters, gradients = distances(last(control), expected)
     assert parameters > 10 * PARAMETER_TOLERANCE and gradients > 1000 * GRADIENT_TOLERANCE

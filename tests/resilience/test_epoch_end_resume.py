@@ -18,7 +18,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from mm_lightning.cli import cli_main, main
 from mm_lightning.data.demo import demo_generator_args, generate_demo_dataset
-from mm_lightning.data.order import GlobalOrderSampler, LayoutChangeError, ResumableDataLoader
+from mm_lightning.data.order import GlobalOrderSampler
+from mm_lightning.data.resume import LayoutChangeError, ResumableDataLoader
 from tests.conftest import DEMO_CONFIG
 from tests.test_process_exit import exit_problems, run_or_report_hang
 

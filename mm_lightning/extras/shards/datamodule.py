@@ -20,7 +20,8 @@ from typing_extensions import override
 from mm_lightning import ExplainedError
 from mm_lightning.data.datamodule import MultimodalDataModule, Split
 from mm_lightning.data.demo import demo_generator_args, generate_demo_dataset
-from mm_lightning.data.order import ResumableDataLoader, TrainOrder
+from mm_lightning.data.order import TrainOrder
+from mm_lightning.data.resume import ResumableDataLoader
 from mm_lightning.data.seeding import global_seed
 from mm_lightning.extras.shards.dataset import ShardDataset
 from mm_lightning.extras.shards.files import list_shards
