@@ -206,11 +206,13 @@ class Evaluation(nn.Module):
             unique_out.pooled[column], unique_out.tokens[column], unique_out.mask[column]
         )
         outputs = (image_out, unique_emb[column], text_out, text_emb)
-        weights = module.sample_weights(batch)
+        weights = module.objective.sample_weighting(batch)
         # the ITM head needs the token sequences of the global batch too
         rows = self.rows.gather_unique(batch, *outputs, weights, tokens=module.model.itm is not None)
         if rows is not None:
-            self.loss.add(module.model, rows, module.term_weights, loader_batch_size(module, stage, batch))
+            self.loss.add(
+                module.model, rows, module.objective.fixed_weights, loader_batch_size(module, stage, batch)
+            )
             if self.reranker is not None:
                 self.reranker.add(module.model.itm, rows)
         self.retrieval.update(unique_emb, image_ids, text_emb, batch["image_id"], batch["index"])
@@ -222,7 +224,7 @@ class Evaluation(nn.Module):
     def end_epoch(self, module: LightningModule, stage: str) -> None:
         """Logs ``<stage>/loss``, ``<stage>/r{1,5,10}_{t2i,i2t}`` and ``alignment_gap`` over the epoch's unique
         rows."""
-        loss = self.loss.finish(module.model, module.term_weights)
+        loss = self.loss.finish(module.model, module.objective.fixed_weights)
         if self.retrieval.update_count == 0:
             return
         # gathered over ranks by torchmetrics: identical on every rank

@@ -288,7 +288,7 @@ class LockedImageFeatures(pl.Callback):
                 "LockedImageFeatures: the image tower trains (model.image.freeze is false), so its features change"
                 " at every step; lock it (model.image.freeze true) or drop the LockedImageFeatures callback"
             )
-        weighting = getattr(pl_module, "sample_weighting", None)
+        weighting = pl_module.objective.sample_weighting
         if getattr(weighting, "reads_pixels", False):
             raise ValueError(
                 f"LockedImageFeatures: model.sample_weighting {type(weighting).__name__} reads the images' pixels,"

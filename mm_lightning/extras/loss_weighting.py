@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from mm_lightning.distributed import all_reduce_mean
-from mm_lightning.models.rules import SampleWeighting, TermWeighting
+from mm_lightning.models.losses.objective import SampleWeighting, TermWeighting
 
 
 def complexity_weights(images: Tensor, attention_mask: Tensor) -> Tensor:

@@ -4,14 +4,9 @@ from mm_lightning.models.config import FusionConfig, ObjectiveConfig, OptimConfi
 from mm_lightning.models.dual_encoder import DualEncoder
 from mm_lightning.models.itm import CrossAttentionFusion, ImageTextMatching
 from mm_lightning.models.losses import ContrastiveLoss, SigLipLoss
+from mm_lightning.models.losses.objective import SampleWeighting, TermWeighting
 from mm_lightning.models.module import MultimodalModule
-from mm_lightning.models.rules import (
-    ParamGroupRule,
-    SampleWeighting,
-    TermWeighting,
-    TowerAdapters,
-    WholeBatch,
-)
+from mm_lightning.models.rules import ParamGroupRule, TowerAdapters, WholeBatch
 from mm_lightning.models.towers import EncoderOutput, HFTextTower, TorchvisionTower
 
 __all__ = [

@@ -28,10 +28,10 @@ from mm_lightning.models.rules import TowerAdapters
 from mm_lightning.models.towers.contract import (
     EncoderOutput,
     Tower,
+    as_encoder_output,
     batchnorm_layers,
     call_text_tower,
     data_config_of,
-    encoder_output,
     keep_locked_layers_in_eval,
     projection_for,
     set_gradient_checkpointing,
@@ -171,7 +171,7 @@ class DualEncoder(nn.Module):
         if images.dim() == 2:
             mask = torch.ones(images.shape[0], 1, dtype=torch.bool, device=images.device)
             return EncoderOutput(images, images[:, None], mask), self.image_proj(images)
-        out = encoder_output("image", self.image_encoder, self.image_encoder(images), images.shape[0])
+        out = as_encoder_output(self.image_encoder(images))
         return out, self.image_proj(out.pooled)
 
     def encode_text(self, batch: dict[str, Tensor]) -> tuple[EncoderOutput, Tensor]:
@@ -184,7 +184,7 @@ class DualEncoder(nn.Module):
             batch.get("token_type_ids"),
             self._text_takes_types,
         )
-        out = encoder_output("text", self.text_encoder, raw, ids.shape[0])
+        out = as_encoder_output(raw)
         return out, self.text_proj(out.pooled)
 
     @torch.no_grad()

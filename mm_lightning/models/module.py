@@ -35,16 +35,9 @@ from mm_lightning.models.config import (
     as_config,
 )
 from mm_lightning.models.dual_encoder import DualEncoder
-from mm_lightning.models.losses import weighted_sum
+from mm_lightning.models.losses.objective import BatchLoss, Objective, SampleWeighting, TermWeighting
 from mm_lightning.models.optim import clip_gradients, optimizer_and_schedule
-from mm_lightning.models.rules import (
-    RULES,
-    ParamGroupRule,
-    SampleWeighting,
-    TermWeighting,
-    TowerAdapters,
-    WholeBatch,
-)
+from mm_lightning.models.rules import RULES, ParamGroupRule, TowerAdapters, WholeBatch
 
 
 def warn_if_processes_share_cores(trainer: Trainer) -> None:
@@ -77,9 +70,9 @@ class MultimodalModule(LightningModule):
             named by ``class_path``; none: one forward of each tower).
         param_groups: learning-rate groups ahead of the whole towers (a :class:`~mm_lightning.models.rules.ParamGroupRule`
             named by ``class_path``; none: each tower one group).
-        term_weighting: each step's weights of the loss terms (a :class:`~mm_lightning.models.rules.TermWeighting`;
+        term_weighting: each step's weights of the loss terms (a :class:`~mm_lightning.models.losses.objective.TermWeighting`;
             none: ``objective``'s fixed weights).
-        sample_weighting: per-pair loss weights (a :class:`~mm_lightning.models.rules.SampleWeighting`; none:
+        sample_weighting: per-pair loss weights (a :class:`~mm_lightning.models.losses.objective.SampleWeighting`; none:
             equal weights).
         adapters: what trains in the towers' place (a :class:`~mm_lightning.models.rules.TowerAdapters`, e.g.
             LoRA; none: the towers themselves).
@@ -135,7 +128,7 @@ class MultimodalModule(LightningModule):
         self.param_group_rule = param_groups or ParamGroupRule()
         self.image_config = as_config(TowerTraining, image)
         self.text_config = as_config(TowerTraining, text)
-        self.objective = oc = as_config(ObjectiveConfig, objective)
+        self.objective_config = oc = as_config(ObjectiveConfig, objective)
         self.optim_config = as_config(OptimConfig, optim)
         self.model = DualEncoder(
             image_tower,
@@ -150,9 +143,7 @@ class MultimodalModule(LightningModule):
         )
         if gradient_checkpointing:
             self.model.set_gradient_checkpointing(True)
-        self.term_weights = {**oc.term_weights, "itc": oc.itc_weight, "itm": oc.itm_weight}
-        self.term_weighting = term_weighting or TermWeighting()
-        self.sample_weighting = sample_weighting or SampleWeighting()
+        self.objective = Objective(oc, term_weighting, sample_weighting)
         self.batch_embedding = batch_embedding or WholeBatch()
         self._towers_compiled = False
         self.reranker = reranker
@@ -185,40 +176,31 @@ class MultimodalModule(LightningModule):
         """L2-normalized fp32 image and text embeddings of a batch (one row per pair)."""
         return self.model(batch)
 
-    def sample_weights(self, batch: dict[str, Tensor]) -> Tensor | None:
-        """Per-pair loss weights (``model.sample_weighting``), or None: equal weights."""
-        return self.sample_weighting(batch)
-
     @override
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         with batch_draws(self.running_trainer(), self.device):
-            return self.training_loss(batch)
+            embedded = self.batch_embedding.embed(self.model, batch)
+            loss = self.objective(self.model, batch, embedded)
+        self.log_training(loss, batch_size=batch["image"].shape[0])
+        return loss.total
 
-    def training_loss(self, batch: dict[str, Tensor]) -> Tensor:
-        """The batch's weighted loss (logged); its random draws are the caller's to seed."""
-        model = self.model
-        image_out, image_emb, text_out, text_emb = self.batch_embedding.embed(model, batch)
-        ids, weights = batch["image_id"], self.sample_weights(batch)
-        terms, metrics = model.losses(ids, weights, image_out, image_emb, text_out, text_emb)
-        term_weights = self.term_weighting(terms, self.term_weights)
-        loss = weighted_sum(terms, term_weights)
-        bs = batch["image"].shape[0]
-        # not on the progress bar: it reads its values back from the device at every step, the loggers only
-        # every log_every_n_steps
-        self.log("train/loss", loss, batch_size=bs)
+    def log_training(self, loss: BatchLoss, batch_size: int) -> None:
+        """``train/loss`` at every step; its terms, the temperature and the weights only on the steps the loggers
+        write (and at an epoch's or the run's end). Not on the progress bar: it reads its values back from the
+        device at every step."""
+        self.log("train/loss", loss.total, batch_size=batch_size)
         if not self._logs_details_now():
-            return loss
-        for name, value in terms.items():
-            self.log(f"train/loss_{name}", value, batch_size=bs)
-        for name, value in metrics.items():
-            self.log(f"train/{name}", value, batch_size=bs)
-        temperature = getattr(model.contrastive, "temperature", None)
+            return
+        for name, value in loss.terms.items():
+            self.log(f"train/loss_{name}", value, batch_size=batch_size)
+        for name, value in loss.metrics.items():
+            self.log(f"train/{name}", value, batch_size=batch_size)
+        temperature = getattr(self.model.contrastive, "temperature", None)
         if isinstance(temperature, (Tensor, float)):
-            self.log("train/temperature", temperature, batch_size=bs)
-        self.log("train/weight_itc", term_weights["itc"], batch_size=bs)
-        if model.itm is not None:
-            self.log("train/weight_itm", term_weights["itm"], batch_size=bs)
-        return loss
+            self.log("train/temperature", temperature, batch_size=batch_size)
+        self.log("train/weight_itc", loss.weights["itc"], batch_size=batch_size)
+        if self.model.itm is not None:
+            self.log("train/weight_itm", loss.weights["itm"], batch_size=batch_size)
 
     def _logs_details_now(self) -> bool:
         """Whether to log terms, temperature and weights: only when loggers write or an epoch/run ends."""

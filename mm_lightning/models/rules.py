@@ -1,8 +1,10 @@
 """The training rules a config plugs into ``MultimodalModule`` by ``class_path``, each a subclass of its slot's
-base class here (which is also the default): ``param_groups`` (learning-rate groups), ``batch_embedding`` (how a
-training batch is embedded), ``term_weighting`` and ``sample_weighting`` (loss weights beyond fixed ones), ``adapters`` (what trains in a
-tower's place); and ``reranker`` (validation and test re-ranked by the matching head; default none). A checkpoint records a rule as ``class_path`` + ``init_args``; a load admits only
-a subclass of the slot's base class (:mod:`mm_lightning.checkpoints.loading`)."""
+base class (which is also the default): ``param_groups`` (learning-rate groups), ``batch_embedding`` (how a
+training batch is embedded), ``adapters`` (what trains in a tower's place), here; ``term_weighting`` and
+``sample_weighting`` (loss weights beyond fixed ones, :mod:`mm_lightning.models.losses.objective`); and
+``reranker`` (validation and test re-ranked by the matching head; default none). A checkpoint records a rule as
+``class_path`` + ``init_args``; a load admits only a subclass of the slot's base class
+(:mod:`mm_lightning.checkpoints.loading`)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from mm_lightning.evaluation.rerank import Reranker
+from mm_lightning.models.losses.objective import SampleWeighting, TermWeighting
 from mm_lightning.models.towers.contract import EncoderOutput
 from mm_lightning.recorded import Recorded
 
@@ -48,25 +51,6 @@ class WholeBatch(Recorded):
     def backward(self, loss: Tensor) -> bool:
         """Back-propagates ``loss`` itself when it must (False: the ordinary backward is right)."""
         return False
-
-
-class TermWeighting(Recorded, nn.Module):
-    """The loss terms' weights at each training step (``model.term_weighting``): this one keeps the fixed weights
-    of ``model.objective``. A subclass may adapt them and keep its state in buffers (saved with the model)."""
-
-    def forward(self, terms: dict[str, Tensor], fixed: dict[str, Any]) -> dict[str, Any]:
-        """This step's weight of each term, from its loss terms and the fixed weights."""
-        return fixed
-
-
-class SampleWeighting(Recorded):
-    """Per-pair loss weights of a batch (``model.sample_weighting``): this one gives none (equal weights)."""
-
-    reads_pixels = False  # whether the weights read the images' pixels (which cached features replace)
-
-    def __call__(self, batch: dict[str, Tensor]) -> Tensor | None:
-        """(B,) weights of the batch's pairs, or None: equal weights."""
-        return None
 
 
 class TowerAdapters(Recorded):

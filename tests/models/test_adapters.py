@@ -174,8 +174,8 @@ def test_rules_built_in_python_are_recorded_and_reload(tmp_path: Path) -> None:
     path = tmp_path / "python.ckpt"
     save_checkpoint(module, path)
     reloaded = MultimodalModule.load_from_checkpoint(path, **tiny_parts())
-    assert reloaded.term_weighting.window == 3 and reloaded.param_group_rule.decay["image"] == 0.5
-    assert type(reloaded.sample_weighting).__name__ == "ComplexityWeighting"
+    assert reloaded.objective.term_weighting.window == 3 and reloaded.param_group_rule.decay["image"] == 0.5
+    assert type(reloaded.objective.sample_weighting).__name__ == "ComplexityWeighting"
     assert module.hparams["sample_weighting"]["init_args"] == {}
     merged = DualEncoder.from_checkpoint(path, **tiny_parts())
     assert not any("lora_" in name for name, _ in merged.named_parameters())

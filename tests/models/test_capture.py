@@ -37,7 +37,7 @@ def test_the_step_after_the_towers_is_one_graph(loss: str) -> None:
         terms, metrics = network.losses(
             ids, None, image, network.image_proj(image_pooled), text, network.text_proj(text_pooled)
         )
-        return weighted_sum(terms, module.term_weights), metrics["itm_accuracy"]
+        return weighted_sum(terms, module.objective.fixed_weights), metrics["itm_accuracy"]
 
     inputs = (
         image_out.pooled,

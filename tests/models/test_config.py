@@ -45,7 +45,7 @@ def test_dataclasses_and_dicts_build_the_same_model() -> None:
     )
     from_dataclasses = MultimodalModule(**typed)
     # hparams hold each group as given (dict or dataclass): compare what the module made of them
-    for name in ("image_config", "text_config", "objective", "optim_config"):
+    for name in ("image_config", "text_config", "objective_config", "optim_config"):
         assert getattr(from_dicts, name) == getattr(from_dataclasses, name), name
     shapes = [{k: v.shape for k, v in m.state_dict().items()} for m in (from_dicts, from_dataclasses)]
     assert shapes[0] == shapes[1]  # the same network (projections, fusion widths)
@@ -76,7 +76,7 @@ def test_checkpoint_stores_plain_dicts_and_reloads_with_the_parts_given(tmp_path
     reloaded = MultimodalModule.load_from_checkpoint(
         path, map_location="cpu", **tiny_parts(text_tower={"pooling": "mean"})
     )
-    assert reloaded.objective == model.objective and reloaded.model.itm is None
+    assert reloaded.objective_config == model.objective_config and reloaded.model.itm is None
     model.eval(), reloaded.eval()
     batch = make_batch()
     with torch.no_grad():
@@ -99,7 +99,11 @@ def test_a_cli_checkpoint_records_the_parts_and_reloads_alone(tmp_path: Path) ->
     assert hparams["objective"]["itm_weight"] == 0.0
     reloaded = MultimodalModule.load_from_checkpoint(path, map_location="cpu")  # nothing else given
     network = DualEncoder.from_checkpoint(path)
-    assert reloaded.objective == model.objective and reloaded.model.itm is None and network.itm is None
+    assert (
+        reloaded.objective_config == model.objective_config
+        and reloaded.model.itm is None
+        and network.itm is None
+    )
     model.eval(), reloaded.eval(), network.eval()
     batch = make_batch()
     with torch.no_grad():
@@ -128,7 +132,8 @@ def test_nested_groups_and_tower_arguments_on_the_command_line(tmp_path: Path) -
     assert model.data_config["image"]["input_size"][-1] == 32  # image_size from tiny_demo_args
     assert model.optim_config.lr == 3e-4 and model.optim_config.warmup_steps == 50  # the rest from demo.yaml
     assert (
-        type(model.term_weighting).__name__ == "DynamicWeightAveraging" and model.term_weighting.window == 7
+        type(model.objective.term_weighting).__name__ == "DynamicWeightAveraging"
+        and model.objective.term_weighting.window == 7
     )
     assert backbone.image_size == 32
     assert cli.datamodule.hparams.tokenizer == model.model.data_config["text"]["tokenizer"]

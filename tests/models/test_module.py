@@ -282,11 +282,11 @@ def test_dwa_weights_are_used_and_logged(tmp_path: Path) -> None:
     model = tiny_module(objective={"itm_weight": 0.5}, term_weighting=DynamicWeightAveraging(window=2))
     trainer = _trainer(tmp_path, max_steps=6)
     trainer.fit(model, pair_loader(batch_size=8))
-    dwa = model.term_weighting
+    dwa = model.objective.term_weighting
     assert int(dwa.windows_done) == 3
     assert dwa.factors.tolist() != [1.0, 1.0]  # adapted after two windows
     torch.testing.assert_close(trainer.callback_metrics["train/weight_itm"], 0.5 * dwa.factors[1])
-    assert "term_weighting.factors" in model.state_dict()  # its state is saved with the model
+    assert "objective.term_weighting.factors" in model.state_dict()  # its state is saved with the model
 
 
 def test_complexity_sample_weighting_weighs_the_pairs() -> None:
@@ -295,12 +295,12 @@ def test_complexity_sample_weighting_weighs_the_pairs() -> None:
     weighted = tiny_module(sample_weighting=ComplexityWeighting())
     torch.manual_seed(0)
     plain = tiny_module()
-    weights = weighted.sample_weights(batch)
+    weights = weighted.objective.sample_weighting(batch)
     assert weights is not None and not torch.allclose(weights, torch.ones_like(weights))
-    assert plain.sample_weights(batch) is None  # control: equal weights by default
+    assert plain.objective.sample_weighting(batch) is None  # control: equal weights by default
     weighted.eval(), plain.eval()
     with torch.no_grad():
-        assert not torch.allclose(weighted.training_loss(batch), plain.training_loss(batch))
+        assert not torch.allclose(weighted.training_step(batch, 0), plain.training_step(batch, 0))
 
 
 def test_bf16_mixed_training_on_cpu(tmp_path: Path) -> None:

@@ -97,7 +97,7 @@ def test_a_module_built_in_python_keeps_its_parts_out_of_the_checkpoint_and_take
         )
 
 
-def test_declared_widths_and_data_config_need_no_dry_forward() -> None:
+def test_declared_widths_and_data_config_are_kept_and_checked_at_build() -> None:
     model = MultimodalModule(**tiny_kwargs(image_tower=user_parts.DeclaredWidthTower()))
     assert model.model.image_encoder.pooled_dim == 6 and model.model.image_encoder.token_dim == 6
     config = model.data_config["image"]
@@ -105,6 +105,11 @@ def test_declared_widths_and_data_config_need_no_dry_forward() -> None:
     assert config["interpolation"] == "bilinear"  # a default the tower did not declare
     out, emb = model.model.encode_images(torch.zeros(2, 3, 48, 48))
     assert emb.shape == (2, 16) and out.tokens.shape == (2, 1, 6)
+    # control: a declared width its forward does not return is refused when the network is built
+    wrong = user_parts.DeclaredWidthTower()
+    wrong.pooled_dim = 7
+    with pytest.raises(TowerContractError, match=r"pooled_dim is 7, but its forward returns 6"):
+        MultimodalModule(**tiny_kwargs(image_tower=wrong))
 
 
 @pytest.mark.parametrize(

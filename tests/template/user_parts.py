@@ -39,7 +39,8 @@ class TinyWordTower(nn.Module):
 
 
 class DeclaredWidthTower(nn.Module):
-    """Declares its widths and data config, so no dry forward runs (it would fail on a 3x32x32 batch)."""
+    """Declares its widths and data config; the dry forward reads the declared input size (a 3x32x32 batch would
+    fail)."""
 
     pooled_dim = 6
 

@@ -178,7 +178,17 @@ def contract_problem(kind: Kind, tower: nn.Module, what: str) -> TowerContractEr
     )
 
 
-def encoder_output(kind: Kind, tower: nn.Module, out: Any, batch_size: int) -> EncoderOutput:
+def as_encoder_output(out: Tensor | EncoderOutput) -> EncoderOutput:
+    """A tower's return value (checked when the network was built) as an :class:`EncoderOutput`: pooled
+    features alone are their own single token."""
+    if isinstance(out, EncoderOutput):
+        return out
+    return EncoderOutput(
+        out, out[:, None, :], torch.ones(out.shape[0], 1, dtype=torch.bool, device=out.device)
+    )
+
+
+def checked_encoder_output(kind: Kind, tower: nn.Module, out: Any, batch_size: int) -> EncoderOutput:
     """A tower's return value as an :class:`EncoderOutput`, checked against the contract."""
     if isinstance(out, EncoderOutput):
         pooled, tokens, mask = out.pooled, out.tokens, out.mask
@@ -203,9 +213,7 @@ def encoder_output(kind: Kind, tower: nn.Module, out: Any, batch_size: int) -> E
         raise contract_problem(
             kind, tower, f"it returned a tensor of shape {tuple(out.shape)} for a batch of {batch_size}{hint}"
         )
-    return EncoderOutput(
-        out, out[:, None, :], torch.ones(out.shape[0], 1, dtype=torch.bool, device=out.device)
-    )
+    return as_encoder_output(out)
 
 
 def takes_token_type_ids(tower: nn.Module) -> bool:

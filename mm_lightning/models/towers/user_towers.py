@@ -1,5 +1,6 @@
-"""A tower of your own, checked once when the model is built: its widths are read (or found by one dry forward)
-and its data config completed, so the network treats it as a built-in tower (loaded only for such a tower)."""
+"""A tower of your own, checked once when the model is built: one dry forward checks what it returns against the
+contract and gives its widths (declared ones must agree), and its data config is completed, so the network treats
+it as a built-in tower (loaded only for such a tower)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from mm_lightning.models.towers.contract import (
     Kind,
     TowerContractError,
     call_text_tower,
+    checked_encoder_output,
     class_path_of,
     contract_problem,
-    encoder_output,
     image_data_config,
 )
 
@@ -46,7 +47,7 @@ def _dry_forward(kind: Kind, tower: nn.Module, image_size: int) -> EncoderOutput
         ) from error
     finally:
         tower.train(was_training)
-    return encoder_output(kind, tower, out, DRY_BATCH)
+    return checked_encoder_output(kind, tower, out, DRY_BATCH)
 
 
 def _declared_data_config(tower: nn.Module) -> dict[str, Any]:
@@ -73,16 +74,14 @@ def adopt_tower(kind: Kind, tower: Any) -> nn.Module:
     declared = _declared_data_config(tower)
     size = declared.get("input_size", (3, getattr(tower, "image_size", 224)))[-1]
     image_size = int(size) if isinstance(size, int) else 224
-    pooled_dim = getattr(tower, "pooled_dim", None)
-    if pooled_dim is None:
-        out = _dry_forward(kind, tower, image_size)
-        pooled_dim, token_dim = out.pooled.shape[1], out.tokens.shape[2]
-    else:
-        token_dim = getattr(tower, "token_dim", pooled_dim)
-    for name, value in (("pooled_dim", pooled_dim), ("token_dim", token_dim)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    out = _dry_forward(kind, tower, image_size)
+    pooled_dim, token_dim = out.pooled.shape[1], out.tokens.shape[2]
+    for name, found in (("pooled_dim", pooled_dim), ("token_dim", token_dim)):
+        declared_width = getattr(tower, name, None)
+        if declared_width is not None and declared_width != found:
             raise TowerContractError(
-                f"{kind} tower {class_path_of(tower)}: {name} is {value!r}, expected an int >= 1"
+                f"{kind} tower {class_path_of(tower)}: {name} is {declared_width!r}, but its forward returns"
+                f" {found} (on a dry batch of {DRY_BATCH})"
             )
     if kind == "image":
         defaults = {**image_data_config(image_size), "pretrained": False}
