@@ -18,7 +18,6 @@ from mm_lightning.data.collate import MultimodalCollate
 from mm_lightning.data.config import CaptionSampling, ImageOptions, LoaderOptions, with_group_defaults
 from mm_lightning.data.images import decode_image_bytes
 from mm_lightning.data.jsonl import JsonlIndex, RecordParser
-from mm_lightning.data.loader import WorkerSafeDataLoader, ignore_stop_signals
 from mm_lightning.data.order import TrainOrder, draw_seeds
 from mm_lightning.data.records import (
     IMAGE_KINDS,
@@ -289,7 +288,6 @@ class MultimodalDataModule(pl.LightningDataModule):
             "collate_fn": self._collate().for_queue(slots),
         }
         if hp.num_workers > 0:
-            kwargs["worker_init_fn"] = partial(ignore_stop_signals, rank=self._rank_info()[1])
             kwargs["persistent_workers"] = loader["persistent_workers"]
             kwargs["multiprocessing_context"] = loader["multiprocessing_context"]
             if loader["prefetch_factor"] is not None:
@@ -327,15 +325,15 @@ class MultimodalDataModule(pl.LightningDataModule):
     def val_dataloader(self) -> DataLoader | list:
         if not self.has_split("val"):
             return []  # Lightning skips validation when there is no loader
-        return WorkerSafeDataLoader(self._dataset("val"), shuffle=False, **self._loader_kwargs())
+        return DataLoader(self._dataset("val"), shuffle=False, **self._loader_kwargs())
 
     @override
     def test_dataloader(self) -> DataLoader:
-        return WorkerSafeDataLoader(self._dataset("test"), shuffle=False, **self._loader_kwargs())
+        return DataLoader(self._dataset("test"), shuffle=False, **self._loader_kwargs())
 
     @override
     def predict_dataloader(self) -> DataLoader:
-        return WorkerSafeDataLoader(self._dataset("predict"), shuffle=False, **self._loader_kwargs())
+        return DataLoader(self._dataset("predict"), shuffle=False, **self._loader_kwargs())
 
     @override
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:

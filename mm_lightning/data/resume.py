@@ -29,7 +29,6 @@ from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from mm_lightning import ExplainedError
-from mm_lightning.data.loader import StartsWorkersOutsideTheGroup
 from mm_lightning.data.order import GlobalOrderSampler
 
 
@@ -37,7 +36,7 @@ class LayoutChangeError(ExplainedError, ValueError):
     """A saved position that this run cannot continue exactly (named in the message)."""
 
 
-class ResumableDataLoader(StartsWorkersOutsideTheGroup, DataLoader):
+class ResumableDataLoader(DataLoader):
     """The train loader: this rank's share of a :class:`~mm_lightning.data.order.GlobalOrderSampler`'s stream.
     Its position is the epoch's samples consumed by all ranks together, which a run on any number of processes
     resumes from (a loader that saves each rank's own iterator can only be resumed by the same ranks)."""

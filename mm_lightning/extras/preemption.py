@@ -24,6 +24,8 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
+from mm_lightning.extras.worker_isolation import isolate_forked_workers
+
 
 class PreemptionCheckpoint(Callback):
     """Save ``last.ckpt`` and exit 0 when the job is told to stop (SIGTERM, SIGUSR1, Ctrl-C) or training ends.
@@ -80,6 +82,7 @@ class PreemptionCheckpoint(Callback):
             return
         self.received, self._active, self._previous = None, True, {}
         self._install()  # before Lightning's: loader workers forked later inherit a handler that spares them
+        isolate_forked_workers(True)  # and leave the process group: a signal to the group misses them
 
     @override
     def on_sanity_check_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -97,6 +100,7 @@ class PreemptionCheckpoint(Callback):
     @override
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._active = False
+        isolate_forked_workers(False)
         for signum, previous in self._previous.items():
             if previous is not None and threading.current_thread() is threading.main_thread():
                 signal.signal(signum, previous)
@@ -104,6 +108,7 @@ class PreemptionCheckpoint(Callback):
     @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._active = False  # Lightning restores our handler at its teardown; it then delegates (see above)
+        isolate_forked_workers(False)
 
     @override
     def on_train_batch_end(
