@@ -16,9 +16,9 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
 
 from mm_lightning.assets import PretrainedUnavailable
+from mm_lightning.callbacks.throughput import warn_if_processes_share_cores
 from mm_lightning.cli import main
 from mm_lightning.errors import cli_message
-from mm_lightning.models.module import warn_if_processes_share_cores
 from mm_lightning.models.towers.torchvision import TorchvisionTower
 from tests.conftest import DEMO_CONFIG, tiny_demo_args
 

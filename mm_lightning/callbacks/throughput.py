@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -9,6 +10,8 @@ from typing import Any
 import torch
 from lightning.fabric.utilities.throughput import Throughput, get_available_flops
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.accelerators import CPUAccelerator
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
 from mm_lightning.logging_steps import loggers_write_this_step
@@ -28,6 +31,16 @@ def batch_size_of(batch: dict[str, Any]) -> int:
     return int(batch["image"].shape[0])
 
 
+def warn_if_processes_share_cores(trainer: Trainer) -> None:
+    """More CPU processes on a node than cores: they share them and every step waits for the slowest."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if isinstance(trainer.accelerator, CPUAccelerator) and trainer.num_devices > cores:
+        rank_zero_warn(
+            f"{trainer.num_devices} processes on {cores} CPU cores: they share the cores and every step waits for"
+            f" the slowest; --trainer.devices {cores} or fewer runs faster."
+        )
+
+
 class ThroughputLogger(Callback):
     """Training samples/s and batches/s (FLOPs/s and MFU with ``pl_module.flops_per_batch``) under Lightning's
     ``ThroughputMonitor`` names (``train/device/samples_per_sec``, ...), over a window of logging steps.
@@ -35,7 +48,8 @@ class ThroughputLogger(Callback):
     Lightning's monitor synchronizes the device at every step to read its clock, so on a GPU the host waits for
     the device at every step. This one counts samples on the host at each step and reads the clock, after a device
     sync, only on the steps the loggers write: the rate over the window between such steps is exact. Validation
-    time inside a fit is left out; validation, test and predict throughput are not logged.
+    time inside a fit is left out; validation, test and predict throughput are not logged. When a fit starts, it
+    warns if more CPU processes share a node than it has cores.
 
     Args:
         batch_size_fn: batch -> its number of samples (by default, of image-text pairs).
@@ -52,6 +66,7 @@ class ThroughputLogger(Callback):
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        warn_if_processes_share_cores(trainer)
         dtype = PRECISION_DTYPES.get(str(trainer.precision), torch.float32)
         peak = get_available_flops(trainer.strategy.root_device, dtype)
         self.throughput = Throughput(peak, trainer.world_size, self.window_size, separator="/")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -11,9 +10,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.strategies import FSDPStrategy
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
 from typing_extensions import override
 
@@ -38,16 +35,6 @@ from mm_lightning.models.dual_encoder import DualEncoder
 from mm_lightning.models.losses.objective import BatchLoss, Objective, SampleWeighting, TermWeighting
 from mm_lightning.models.optim import clip_gradients, optimizer_and_schedule
 from mm_lightning.models.rules import RULES, ParamGroupRule, TowerAdapters, WholeBatch
-
-
-def warn_if_processes_share_cores(trainer: Trainer) -> None:
-    """More CPU processes on a node than cores: they share them and every step waits for the slowest."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if isinstance(trainer.accelerator, CPUAccelerator) and trainer.num_devices > cores:
-        rank_zero_warn(
-            f"{trainer.num_devices} processes on {cores} CPU cores: they share the cores and every step waits for"
-            f" the slowest; --trainer.devices {cores} or fewer runs faster."
-        )
 
 
 class MultimodalModule(LightningModule):
@@ -222,7 +209,6 @@ class MultimodalModule(LightningModule):
 
     @override
     def on_train_start(self) -> None:
-        warn_if_processes_share_cores(self.trainer)
         rescale_for_global_batch(self.trainer, self.optim_config.lr_scaling)
         self.batch_embedding.check_wrapper(self.trainer.strategy.model)
 
