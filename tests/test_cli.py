@@ -37,7 +37,7 @@ def test_overrides_reach_the_objects(tmp_path: Path) -> None:
     # The tokenizer follows the text encoder (a link); the image size flows from the image tower to the data.
     text, image = cli.model.hparams.text_tower["init_args"], cli.model.hparams.image_tower["init_args"]
     assert cli.datamodule.hparams.tokenizer == text["name"] == "mm-lightning/demo-bert"
-    assert image["image_size"] == 32 and cli.datamodule.image_options["size"] is None
+    assert image["image_size"] == 32 and cli.datamodule.image_options.size is None
     assert cli.datamodule.image_size == 32  # linked when the CLI built the two
 
 

@@ -222,7 +222,7 @@ def check_resume(
 def _data_options(data: Any) -> dict[str, Any]:
     """The given data options, a MultimodalDataModule's groups filled in from their defaults: a key left out
     is its default, which a checkpoint's value may differ from."""
-    from mm_lightning.data.config import with_group_defaults
+    from mm_lightning.data.config import recorded_options
     from mm_lightning.data.datamodule import MultimodalDataModule
 
     options = data.get("init_args", data) if data is not None else None
@@ -234,8 +234,8 @@ def _data_options(data: Any) -> dict[str, Any]:
     data_class = getattr(sys.modules.get(module), name, None)
     if isinstance(data_class, type) and issubclass(data_class, MultimodalDataModule):
         try:
-            return with_group_defaults(options)
-        except TypeError:  # a subclass's group with keys of its own: compare what was given
+            return recorded_options(options)
+        except (TypeError, ValueError):  # a subclass's group with keys of its own: compare what was given
             pass
     return options
 

@@ -11,11 +11,12 @@ import multiprocessing
 import os
 import uuid
 import weakref
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
+
+from mm_lightning.data.config import LoaderOptions
 
 FREE, HELD = 0, 1
 
@@ -126,12 +127,12 @@ def _lease(token: str, slot: int, rows: int) -> torch.Tensor:
 
 
 def slots_for(
-    workers: int, batch_size: int, side: int, loader: Mapping[str, Any], normalized: bool
+    workers: int, batch_size: int, side: int, loader: LoaderOptions, normalized: bool
 ) -> BatchSlots | None:
-    """Slots for a loader's batches (float32 if ``normalized``), or ``None`` without persistent workers;
-    ``loader`` holds ``persistent_workers`` and ``prefetch_factor`` (``data.loader``)."""
-    if workers < 1 or not loader["persistent_workers"]:
+    """Slots for a loader's batches (float32 if ``normalized``), or ``None`` without persistent workers
+    (``loader``: the ``data.loader`` options)."""
+    if workers < 1 or not loader.persistent_workers:
         return None
-    per_worker = (loader["prefetch_factor"] or 2) + 2
+    per_worker = (loader.prefetch_factor or 2) + 2
     dtype = torch.float32 if normalized else torch.uint8
     return BatchSlots(workers, per_worker, (batch_size, 3, side, side), dtype)

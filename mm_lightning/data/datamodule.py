@@ -15,7 +15,13 @@ from torch.utils.data import DataLoader, Dataset
 from typing_extensions import override
 
 from mm_lightning.data.collate import MultimodalCollate
-from mm_lightning.data.config import CaptionSampling, ImageOptions, LoaderOptions, with_group_defaults
+from mm_lightning.data.config import (
+    DEFAULT_IMAGES,
+    DEFAULT_LOADER,
+    CaptionSampling,
+    ImageOptions,
+    LoaderOptions,
+)
 from mm_lightning.data.images import decode_image_bytes
 from mm_lightning.data.jsonl import JsonlIndex, RecordParser
 from mm_lightning.data.order import TrainOrder, draw_seeds
@@ -39,6 +45,7 @@ from mm_lightning.data.transforms import (
     eval_transform,
     train_transform,
 )
+from mm_lightning.option_groups import as_config, as_record
 
 Split = Literal["train", "val", "test", "predict"]
 
@@ -94,8 +101,8 @@ class MultimodalDataModule(pl.LightningDataModule):
         batch_size: PositiveInt = 32,
         num_workers: int = 0,
         on_bad_record: Literal["raise", "skip"] = "raise",
-        images: ImageOptions | None = None,
-        loader: LoaderOptions | None = None,
+        images: ImageOptions = DEFAULT_IMAGES,
+        loader: LoaderOptions = DEFAULT_LOADER,
         train_order: TrainOrder | None = None,
         image_config: dict[str, Any] | None = None,
     ) -> None:
@@ -106,13 +113,13 @@ class MultimodalDataModule(pl.LightningDataModule):
         self.train_order = train_order or TrainOrder()
         files = (train_file, val_file, test_file, predict_file)
         self.files: dict[str, str | None] = dict(zip(("train", "val", "test", "predict"), files, strict=True))
-        options = with_group_defaults({"images": images, "loader": loader})
-        self.image_options = image = options["images"]
-        self.loader_options = options["loader"]
-        self.hparams.update(options)  # every option recorded: a resume compares them
-        self.normalize = Normalize(image["mean"] or IMAGENET_MEAN, image["std"] or IMAGENET_STD)
-        self.image_size, self.interpolation = image["size"] or DEFAULT_IMAGE_SIZE, "bilinear"
-        self.collate = MultimodalCollate(tokenizer, max_length, self.loader_options["pad_to_multiple_of"])
+        self.image_options = image = as_config(ImageOptions, images, "data.images")
+        self.loader_options = as_config(LoaderOptions, loader, "data.loader")
+        # every option recorded, as plain data: a resume compares them, a checkpoint loads with weights_only
+        self.hparams.update(images=as_record(image), loader=as_record(self.loader_options))
+        self.normalize = Normalize(image.mean or IMAGENET_MEAN, image.std or IMAGENET_STD)
+        self.image_size, self.interpolation = image.size or DEFAULT_IMAGE_SIZE, "bilinear"
+        self.collate = MultimodalCollate(tokenizer, max_length, self.loader_options.pad_to_multiple_of)
         self.datasets: dict[str, ImageTextDataset] = {}
         self._collates: dict[bool, MultimodalCollate] = {}
         self.train_position = TrainPosition()
@@ -146,7 +153,7 @@ class MultimodalDataModule(pl.LightningDataModule):
         if file is None:
             raise ValueError(f"{split}_file is not set")
         root = image_root or hp.image_root or os.path.dirname(os.path.abspath(file))
-        return RecordParser(file, hp.image_key, hp.text_key, root, self.image_options["confine_to_root"])
+        return RecordParser(file, hp.image_key, hp.text_key, root, self.image_options.confine_to_root)
 
     def build_index(self, parser: RecordParser, label: str) -> JsonlIndex:
         """Indexes one JSONL file, validating every line; ``label`` names the file if none is valid."""
@@ -161,14 +168,14 @@ class MultimodalDataModule(pl.LightningDataModule):
         """Record -> sample for one split and every source (``full_size``: no reduced decode, the audit)."""
         image = self.image_options
         train = split == "train"
-        reduced = image["reduced_decode"] and not full_size
+        reduced = image.reduced_decode and not full_size
         # Reduced JPEG decoding only down to a size the crop never has to upsample from.
-        scale_min = image["train_scale"][0] if train else 1.0
+        scale_min = image.train_scale[0] if train else 1.0
         min_side = int(self.image_size / scale_min**0.5) + 1 if reduced else None
-        max_pixels = image["max_pixels"]
+        max_pixels = image.max_pixels
         options = {"reduced_decode": reduced, "max_pixels": max_pixels, "interpolation": self.interpolation}
         transform = (
-            train_transform(self.image_size, tuple(image["train_scale"]), image["horizontal_flip"], **options)
+            train_transform(self.image_size, tuple(image.train_scale), image.horizontal_flip, **options)
             if train
             else eval_transform(self.image_size, **options)
         )
@@ -177,7 +184,7 @@ class MultimodalDataModule(pl.LightningDataModule):
 
     def bad_record_policy(self) -> BadRecordPolicy:
         """What a bad record costs (``on_bad_record``), seeded by the run's seed."""
-        replacements = self.loader_options["max_replacements"]
+        replacements = self.loader_options.max_replacements
         return BadRecordPolicy(self.hparams.on_bad_record, replacements, global_seed())
 
     def jsonl_dataset(
@@ -189,7 +196,7 @@ class MultimodalDataModule(pl.LightningDataModule):
         return ImageTextDataset(
             self.build_index(parser, label),
             self.sample_builder(split, parser.confine_root),
-            caption_sampling=self.loader_options["caption_sampling"] if split == "train" else "all",
+            caption_sampling=self.loader_options.caption_sampling if split == "train" else "all",
             policy=self.bad_record_policy(),
             seed=global_seed(),
         )
@@ -211,14 +218,14 @@ class MultimodalDataModule(pl.LightningDataModule):
             rank_zero_warn(f"the image tower asks for {interpolation!r} resizing; resizing bilinear instead")
             interpolation = "bilinear"
         self.interpolation = interpolation
-        if image["size"] is None and side is not None:
+        if image.size is None and side is not None:
             self.image_size = side
-        elif side is not None and image["size"] != side:
+        elif side is not None and image.size != side:
             rank_zero_warn(
-                f"data.images.size {image['size']} differs from the image tower's input size {side}: images are "
-                f"prepared at {image['size']} as set; leave data.images.size unset to follow the tower"
+                f"data.images.size {image.size} differs from the image tower's input size {side}: images are "
+                f"prepared at {image.size} as set; leave data.images.size unset to follow the tower"
             )
-        given = {k: tuple(image[k]) for k in ("mean", "std") if image[k] is not None}
+        given = {k: tuple(getattr(image, k)) for k in ("mean", "std") if getattr(image, k) is not None}
         differ = [k for k, v in given.items() if list(v) != list(data_config.get(k, v))]
         if differ and data_config.get("pretrained"):
             found = "; ".join(
@@ -261,8 +268,8 @@ class MultimodalDataModule(pl.LightningDataModule):
 
     def normalizes_in_workers(self) -> bool:
         """Whether the collate normalizes images in the workers (else ``on_after_batch_transfer`` does)."""
-        if self.loader_options["normalize_on"] != "auto":
-            return self.loader_options["normalize_on"] == "worker"
+        if self.loader_options.normalize_on != "auto":
+            return self.loader_options.normalize_on == "worker"
         # Device even on CPU: float32 (4x uint8) in fresh shared memory page-faults more; no Trainer, no hook.
         return self.trainer is None
 
@@ -275,7 +282,7 @@ class MultimodalDataModule(pl.LightningDataModule):
     def _loader_kwargs(self) -> dict[str, Any]:
         hp, loader = self.hparams, self.loader_options
         slots = None
-        if hp.num_workers > 0 and loader["batch_slots"]:  # slots exist for worker processes only
+        if hp.num_workers > 0 and loader.batch_slots:  # slots exist for worker processes only
             from mm_lightning.data.batch_slots import slots_for
 
             in_workers = self.normalizes_in_workers()
@@ -283,15 +290,14 @@ class MultimodalDataModule(pl.LightningDataModule):
         kwargs: dict[str, Any] = {
             "batch_size": hp.batch_size,
             "num_workers": hp.num_workers,
-            "pin_memory": loader["pin_memory"]
-            and torch.accelerator.is_available(),  # nothing to pin on a CPU
+            "pin_memory": loader.pin_memory and torch.accelerator.is_available(),  # nothing to pin on a CPU
             "collate_fn": self._collate().for_queue(slots),
         }
         if hp.num_workers > 0:
-            kwargs["persistent_workers"] = loader["persistent_workers"]
-            kwargs["multiprocessing_context"] = loader["multiprocessing_context"]
-            if loader["prefetch_factor"] is not None:
-                kwargs["prefetch_factor"] = loader["prefetch_factor"]
+            kwargs["persistent_workers"] = loader.persistent_workers
+            kwargs["multiprocessing_context"] = loader.multiprocessing_context
+            if loader.prefetch_factor is not None:
+                kwargs["prefetch_factor"] = loader.prefetch_factor
         return kwargs
 
     def _dataset(self, split: str) -> ImageTextDataset:

@@ -3,10 +3,8 @@ takes them as nested CLI/YAML groups (``--model.optim.lr 3e-3``), dataclasses or
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any, Literal, TypeVar
-
-Config = TypeVar("Config")
+from dataclasses import dataclass, field
+from typing import Literal
 
 
 @dataclass(frozen=True)
@@ -94,18 +92,3 @@ DEFAULT_TRAINING = TowerTraining()
 DEFAULT_FUSION = FusionConfig()
 DEFAULT_OBJECTIVE = ObjectiveConfig()
 DEFAULT_OPTIM = OptimConfig()
-
-
-def as_config(cls: type[Config], value: Config | dict[str, Any] | None) -> Config:
-    """The option group as its dataclass, from the dataclass, a dict of its fields or None (defaults)."""
-    if value is None:
-        return cls()
-    if isinstance(value, dict):
-        known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ValueError(f"{cls.__name__}: unknown option(s) {unknown}; known: {sorted(known)}")
-        return cls(**value)
-    if not isinstance(value, cls):
-        raise TypeError(f"expected {cls.__name__} or a dict, got {type(value).__name__}")
-    return value

@@ -19,7 +19,6 @@ from mm_lightning.models.config import (
     DEFAULT_TRAINING,
     FusionConfig,
     TowerTraining,
-    as_config,
 )
 from mm_lightning.models.itm import ImageTextMatching
 from mm_lightning.models.losses import ContrastiveLoss, SigLipLoss, loss_terms
@@ -39,6 +38,7 @@ from mm_lightning.models.towers.contract import (
     takes_token_type_ids,
     train_last_groups,
 )
+from mm_lightning.option_groups import as_config
 
 BUILT_IN_LOSSES = (ContrastiveLoss, SigLipLoss)
 

@@ -29,12 +29,12 @@ from mm_lightning.models.config import (
     ObjectiveConfig,
     OptimConfig,
     TowerTraining,
-    as_config,
 )
 from mm_lightning.models.dual_encoder import DualEncoder
 from mm_lightning.models.losses.objective import BatchLoss, Objective, SampleWeighting, TermWeighting
 from mm_lightning.models.optim import clip_gradients, optimizer_and_schedule
 from mm_lightning.models.rules import RULES, ParamGroupRule, TowerAdapters, WholeBatch
+from mm_lightning.option_groups import as_config
 
 
 class MultimodalModule(LightningModule):
@@ -113,10 +113,10 @@ class MultimodalModule(LightningModule):
             rules[name] for name in RULES
         )
         self.param_group_rule = param_groups or ParamGroupRule()
-        self.image_config = as_config(TowerTraining, image)
-        self.text_config = as_config(TowerTraining, text)
-        self.objective_config = oc = as_config(ObjectiveConfig, objective)
-        self.optim_config = as_config(OptimConfig, optim)
+        self.image_config = as_config(TowerTraining, image, "model.image")
+        self.text_config = as_config(TowerTraining, text, "model.text")
+        self.objective_config = oc = as_config(ObjectiveConfig, objective, "model.objective")
+        self.optim_config = as_config(OptimConfig, optim, "model.optim")
         self.model = DualEncoder(
             image_tower,
             text_tower,
@@ -124,7 +124,7 @@ class MultimodalModule(LightningModule):
             self.image_config,
             self.text_config,
             embed_dim,
-            as_config(FusionConfig, fusion),
+            as_config(FusionConfig, fusion, "model.fusion"),
             itm=oc.itm_weight > 0,
             adapters=adapters,
         )

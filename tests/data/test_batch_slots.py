@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader
 
 from mm_lightning.data.batch_slots import FREE, BatchSlots, SlotImages, slots_for
 from mm_lightning.data.collate import MultimodalCollate
+from mm_lightning.data.config import LoaderOptions
 from mm_lightning.data.transforms import Normalize
 from tests.data.helpers import TOKENIZER
 
@@ -104,9 +105,9 @@ def test_no_slots_outside_workers_or_without_persistent_workers() -> None:
     assert slots.reserve(BATCH, (3, SIDE, SIDE), torch.uint8) is None  # main process: nothing crosses a queue
     batch = MultimodalCollate(TOKENIZER).for_queue(slots)(_samples(BATCH))
     assert torch.is_tensor(batch["image"]) and not slots.owns(batch["image"])
-    loader = {"persistent_workers": False, "prefetch_factor": None}
+    loader = LoaderOptions(persistent_workers=False)
     assert slots_for(2, 4, SIDE, loader, normalized=False) is None  # workers restarted every epoch: no slots
-    loader["persistent_workers"] = True
+    loader = LoaderOptions(persistent_workers=True)
     made = slots_for(2, 4, SIDE, loader, normalized=False)
     assert made is not None and made.shape == (4, 3, SIDE, SIDE) and made.per_worker == 4
     assert made.dtype == torch.uint8 and slots_for(2, 4, SIDE, loader, normalized=True).dtype == torch.float32

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from mm_lightning.data import MultimodalDataModule
-from mm_lightning.data.config import IMAGE_DEFAULTS, LOADER_DEFAULTS
+from mm_lightning.data.config import DEFAULT_IMAGES, DEFAULT_LOADER
 from mm_lightning.data.order import Visit
 from mm_lightning.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from tests.data.helpers import TOKENIZER, coco_style, save_image, write_jsonl
@@ -23,9 +24,15 @@ def _dm(train: Path, images: dict | None = None, **kwargs: object) -> Multimodal
 
 def test_option_groups_keep_their_defaults_and_refuse_unknown_keys() -> None:
     dm = MultimodalDataModule(tokenizer=TOKENIZER, images={"horizontal_flip": True})
-    assert dm.image_options == {**IMAGE_DEFAULTS, "horizontal_flip": True}
-    assert dm.loader_options == LOADER_DEFAULTS and dm.image_size == 224
-    with pytest.raises(TypeError, match=r"data.loader: unknown option\(s\) \['pin_memroy'\]"):
+    assert dm.image_options == dataclasses.replace(DEFAULT_IMAGES, horizontal_flip=True)
+    assert dm.loader_options == DEFAULT_LOADER and dm.image_size == 224
+    assert dm.hparams["images"] == {
+        **dataclasses.asdict(DEFAULT_IMAGES),
+        "horizontal_flip": True,
+    }  # plain data
+    with pytest.raises(
+        ValueError, match=r"data.loader \(LoaderOptions\): unknown option\(s\) \['pin_memroy'\]"
+    ):
         MultimodalDataModule(tokenizer=TOKENIZER, loader={"pin_memroy": True})
 
 

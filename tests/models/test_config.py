@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from mm_lightning.models import DualEncoder, FusionConfig, MultimodalModule, OptimConfig
-from mm_lightning.models.config import ObjectiveConfig, TowerTraining, as_config
+from mm_lightning.models.config import ObjectiveConfig, TowerTraining
 from mm_lightning.models.towers import HFTextTower, TorchvisionTower
+from mm_lightning.option_groups import as_config
 from tests.models.helpers import (
     PARTS,
     make_batch,

@@ -104,7 +104,7 @@ class ShardDataModule(MultimodalDataModule):
             list_shards(spec, hp.storage_options, hp.cache_dir),
             self.sample_builder(split),  # type: ignore[arg-type]
             text_key=hp.text_key,
-            caption_sampling=self.loader_options["caption_sampling"] if train else "all",
+            caption_sampling=self.loader_options.caption_sampling if train else "all",
             policy=self.bad_record_policy(),
             storage_options=hp.storage_options,
             cache_dir=hp.cache_dir,

@@ -318,7 +318,7 @@ def shard_datamodule(dm: Any, options: ShardOptions) -> dict[str, ShardSummary]:
             options.image_format,
             options.jpeg_quality,
             options.validate,
-            dm.image_options["max_pixels"],
+            dm.image_options.max_pixels,
             dm.hparams.on_bad_record,
             options.workers,
             options.progress,
