@@ -32,7 +32,7 @@ from mm_lightning import ExplainedError
 from mm_lightning.data.order import GlobalOrderSampler
 
 
-class LayoutChangeError(ExplainedError, ValueError):
+class ResumeError(ExplainedError, ValueError):
     """A saved position that this run cannot continue exactly (named in the message)."""
 
 
@@ -94,7 +94,7 @@ class ResumableDataLoader(DataLoader):
         sampler = self.sampler
         saved = state.get(self.KEY)
         if saved is None:
-            raise LayoutChangeError(
+            raise ResumeError(
                 f"The checkpoint's train-loader state holds no {self.KEY!r} (keys: {sorted(state)[:6]}): it was"
                 " not written by this loader, so where the epoch stopped is unknown; resume from a checkpoint this"
                 " version wrote, or start the run again"
@@ -111,7 +111,7 @@ class ResumableDataLoader(DataLoader):
         changed = [saved[k] for k in layout] != list(layout.values())
         mid_epoch = 0 < consumed and sampler.steps(consumed) > 0
         if mid_epoch and sampler.order_follows_batch_size and saved["batch_size"] != layout["batch_size"]:
-            raise LayoutChangeError(
+            raise ResumeError(
                 f"The checkpoint stopped mid-epoch with data.batch_size {saved['batch_size']}; this run has"
                 f" {layout['batch_size']}, and {type(sampler).__name__}'s order depends on it. Resume with"
                 f" data.batch_size {saved['batch_size']} (any number of processes), or from an epoch-end checkpoint."
@@ -155,7 +155,7 @@ def continue_in_this_layout(loader: ResumableDataLoader, trainer: Any) -> None:
     progress = fit_loop.epoch_loop.batch_progress
     if progress.total.ready == 0:  # the loops' state comes later (the loader was set up early)
         if changed and consumed > 0 and left > 0:
-            raise LayoutChangeError(
+            raise ResumeError(
                 "The train loader was set up before the checkpoint's loop state was read (configure_optimizers"
                 " asked for trainer.estimated_stepping_batches), so its epoch cannot be counted in this run's"
                 " processes and batch size: resume with the checkpoint's"

@@ -12,7 +12,7 @@ import torch
 
 from mm_lightning.data import MultimodalDataModule
 from mm_lightning.data.order import GlobalOrderSampler, Visit
-from mm_lightning.data.resume import LayoutChangeError, ResumableDataLoader
+from mm_lightning.data.resume import ResumableDataLoader, ResumeError
 from mm_lightning.extras import LengthGroupedSampler
 from mm_lightning.extras.shards.mixing import ShardOrderSampler, SourcePlan
 from tests.data.helpers import TOKENIZER, coco_style
@@ -90,7 +90,7 @@ def test_an_epoch_end_position_starts_the_next_epoch_on_any_layout() -> None:
 
 def test_a_loader_state_without_a_position_is_refused() -> None:
     # what a per-process loader (torchdata's StatefulDataLoader) saves: a batch count, no position of the epoch
-    with pytest.raises(LayoutChangeError, match="where the epoch stopped is unknown"):
+    with pytest.raises(ResumeError, match="where the epoch stopped is unknown"):
         resumed({"_num_yielded": 6, "_iterator_finished": False}, 1, 8)
     read(resumed(loaders(1, 8)[0].position_state(), 1, 8))  # control: a position this loader saved
 
@@ -129,7 +129,7 @@ def test_length_groups_resume_on_other_processes_but_not_another_batch_size() ->
     state = before[0].position_state()
     rest = sum(read(resumed(state, 3, 4, length_grouped)), [])
     assert Counter(seen + rest) == Counter(range(SIZE))
-    with pytest.raises(LayoutChangeError, match="data.batch_size 4"):
+    with pytest.raises(ResumeError, match="data.batch_size 4"):
         resumed(state, 1, 8, length_grouped)  # its groups are batches: another size is another order
 
 

@@ -19,7 +19,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from mm_lightning.cli import cli_main, main
 from mm_lightning.data.demo import demo_generator_args, generate_demo_dataset
 from mm_lightning.data.order import GlobalOrderSampler
-from mm_lightning.data.resume import LayoutChangeError, ResumableDataLoader
+from mm_lightning.data.resume import ResumableDataLoader, ResumeError
 from tests.conftest import DEMO_CONFIG
 from tests.test_process_exit import exit_problems, run_or_report_hang
 
@@ -86,7 +86,7 @@ def test_loader_state_at_epoch_end_resumes_at_the_next_epoch(
     assert run_epoch(stock, 1, resumed=True) == [[-1]] * BATCHES
 
     # That state (a batch count per process, no position of the epoch) is refused, not guessed at.
-    with pytest.raises(LayoutChangeError, match="where the epoch stopped is unknown"):
+    with pytest.raises(ResumeError, match="where the epoch stopped is unknown"):
         resumed(ResumableDataLoader, stock_state, *settings)
 
 
