@@ -36,7 +36,7 @@ from data_pipeline import (  # noqa: E402
 )
 
 from mm_lightning.data import MultimodalDataModule  # noqa: E402
-from mm_lightning.data.datamodule import ImageTextDataset  # noqa: E402
+from mm_lightning.data.samples import ImageTextDataset  # noqa: E402
 from mm_lightning.data.seeding import derive_seed  # noqa: E402
 
 

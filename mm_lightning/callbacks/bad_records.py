@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from mm_lightning.data.records import SkipLog
+from mm_lightning.data.skips import SkipLog
 from mm_lightning.logging_steps import loggers_write_this_step
 
 

@@ -1,5 +1,6 @@
-"""MultimodalDataModule: JSONL image-caption files -> normalized image batches + dynamically padded tokens,
-and its map-style dataset, :class:`ImageTextDataset` (the options: :mod:`mm_lightning.data.config`)."""
+"""MultimodalDataModule: JSONL image-caption files -> normalized image batches + dynamically padded tokens
+(line -> record: :mod:`~mm_lightning.data.jsonl`; record -> sample: :mod:`~mm_lightning.data.samples`; samples ->
+batch: :mod:`~mm_lightning.data.collate`; the options: :mod:`~mm_lightning.data.config`)."""
 
 from __future__ import annotations
 
@@ -18,24 +19,17 @@ from mm_lightning.data.collate import MultimodalCollate
 from mm_lightning.data.config import (
     DEFAULT_IMAGES,
     DEFAULT_LOADER,
-    CaptionSampling,
     ImageOptions,
     LoaderOptions,
 )
 from mm_lightning.data.images import decode_image_bytes
 from mm_lightning.data.jsonl import JsonlIndex, RecordParser
-from mm_lightning.data.order import TrainOrder, draw_seeds
-from mm_lightning.data.records import (
-    IMAGE_KINDS,
-    EmptySplitError,
-    NoTrainingBatch,
-    RecordError,
-    SkipLog,
-    SkippedRecords,
-)
+from mm_lightning.data.order import TrainOrder
+from mm_lightning.data.records import EmptySplitError, NoTrainingBatch
 from mm_lightning.data.resume import ResumableDataLoader, TrainPosition
-from mm_lightning.data.samples import BadRecordPolicy, SampleBuilder
+from mm_lightning.data.samples import BadRecordPolicy, ImageTextDataset, SampleBuilder
 from mm_lightning.data.seeding import global_seed
+from mm_lightning.data.skips import SkipLog, SkippedRecords
 from mm_lightning.data.transforms import (
     DEFAULT_IMAGE_SIZE,
     IMAGENET_MEAN,
@@ -376,61 +370,3 @@ class MultimodalDataModule(pl.LightningDataModule):
     def normalize_batch(self, batch: dict[str, Any]) -> dict[str, Any]:
         """For use outside a Trainer: the same conversion Lightning applies after transfer."""
         return self.on_after_batch_transfer(batch, 0)
-
-
-class ImageTextDataset(Dataset):
-    """Yields ``{"image": uint8 (3,H,W), "caption", "image_id", "index", "skipped"}``.
-    ``caption_sampling="random"``: one item per image, caption drawn per visit; ``"all"``: one per pair."""
-
-    def __init__(
-        self,
-        index: JsonlIndex,
-        builder: SampleBuilder,
-        caption_sampling: CaptionSampling = "all",
-        policy: BadRecordPolicy | None = None,
-        seed: int | None = None,
-    ) -> None:
-        self.index, self.builder, self.caption_sampling = index, builder, caption_sampling
-        self.seed = global_seed() if seed is None else seed
-        self.policy = policy if policy is not None else BadRecordPolicy(seed=self.seed)
-
-    def __len__(self) -> int:
-        return self.index.num_images if self.caption_sampling == "random" else self.index.num_captions
-
-    def caption_of(self, item: int) -> int:
-        """Pair row that ``item`` reads on this visit."""
-        if self.caption_sampling == "all":
-            return item
-        rows = self.index.pairs_of_image(item)
-        # torch's RNG, seeded per visit by __getitems__ (draws differ across epochs).
-        return int(rows[int(torch.randint(len(rows), ()).item())]) if len(rows) > 1 else int(rows[0])
-
-    def image_records(self) -> list[Any]:
-        """One record per distinct image (its first pair), in index order."""
-        return [self.index.pair(int(row)).record for row in self.index.first_pair_of_images()]
-
-    def replace_images(self, source: Any) -> None:
-        """Give each record's image by ``source(record)`` instead of decoding it: the image tower's precomputed
-        (D,) pooled features, which the network takes in place of pixels (files are still checked)."""
-        self.builder.image_source = source
-
-    def load(self, item: int) -> dict[str, Any]:
-        """Load one item or raise :class:`~mm_lightning.data.records.RecordError`."""
-        pair = self.index.pair(self.caption_of(item))
-        try:
-            return self.builder(pair.record, pair.caption, pair.image_id, item)
-        except RecordError as err:
-            if err.kind in IMAGE_KINDS:  # bad for every record that names the image
-                lines = self.index.line_numbers[self.index.cap_line[self.index.pairs_of_image(pair.image_id)]]
-                err.lines = tuple(sorted({int(n) for n in lines}))
-            raise
-
-    def __getitems__(self, items: list[int]) -> list[dict[str, Any]]:
-        """Load a batch; each sample's draws (caption, crop, flip) seeded by its visit (:class:`Visit`), so a
-        sample is the same whichever rank or worker reads it, and after a resume."""
-        with torch.random.fork_rng(devices=[]):
-            seeds = draw_seeds(self.seed, items)
-            return self.policy.load_batch([int(i) for i in items], self.load, len(self), seeds)
-
-    def __getitem__(self, item: int) -> dict[str, Any]:
-        return self.__getitems__([item])[0]

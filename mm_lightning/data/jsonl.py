@@ -14,11 +14,10 @@ import numpy as np
 from mm_lightning.data.records import (
     Record,
     RecordError,
-    SkipLog,
-    SkippedRecords,
     record_errors,
     validate_captions,
 )
+from mm_lightning.data.skips import SkipLog, SkippedRecords
 
 
 class RecordParser:

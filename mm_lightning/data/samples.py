@@ -1,4 +1,5 @@
-"""Record -> sample, and the bad-record policy; shared by every source (JSONL index, shards) and the audit."""
+"""Record -> sample, the bad-record policy (shared by every source: JSONL index, shards, and the audit), and the
+map-style dataset of one JSONL file, :class:`ImageTextDataset` (index -> sample)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,22 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
+from torch.utils.data import Dataset
 
 from mm_lightning import ExplainedError
+from mm_lightning.data.config import CaptionSampling
 from mm_lightning.data.images import DEFAULT_MAX_PIXELS, ImageDecodeError, decode_image_file
-from mm_lightning.data.records import SKIPPED_KEY, STAND_IN_KEY, Record, RecordError, record_errors
-from mm_lightning.data.seeding import derived_rng
+from mm_lightning.data.jsonl import JsonlIndex
+from mm_lightning.data.order import draw_seeds
+from mm_lightning.data.records import (
+    IMAGE_KINDS,
+    SKIPPED_KEY,
+    STAND_IN_KEY,
+    Record,
+    RecordError,
+    record_errors,
+)
+from mm_lightning.data.seeding import derived_rng, global_seed
 from mm_lightning.data.transforms import DecodeResizedCrop
 
 ORIGIN_KEY = "origin"  # sample field: where the record came from, for errors found in the collate
@@ -186,3 +198,61 @@ class BadRecordPolicy:
             f"{err}\nNo valid record found to replace it ({len(tried)} bad candidates{last}). Most of the data "
             "may be unreadable: check it with `python -m mm_lightning audit`, or raise --data.loader.max_replacements."
         ) from err
+
+
+class ImageTextDataset(Dataset):
+    """Yields ``{"image": uint8 (3,H,W), "caption", "image_id", "index", "skipped"}``.
+    ``caption_sampling="random"``: one item per image, caption drawn per visit; ``"all"``: one per pair."""
+
+    def __init__(
+        self,
+        index: JsonlIndex,
+        builder: SampleBuilder,
+        caption_sampling: CaptionSampling = "all",
+        policy: BadRecordPolicy | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self.index, self.builder, self.caption_sampling = index, builder, caption_sampling
+        self.seed = global_seed() if seed is None else seed
+        self.policy = policy if policy is not None else BadRecordPolicy(seed=self.seed)
+
+    def __len__(self) -> int:
+        return self.index.num_images if self.caption_sampling == "random" else self.index.num_captions
+
+    def caption_of(self, item: int) -> int:
+        """Pair row that ``item`` reads on this visit."""
+        if self.caption_sampling == "all":
+            return item
+        rows = self.index.pairs_of_image(item)
+        # torch's RNG, seeded per visit by __getitems__ (draws differ across epochs).
+        return int(rows[int(torch.randint(len(rows), ()).item())]) if len(rows) > 1 else int(rows[0])
+
+    def image_records(self) -> list[Any]:
+        """One record per distinct image (its first pair), in index order."""
+        return [self.index.pair(int(row)).record for row in self.index.first_pair_of_images()]
+
+    def replace_images(self, source: Any) -> None:
+        """Give each record's image by ``source(record)`` instead of decoding it: the image tower's precomputed
+        (D,) pooled features, which the network takes in place of pixels (files are still checked)."""
+        self.builder.image_source = source
+
+    def load(self, item: int) -> dict[str, Any]:
+        """Load one item or raise :class:`~mm_lightning.data.records.RecordError`."""
+        pair = self.index.pair(self.caption_of(item))
+        try:
+            return self.builder(pair.record, pair.caption, pair.image_id, item)
+        except RecordError as err:
+            if err.kind in IMAGE_KINDS:  # bad for every record that names the image
+                lines = self.index.line_numbers[self.index.cap_line[self.index.pairs_of_image(pair.image_id)]]
+                err.lines = tuple(sorted({int(n) for n in lines}))
+            raise
+
+    def __getitems__(self, items: list[int]) -> list[dict[str, Any]]:
+        """Load a batch; each sample's draws (caption, crop, flip) seeded by its visit (:class:`Visit`), so a
+        sample is the same whichever rank or worker reads it, and after a resume."""
+        with torch.random.fork_rng(devices=[]):
+            seeds = draw_seeds(self.seed, items)
+            return self.policy.load_batch([int(i) for i in items], self.load, len(self), seeds)
+
+    def __getitem__(self, item: int) -> dict[str, Any]:
+        return self.__getitems__([item])[0]

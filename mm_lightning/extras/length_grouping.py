@@ -13,7 +13,7 @@ from mm_lightning.data.seeding import derived_rng
 
 
 def caption_lengths(dataset: Any) -> np.ndarray:
-    """Per-item caption length proxy (words) of an :class:`~mm_lightning.data.datamodule.ImageTextDataset`."""
+    """Per-item caption length proxy (words) of an :class:`~mm_lightning.data.samples.ImageTextDataset`."""
     index = dataset.index
     return (
         index.cap_words

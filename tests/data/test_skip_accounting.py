@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from mm_lightning.data import MultimodalDataModule, TooManyBadRecords
-from mm_lightning.data.records import RecordError, SkipLog
+from mm_lightning.data.records import RecordError
+from mm_lightning.data.skips import SkipLog
 from tests.data.helpers import TOKENIZER, one_bad_image_with_five_captions, save_image, write_jsonl
 
 

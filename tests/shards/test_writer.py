@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mm_lightning.data.datamodule import ImageTextDataset
 from mm_lightning.data.jsonl import JsonlIndex, RecordParser
 from mm_lightning.data.records import RecordError
-from mm_lightning.data.samples import SampleBuilder
+from mm_lightning.data.samples import ImageTextDataset, SampleBuilder
 from mm_lightning.data.transforms import eval_transform
 from mm_lightning.extras.shards.writer import write_shards
 from tests.data.helpers import coco_style, save_image, write_jsonl
