@@ -172,7 +172,8 @@ LOOP_STATE = re.compile(r"\b(fit_loop|epoch_loop|\w*progress)\b")
 
 
 def loop_state_writers(root: Path) -> list[str]:
-    """Writes to Lightning's loop state (an assignment or ``setattr`` on a loop or a progress counter)."""
+    """Writes to Lightning's loop state: assignments and ``setattr`` on a loop or a progress counter (a method
+    that changes one, such as ``increment_ready``, is not looked for)."""
     found = []
     for name, path in sorted(module_files(root).items()):
         for node in ast.walk(ast.parse(path.read_text())):

@@ -1,6 +1,7 @@
 """Data: ``MultimodalDataModule`` (JSONL + image files) and the generated demo."""
 
 from mm_lightning.data.collate import MultimodalCollate
+from mm_lightning.data.config import ImageOptions, LoaderOptions
 from mm_lightning.data.datamodule import MultimodalDataModule
 from mm_lightning.data.demo import DemoDataModule
 from mm_lightning.data.jsonl import JsonlIndex
@@ -13,7 +14,9 @@ __all__ = [
     "BadRecordPolicy",
     "DemoDataModule",
     "EmptySplitError",
+    "ImageOptions",
     "JsonlIndex",
+    "LoaderOptions",
     "MultimodalCollate",
     "MultimodalDataModule",
     "NoTrainingBatch",

@@ -119,10 +119,6 @@ class ResumableDataLoader(DataLoader):
         self.layouts = [*saved.get("layouts", [])]
         if changed:
             self.layouts.append({"epoch": epoch, "consumed": consumed, **layout})
-            self.global_batch_change = (
-                int(saved["world_size"]) * int(saved["batch_size"]),
-                sampler.global_batch,
-            )
         self.loaded = dict(saved)
         if sampler.steps(consumed) == 0:  # the epoch is over: the next starts at its beginning
             epoch, consumed = epoch + 1, 0
@@ -137,8 +133,20 @@ class ResumableDataLoader(DataLoader):
         return {} if self.kept_by_data_module else self.position_state()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if state_dict and not self.kept_by_data_module:
-            self.load_position(state_dict)
+        if not state_dict or self.position_loaded:  # none, or the data module's was applied
+            return
+        self.load_position(state_dict)
+        saved, self.loaded = self.loaded, None
+        old_batch = int(saved["world_size"]) * int(saved["batch_size"])
+        mid_epoch = self.sampler.stream_length() - int(saved["consumed"]) >= old_batch  # in the saved layout
+        if old_batch != self.sampler.global_batch and mid_epoch:
+            raise ResumeError(
+                f"The checkpoint stopped mid-epoch with {saved['world_size']} process(es) x data.batch_size"
+                f" {saved['batch_size']}; this run has {self.sampler.num_replicas} x {self.sampler.batch_size}."
+                " Lightning counts an epoch's batches in the layout that saved them, which is corrected only for a"
+                " loader a data module keeps (mm_lightning.data.resume.TrainPosition): resume through such a data"
+                " module, or with the checkpoint's processes and batch size."
+            )
 
 
 def continue_in_this_layout(loader: ResumableDataLoader, trainer: Any) -> None:
@@ -149,8 +157,12 @@ def continue_in_this_layout(loader: ResumableDataLoader, trainer: Any) -> None:
     saved, loader.loaded = loader.loaded, None
     if saved is None or fit_loop is None:
         return
-    sampler, changed = loader.sampler, loader.global_batch_change is not None
+    sampler = loader.sampler
     epoch, consumed = int(saved["epoch"]), int(saved["consumed"])
+    old_batch = int(saved["world_size"]) * int(saved["batch_size"])
+    changed = [saved[k] for k in loader.layout()] != list(loader.layout().values())
+    if changed:
+        loader.global_batch_change = (old_batch, sampler.global_batch)
     left = sampler.steps(consumed)  # this layout's batches left in the epoch
     progress = fit_loop.epoch_loop.batch_progress
     if progress.total.ready == 0:  # the loops' state comes later (the loader was set up early)
@@ -175,7 +187,6 @@ def continue_in_this_layout(loader: ResumableDataLoader, trainer: Any) -> None:
     if loader.layouts:
         loader.planned_steps = _planned_steps(sampler, trainer, epoch, left)
     if changed:
-        old_batch = int(saved["world_size"]) * int(saved["batch_size"])
         per_epoch = math.ceil(sampler.steps() / trainer.accumulate_grad_batches)
         before = math.ceil(sampler.stream_length() // old_batch / trainer.accumulate_grad_batches)
         rank_zero_info(

@@ -10,6 +10,7 @@ which a resume cannot continue exactly; this one saves between batches, as ``Mod
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import threading
@@ -21,7 +22,8 @@ import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from mm_lightning.extras.worker_isolation import isolate_forked_workers
@@ -91,6 +93,15 @@ class PreemptionCheckpoint(Callback):
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._install()  # also when there is no sanity check; Lightning's would raise mid-validation
+        loader = trainer.train_dataloader
+        if isinstance(loader, DataLoader) and loader.num_workers > 0:
+            context = loader.multiprocessing_context or multiprocessing.get_context()
+            if context.get_start_method() != "fork":
+                rank_zero_warn(
+                    f"The train loader's workers start by {context.get_start_method()!r}: a stop signal sent to the"
+                    " whole process group (Ctrl-C in a terminal, kill -- -PGID) reaches them too and may kill them"
+                    " before last.ckpt is saved; --data.loader.multiprocessing_context fork keeps them out of it."
+                )
 
     @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, is_dataclass
+from dataclasses import is_dataclass
 from typing import Any
 
 import torch
@@ -34,7 +34,7 @@ from mm_lightning.models.dual_encoder import DualEncoder
 from mm_lightning.models.losses.objective import BatchLoss, Objective, SampleWeighting, TermWeighting
 from mm_lightning.models.optim import clip_gradients, optimizer_and_schedule
 from mm_lightning.models.rules import RULES, ParamGroupRule, TowerAdapters, WholeBatch
-from mm_lightning.option_groups import as_config
+from mm_lightning.option_groups import as_config, as_record
 
 
 class MultimodalModule(LightningModule):
@@ -151,7 +151,7 @@ class MultimodalModule(LightningModule):
         hparams = checkpoint.get("hyper_parameters", {})
         for name, value in list(hparams.items()):
             if is_dataclass(value) and not isinstance(value, type):
-                hparams[name] = asdict(value)
+                hparams[name] = as_record(value)
 
     @property
     def data_config(self) -> dict[str, dict[str, Any]]:

@@ -50,6 +50,25 @@ def resumed(state: dict, world: int, batch: int, sampler_of: Any = None) -> list
     return ranks
 
 
+def test_a_loader_passed_to_fit_resumes_mid_epoch_only_on_the_global_batch_that_saved_it() -> None:
+    """Lightning's copy of the position (a loader no data module keeps): its batch counters stay in the saved
+    layout, so another global batch mid-epoch is refused; the same global batch resumes."""
+    before = loaders(2, 4)
+    read(before, steps=3)
+    state = before[0].state_dict()  # what Lightning saves for a loader passed to fit
+    assert state == before[0].position_state()
+    same_global_batch = loaders(1, 8)[0]
+    same_global_batch.load_state_dict(state)
+    assert same_global_batch.position() == (0, 24)
+    with pytest.raises(ResumeError, match="resume through such a data module"):
+        loaders(1, 4)[0].load_state_dict(state)
+    kept = loaders(1, 4)[0]  # control: the data module's path counts the epoch in the new layout
+    kept.load_position(state)
+    assert kept.position() == (0, 24)
+    kept.kept_by_data_module = True
+    assert kept.state_dict() == {}  # the position is held once: Lightning's copy stays empty
+
+
 @pytest.mark.parametrize(("world", "batch"), [(2, 4), (4, 2), (8, 1)])
 def test_ranks_read_the_steps_one_process_reads(world: int, batch: int) -> None:
     assert read(loaders(world, batch)) == read(loaders(1, 8))  # 2 x 4 reads the batches 1 x 8 reads, in order

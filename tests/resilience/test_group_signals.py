@@ -9,11 +9,14 @@ import os
 import signal
 import subprocess
 import sys
+import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
 import torch
+from torch.utils.data import DataLoader
 
 from mm_lightning.extras import PreemptionCheckpoint
 from tests.conftest import REPO, tiny_demo_args
@@ -92,3 +95,18 @@ def test_second_ctrl_c_stops_at_once() -> None:
     assert callback.received == signal.SIGINT  # the first one: save after this batch
     with pytest.raises(KeyboardInterrupt):
         callback._on_signal(signal.SIGINT, None)
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "fork"], ids=["spawn", "control-fork"])
+def test_workers_outside_the_isolation_are_named(start_method: str) -> None:
+    loader = DataLoader(list(range(4)), num_workers=1, multiprocessing_context=start_method)
+    trainer = SimpleNamespace(train_dataloader=loader)
+    callback = PreemptionCheckpoint()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            callback.on_train_start(trainer, None)  # type: ignore[arg-type]
+        finally:
+            callback.teardown(trainer, None, "fit")  # type: ignore[arg-type]
+    named = [w for w in caught if "multiprocessing_context fork" in str(w.message)]
+    assert len(named) == (start_method == "spawn")

@@ -238,3 +238,12 @@ def test_the_readme_shows_the_example_files_as_they_are() -> None:
     for block in blocks:
         lines = [line for line in block.splitlines() if line.strip()]
         assert any(all(line in source for line in lines) for source in example.values()), block
+
+
+def test_a_tower_output_that_is_not_a_tensor_in_training_is_named() -> None:
+    from mm_lightning.models.towers.contract import as_encoder_output
+
+    pooled = torch.zeros(2, 4)
+    assert as_encoder_output(pooled).tokens.shape == (2, 1, 4)  # control: pooled features are their own token
+    with pytest.raises(TowerContractError, match="returned a tuple in training"):
+        as_encoder_output((pooled, pooled))  # type: ignore[arg-type]

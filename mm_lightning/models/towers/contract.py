@@ -183,6 +183,11 @@ def as_encoder_output(out: Tensor | EncoderOutput) -> EncoderOutput:
     features alone are their own single token."""
     if isinstance(out, EncoderOutput):
         return out
+    if not isinstance(out, Tensor):  # e.g. a tower that returns something else in train mode than in eval
+        raise TowerContractError(
+            f"a tower returned a {type(out).__name__} in training, not a (B, D) tensor or an EncoderOutput (the"
+            " tower contract: mm_lightning/models/towers/contract.py)"
+        )
     return EncoderOutput(
         out, out[:, None, :], torch.ones(out.shape[0], 1, dtype=torch.bool, device=out.device)
     )

@@ -78,7 +78,9 @@ def adopt_tower(kind: Kind, tower: Any) -> nn.Module:
     pooled_dim, token_dim = out.pooled.shape[1], out.tokens.shape[2]
     for name, found in (("pooled_dim", pooled_dim), ("token_dim", token_dim)):
         declared_width = getattr(tower, name, None)
-        if declared_width is not None and declared_width != found:
+        if declared_width is None:
+            continue
+        if not isinstance(declared_width, int) or isinstance(declared_width, bool) or declared_width != found:
             raise TowerContractError(
                 f"{kind} tower {class_path_of(tower)}: {name} is {declared_width!r}, but its forward returns"
                 f" {found} (on a dry batch of {DRY_BATCH})"
