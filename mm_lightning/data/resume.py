@@ -83,6 +83,10 @@ class ResumableDataLoader(DataLoader):
     def layout(self) -> dict[str, int]:
         return {"world_size": self.sampler.num_replicas, "batch_size": self.sampler.batch_size}
 
+    def layout_differs(self, saved: dict[str, Any]) -> bool:
+        """Whether a saved position was read by other processes or another batch size than this loader's."""
+        return any(saved[key] != value for key, value in self.layout().items())
+
     def position_state(self) -> dict[str, Any]:
         """The position as a checkpoint records it."""
         epoch, consumed = self.position()
@@ -108,7 +112,7 @@ class ResumableDataLoader(DataLoader):
                 stacklevel=2,
             )
         layout = self.layout()
-        changed = [saved[k] for k in layout] != list(layout.values())
+        changed = self.layout_differs(saved)
         mid_epoch = 0 < consumed and sampler.steps(consumed) > 0
         if mid_epoch and sampler.order_follows_batch_size and saved["batch_size"] != layout["batch_size"]:
             raise ResumeError(
@@ -137,7 +141,7 @@ class ResumableDataLoader(DataLoader):
             return
         self.load_position(state_dict)
         saved, self.loaded = self.loaded, None
-        old_batch = int(saved["world_size"]) * int(saved["batch_size"])
+        old_batch = saved_global_batch(saved)
         mid_epoch = self.sampler.stream_length() - int(saved["consumed"]) >= old_batch  # in the saved layout
         if old_batch != self.sampler.global_batch and mid_epoch:
             raise ResumeError(
@@ -147,6 +151,11 @@ class ResumableDataLoader(DataLoader):
                 " loader a data module keeps (mm_lightning.data.resume.TrainPosition): resume through such a data"
                 " module, or with the checkpoint's processes and batch size."
             )
+
+
+def saved_global_batch(saved: dict[str, Any]) -> int:
+    """Samples per step of the layout that saved a position."""
+    return int(saved["world_size"]) * int(saved["batch_size"])
 
 
 def continue_in_this_layout(loader: ResumableDataLoader, trainer: Any) -> None:
@@ -159,8 +168,8 @@ def continue_in_this_layout(loader: ResumableDataLoader, trainer: Any) -> None:
         return
     sampler = loader.sampler
     epoch, consumed = int(saved["epoch"]), int(saved["consumed"])
-    old_batch = int(saved["world_size"]) * int(saved["batch_size"])
-    changed = [saved[k] for k in loader.layout()] != list(loader.layout().values())
+    old_batch = saved_global_batch(saved)
+    changed = loader.layout_differs(saved)
     if changed:
         loader.global_batch_change = (old_batch, sampler.global_batch)
     left = sampler.steps(consumed)  # this layout's batches left in the epoch
