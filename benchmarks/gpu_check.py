@@ -23,7 +23,7 @@ after every stage, so a run cut short keeps what it measured.
                   data-bound when it falls short of train_eager
   nvjpeg          nvJPEG batch decoding, also with the crops cut and resized on the device, vs one CPU core
   grad_cache      the whole batch vs 4 chunks (``GradientCaching``): peak memory and step time
-  cuda_tests      the tests that only run with CUDA (FSDP wraps, trains and resumes; the NaN guard's no-sync check)
+  cuda_tests      the tests that only run with CUDA (the NaN guard's no-sync check)
   train_resnet50  ``configs/base.yaml``'s towers (ResNet-50 + BERT-base), eager
   ddp             stock DDP vs the explicit all-reduce (``configs/ddp_explicit.yaml``), 2 GPUs over NCCL
                   (skipped on one; the dry run runs the explicit one on 2 CPU processes over gloo)
@@ -454,7 +454,7 @@ def stage_grad_cache(scale: Scale, args: argparse.Namespace) -> dict:
 
 
 def stage_cuda_tests(scale: Scale, args: argparse.Namespace) -> dict:
-    files = ["tests/largebatch/test_fsdp.py", "tests/resilience/test_nan_guard_deferred.py"]
+    files = ["tests/resilience/test_nan_guard_deferred.py"]
     # without CUDA they skip: the dry run checks that they still collect
     extra = ["--collect-only"] if scale.device == "cpu" else []
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *extra, *files]  # fmt: skip

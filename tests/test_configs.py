@@ -16,7 +16,7 @@ from tests.conftest import CHECKPOINT_GROUPS, DEFAULT_CALLBACKS, callback_args
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 # configs without a model of their own (the towers have no defaults), parsed on top of a recipe: base.yaml unless
 # OVERLAY_ON names another (the recipe their header shows them with)
-OVERLAYS = {"ddp.yaml", "ddp_explicit.yaml", "fsdp.yaml", "demo_data.yaml", "shards.yaml", "loggers.yaml"}
+OVERLAYS = {"ddp.yaml", "ddp_explicit.yaml", "fsdp2.yaml", "demo_data.yaml", "shards.yaml", "loggers.yaml"}
 OVERLAY_ON = {"shards.yaml": "demo.yaml"}
 
 

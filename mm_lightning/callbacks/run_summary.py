@@ -30,7 +30,7 @@ def _log_dir(trainer: Trainer) -> str | None:
 
 def _sha256(path: str) -> list[str]:
     """The line with a checkpoint file's SHA-256, so that figures name exactly the file they came from."""
-    return [f"    SHA-256 {sha256_of(path)}"] if os.path.isfile(path) else []
+    return [f"    SHA-256 {sha256_of(path)}"] if os.path.exists(path) else []
 
 
 def _train_further(trainer: Trainer) -> tuple[str, str]:

@@ -19,11 +19,16 @@ LIGHTNING_KEYS = ("pytorch-lightning_version", "state_dict")
 
 
 def sha256_of(path: str | os.PathLike) -> str:
-    """The file's SHA-256 (hex): results name exactly the checkpoint they came from."""
+    """The file's SHA-256 (hex): results name exactly the checkpoint they came from. A folder (a sharded
+    checkpoint): one SHA-256 over its files' names and contents, in name order."""
     digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
+    folder = Path(path).is_dir()
+    for file in sorted(Path(path).iterdir()) if folder else [Path(path)]:
+        if folder:
+            digest.update(file.name.encode() + b"\0")
+        with open(file, "rb") as content:
+            for block in iter(lambda content=content: content.read(1 << 20), b""):
+                digest.update(block)
     return digest.hexdigest()
 
 

@@ -261,11 +261,13 @@ def checked_for_loading(
 
 
 def checked_resume_file(path: str | os.PathLike, model: Mapping[str, Any]) -> dict[str, Any]:
-    """A ``--ckpt_path`` checkpoint, loaded once its file and ``hyper_parameters`` are checked; ``model`` is the
+    """A ``--ckpt_path`` checkpoint (a sharded one: its ``meta.pt``), loaded once its files and ``hyper_parameters``
+    are checked; ``model`` is the
     user's own model config, which alone can let a tower run its model's code."""
     from mm_lightning.checkpoints.files import check_checkpoint_file
+    from mm_lightning.checkpoints.sharded import checked_meta, is_sharded_checkpoint
 
-    content = check_checkpoint_file(path)
+    content = checked_meta(path) if is_sharded_checkpoint(path) else check_checkpoint_file(path)
     allowed = {
         name: model[name] for name in PARTS
         if ((model.get(name) or {}).get("init_args") or {}).get("trust_remote_code") is True

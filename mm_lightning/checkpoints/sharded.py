@@ -10,11 +10,11 @@ state dict (:func:`read_sharded_checkpoint`, for the commands)."""
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import pickle
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +24,14 @@ from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from typing_extensions import override
 
-from mm_lightning.checkpoints.files import LIGHTNING_KEYS, CheckpointFileError
+from mm_lightning.checkpoints.files import CheckpointFileError
 
 METADATA_FILE = ".metadata"  # DCP's index of every entry and where its bytes are
 META_FILE = (
     "meta.pt"  # Lightning's: what is not a tensor of the model or the optimizer (loops, callbacks, ...)
 )
+# meta.pt's list of the 0-d parameters saved with one element (fully_shard cannot split a 0-d tensor)
+RESHAPED_KEY = "one_element_parameters"
 SHARD_FILE = re.compile(r"__\d+_\d+\.distcp")  # one per writing process
 # the globals DCP's metadata pickle holds (torch 2.4 to 2.14): its dataclasses, torch.Size, dtypes, layouts, paths
 METADATA_GLOBALS = {
@@ -145,6 +147,17 @@ def read_meta(folder: str | os.PathLike) -> dict[str, Any]:
     return meta
 
 
+def checked_meta(folder: str | os.PathLike) -> dict[str, Any]:
+    """``meta.pt`` of a folder whose files and index are checked (what a resume reads before the shards)."""
+    read_metadata(folder)
+    meta = read_meta(folder)
+    if "pytorch-lightning_version" not in meta:
+        raise ShardedCheckpointError(
+            f"Checkpoint {folder} is not a Lightning checkpoint: its meta.pt has no version."
+        )
+    return meta
+
+
 class CheckedReader(FileSystemReader):
     """DCP's file reader whose index is read by :func:`read_metadata`; a rank's own index is never read."""
 
@@ -194,33 +207,31 @@ def _checked_dcp_load(
         raise
 
 
+def read_entries(folder: str | os.PathLike, prefix: str) -> dict[str, Any]:
+    """Every entry of the folder whose flattened name starts with ``prefix`` (``state_dict.``,
+    ``optimizer_0.state.``), whole, in one process: tensors and (checked) values by name."""
+    metadata = read_metadata(folder)
+    state: dict[str, Any] = {
+        key: torch.empty(entry.size, dtype=entry.properties.dtype)
+        if isinstance(entry, TensorStorageMetadata)
+        else None
+        for key, entry in metadata.state_dict_metadata.items()
+        if key.startswith(prefix)
+    }
+    with warnings.catch_warnings():  # one process on purpose
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        _checked_dcp_load(state, folder, CheckedLoadPlanner(), no_dist=True)
+    return state
+
+
 def read_sharded_checkpoint(folder: str | os.PathLike) -> dict[str, Any]:
     """The whole checkpoint in one process, shaped as a single-file one: ``meta.pt`` and the model's full
     ``state_dict`` (the optimizer's state is left out)."""
-    root = Path(folder)
-    metadata = read_metadata(root)
-    checkpoint = read_meta(root)
+    checkpoint = checked_meta(folder)
     prefix = "state_dict."
-    weights = {
-        key[len(prefix) :]: torch.empty(entry.size, dtype=entry.properties.dtype)
-        for key, entry in metadata.state_dict_metadata.items()
-        if key.startswith(prefix) and isinstance(entry, TensorStorageMetadata)
-    }
-    state = {"state_dict": weights}
-    _checked_dcp_load(state, root, CheckedLoadPlanner(), no_dist=True)
-    checkpoint["state_dict"] = state["state_dict"]
-    missing = [key for key in LIGHTNING_KEYS if key not in checkpoint]
-    if missing:
-        raise ShardedCheckpointError(f"Checkpoint {root} is not a Lightning checkpoint: it lacks {missing}.")
+    weights = {key[len(prefix) :]: value for key, value in read_entries(folder, prefix).items()}
+    for name in checkpoint.pop(RESHAPED_KEY, []):
+        if name in weights and weights[name].numel() == 1:
+            weights[name] = weights[name].reshape(())
+    checkpoint["state_dict"] = weights
     return checkpoint
-
-
-def folder_digest(folder: str | os.PathLike) -> str:
-    """SHA-256 over the folder's files (names and contents, sorted by name): one digest for a sharded checkpoint."""
-    digest = hashlib.sha256()
-    for file in sorted(Path(folder).iterdir()):
-        digest.update(file.name.encode() + b"\0")
-        with open(file, "rb") as content:
-            for block in iter(lambda content=content: content.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()

@@ -216,7 +216,7 @@ def run_evaluation(
         "dataset": dataset,
         "model": type(model.model.image_encoder).__name__ + " + " + type(model.model.text_encoder).__name__,
         "pretrained": checkpoint,
-        "checkpoint_sha256": sha256_of(checkpoint) if os.path.isfile(checkpoint) else None,
+        "checkpoint_sha256": sha256_of(checkpoint) if os.path.exists(checkpoint) else None,
         "task": RETRIEVAL,
         "metrics": clip_benchmark_retrieval(ranks),
         "language": "en",

@@ -1,5 +1,5 @@
 """The opt-in parts, which run only when a config or a command names one (the package loads then): the explicit
-all-reduce strategy, gradient caching, the locked-feature cache, WebDataset shards and weighted mixes, length-grouped
+all-reduce strategy, sharded data parallelism (FSDP2), gradient caching, the locked-feature cache, WebDataset shards and weighted mixes, length-grouped
 batches, what a long run adds to the callbacks (NaN guard, preemption saves, exact resume), the monitors and FLOP
 counter, EMA, layer-wise learning-rate decay and peft adapters. The training core never imports them
 (``tests/test_structure.py``, ``tests/test_core_size.py``)."""
@@ -28,6 +28,7 @@ from mm_lightning.extras.monitors import (
 )
 from mm_lightning.extras.nan_guard import NaNGuard, NonFiniteTrainingError
 from mm_lightning.extras.preemption import PreemptionCheckpoint
+from mm_lightning.extras.sharded_training import ShardedDataParallel
 from mm_lightning.extras.shards.datamodule import DemoShardDataModule, ShardDataModule, Source
 
 __all__ = [
@@ -56,6 +57,7 @@ __all__ = [
     "PreemptionCheckpoint",
     "RetrievalGridLogger",
     "ShardDataModule",
+    "ShardedDataParallel",
     "Source",
     "StepTimeMonitor",
 ]

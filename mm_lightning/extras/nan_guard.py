@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
@@ -39,7 +40,7 @@ class GradNorms:
                 self._total = torch.linalg.vector_norm(torch.stack(norms)) if norms else None
             else:
                 grads = _grads(self.module)
-                self._total = torch.nn.utils.get_total_norm(grads) if grads else None
+                self._total = whole(torch.nn.utils.get_total_norm(grads)) if grads else None
         return self._total
 
     @property
@@ -53,8 +54,13 @@ class GradNorms:
             for name, child in parent.named_children():
                 grads = _grads(child)
                 if grads:
-                    self._children[name] = torch.nn.utils.get_total_norm(grads)
+                    self._children[name] = whole(torch.nn.utils.get_total_norm(grads))
         return self._children
+
+
+def whole(norm: Tensor) -> Tensor:
+    """A norm over sharded gradients (FSDP2's DTensors) summed over the shards; a plain tensor as it is."""
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
 _CACHE: weakref.WeakKeyDictionary[nn.Module, GradNorms] = weakref.WeakKeyDictionary()

@@ -10,7 +10,6 @@ from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.strategies import FSDPStrategy
 from torch import Tensor, nn
 from typing_extensions import override
 
@@ -222,13 +221,6 @@ class MultimodalModule(LightningModule):
         # here (once per process, after the strategy is set up) and in place, so checkpoint keys do not change
         if self.hparams.compile and not self._towers_compiled:
             self.compile_towers()
-        trainer = self.running_trainer()
-        if trainer is not None and isinstance(trainer.strategy, FSDPStrategy):
-            # FSDP cannot flatten 0-d parameters (the temperature, SigLIP's bias): make them 1-element
-            for module in self.model.contrastive.modules():
-                for name, param in list(module.named_parameters(recurse=False)):
-                    if param.dim() == 0:
-                        setattr(module, name, nn.Parameter(param.detach().reshape(1), param.requires_grad))
 
     def compile_towers(self) -> None:
         """Compiles both towers in place with ``torch.compile`` (what ``compile=True`` does at fit start)."""

@@ -126,21 +126,7 @@ def clip_gradients(
     clip_val: float | None,
     algorithm: str | None,
 ) -> None:
-    """Clips per tower and heads, then the trainer's global clipping (under FSDP, only the root's global)."""
-    from lightning.pytorch.strategies import FSDPStrategy
-
-    if not isinstance(module.trainer.strategy, FSDPStrategy):
-        clip_towers_and_heads(module, towers, heads_norm)
-        module.clip_gradients(optimizer, clip_val, algorithm)
-        return
-    # each rank holds only a shard of every gradient
-    if any(norm is not None for _, norm in towers.values()) or heads_norm is not None:
-        raise ValueError(
-            "per-tower clip_norm / optim.clip_heads need whole gradients; under FSDP use "
-            "trainer.gradient_clip_val (clipped by the FSDP root over all shards)"
-        )
-    if clip_val and algorithm in (None, "norm"):
-        # torch.nn.utils.clip_grad_norm_ would see one shard; the FSDP root reduces the norm over ranks
-        module.log("train/grad_norm", module.trainer.strategy.model.clip_grad_norm_(clip_val))
-    else:
-        module.clip_gradients(optimizer, clip_val, algorithm)
+    """Clips per tower and heads, then the trainer's global clipping (sharded gradients too: torch sums a norm
+    over the shards)."""
+    clip_towers_and_heads(module, towers, heads_norm)
+    module.clip_gradients(optimizer, clip_val, algorithm)

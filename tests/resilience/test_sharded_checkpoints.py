@@ -17,10 +17,10 @@ from torch import nn
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
+from mm_lightning.checkpoints.files import sha256_of
 from mm_lightning.checkpoints.sharded import (
     METADATA_FILE,
     ShardedCheckpointError,
-    folder_digest,
     is_sharded_checkpoint,
     load_sharded,
     read_metadata,
@@ -157,10 +157,10 @@ def test_an_interrupted_save_is_named(tmp_path: Path) -> None:
 def test_the_digest_covers_every_file(tmp_path: Path) -> None:
     folder = tmp_path / "last.ckpt"
     write_checkpoint(folder)
-    before = folder_digest(folder)
-    assert folder_digest(folder) == before
+    before = sha256_of(folder)
+    assert sha256_of(folder) == before
     shard = next(folder.glob("*.distcp"))
     data = bytearray(shard.read_bytes())
     data[-1] ^= 1
     shard.write_bytes(bytes(data))
-    assert folder_digest(folder) != before
+    assert sha256_of(folder) != before

@@ -1,0 +1,192 @@
+"""Sharded training (``configs/fsdp2.yaml``: FSDP2 over CPU processes, gloo) through the real CLI: the demo's
+weights and AdamW moments equal plain DDP's after the same steps; ``last.ckpt`` is a folder of which each
+process wrote about half; a run killed after a checkpoint resumes on another number of processes (2 -> 1 and
+1 -> 2, the global batch kept), reads each sample of the epoch once and ends on the uninterrupted weights."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from mm_lightning.checkpoints.sharded import is_sharded_checkpoint, read_entries, read_sharded_checkpoint
+from mm_lightning.cli import main
+from mm_lightning.data.resume import ResumableDataLoader
+from tests.conftest import REPO, tiny_demo_args
+from tests.resilience.test_elastic_resume import (
+    IMAGES,
+    KILLED_AT,
+    data,
+    fit_args,
+    launch,
+    resumed_copy,
+    seen_in,
+)
+
+__all__ = ["data"]  # the elastic tests' data: 48 training images, 6 steps of 8 per epoch
+OVERLAY = ["--config", str(REPO / "configs" / "fsdp2.yaml")]
+# Relative L2 distances. Measured: 2 processes FSDP2 vs DDP after 3 steps, parameters 3e-7 (the gradient
+# reduction's order: FSDP2 reduce-scatters where DDP all-reduces); one step fewer: see the control.
+SAME_LAYOUT_TOLERANCE = 1e-5
+# A resume on another number of processes, against an uninterrupted run (as tests/resilience/test_elastic_resume.py).
+PARAMETER_TOLERANCE, GRADIENT_TOLERANCE = 1e-4, 1e-5
+unpatched = ResumableDataLoader.load_position
+
+
+def relative(ours: torch.Tensor, theirs: torch.Tensor) -> float:
+    return ((ours.double() - theirs.double()).norm() / theirs.double().norm()).item()
+
+
+def sharded_moments(folder: Path) -> dict[str, torch.Tensor]:
+    """AdamW's exp_avg of a sharded checkpoint by parameter name."""
+    prefix, suffix = "optimizer_0.state.", ".exp_avg"
+    entries = read_entries(folder, prefix)
+    return {key[len(prefix) : -len(suffix)]: value for key, value in entries.items() if key.endswith(suffix)}
+
+
+def cat(state: dict[str, torch.Tensor], names: list[str]) -> torch.Tensor:
+    return torch.cat([state[name].double().reshape(-1) for name in names])
+
+
+def run_cli(args: list[str]) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "mm_lightning", "fit", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_two_processes_match_ddp_and_each_holds_about_half(tmp_path: Path) -> None:
+    def args(name: str, *extra: str) -> list[str]:
+        return [
+            *tiny_demo_args(tmp_path / name, max_steps=3),
+            "--data.init_args.data_dir", str(tmp_path / "demo"),  # generated once, shared by the runs
+            "--data.init_args.batch_size", "8",
+            "--trainer.limit_val_batches", "0",
+            "--trainer.devices", "2",
+            "--trainer.deterministic", "true",
+            *extra,
+        ]  # fmt: skip
+
+    run_cli(args("ddp", "--trainer.strategy", "ddp", "--checkpoint.every_n_train_steps", "1",
+                 "--checkpoint.filename", "{step}", "--checkpoint.save_top_k", "-1"))  # fmt: skip
+    run_cli(args("fsdp2", *OVERLAY))
+    folder = tmp_path / "fsdp2" / "checkpoints" / "last.ckpt"
+    assert is_sharded_checkpoint(folder)
+    shards = sorted(folder.glob("__*_0.distcp"))
+    sizes = [shard.stat().st_size for shard in shards]
+    assert len(shards) == 2 and all(0.4 < size / sum(sizes) < 0.6 for size in sizes), sizes
+
+    ours = read_sharded_checkpoint(folder)
+    assert ours["global_step"] == 3
+    moments = sharded_moments(folder)
+    groups = read_entries(folder, "optimizer_0.param_groups.")
+
+    def distances(ddp: dict[str, Any]) -> tuple[float, float]:
+        weights = [name for name, value in ddp["state_dict"].items() if value.is_floating_point()]
+        theirs = {name: value for name, value in ddp["state_dict"].items()}
+        mine = {name: ours["state_dict"][name].reshape(theirs[name].shape) for name in weights}
+        # the same optimizer order: DDP numbers the parameters, DCP names them
+        saved = ddp["optimizer_states"][0]
+        pairs = [
+            (index, name)
+            for g, group in enumerate(saved["param_groups"])
+            for index, name in zip(
+                group["params"], groups[f"optimizer_0.param_groups.{g}.params"], strict=True
+            )
+        ]
+        ddp_moments = torch.cat([saved["state"][i]["exp_avg"].double().reshape(-1) for i, _ in pairs])
+        return relative(cat(mine, weights), cat(theirs, weights)), relative(
+            cat(moments, [n for _, n in pairs]), ddp_moments
+        )
+
+    ddp_dir = tmp_path / "ddp" / "checkpoints"
+    parameters, gradients = distances(torch.load(ddp_dir / "step=3.ckpt", weights_only=True))
+    print(f"FSDP2 vs DDP after 3 steps: parameters {parameters:.1e}, gradient means {gradients:.1e}")
+    assert parameters <= SAME_LAYOUT_TOLERANCE and gradients <= SAME_LAYOUT_TOLERANCE
+    # Control: DDP one step earlier is far outside.
+    parameters, gradients = distances(torch.load(ddp_dir / "step=2.ckpt", weights_only=True))
+    print(f"control, one step fewer: parameters {parameters:.1e}, gradient means {gradients:.1e}")
+    assert parameters > 100 * SAME_LAYOUT_TOLERANCE and gradients > 100 * SAME_LAYOUT_TOLERANCE
+
+
+def final(run: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], int]:
+    folder = run / "checkpoints" / "last.ckpt"
+    checkpoint = read_sharded_checkpoint(folder)
+    return checkpoint["state_dict"], sharded_moments(folder), checkpoint["global_step"]
+
+
+def resume_distances(run: Path, reference: Path, steps: int = IMAGES // 8) -> tuple[float, float]:
+    weights, moments, step = final(run)
+    expected_weights, expected_moments, expected_step = final(reference)
+    assert (step, expected_step) == (steps, IMAGES // 8)
+    names = sorted(name for name, value in expected_weights.items() if value.is_floating_point())
+    return (
+        relative(cat(weights, names), cat(expected_weights, names)),
+        relative(cat(moments, sorted(expected_moments)), cat(expected_moments, sorted(expected_moments))),
+    )
+
+
+def fit_in_process(args: list[str]) -> None:
+    """One process, in this one: the process group it starts, and the address it wrote for it, go with it."""
+    environment = dict(os.environ)
+    try:
+        assert main(args) == 0
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        os.environ.clear()
+        os.environ.update(environment)  # a later launch picks its own port
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_killed_runs_resume_on_another_number_of_processes(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    epoch = Counter(range(IMAGES))
+    reference = tmp_path / "reference"
+    fit_in_process([*fit_args(data, reference, 1, 8), *OVERLAY])
+
+    # 2 x 4, killed after step 3's checkpoint, resumed on 1 x 8
+    killed = tmp_path / "killed_on_2"
+    launch([*fit_args(data, killed, 2, 4, kill_at=KILLED_AT), *OVERLAY], killed=True)
+    assert is_sharded_checkpoint(killed / "checkpoints" / "last.ckpt")
+    control = resumed_copy(killed, tmp_path / "control")
+    fit_in_process([*fit_args(data, killed, 1, 8), *OVERLAY, "--ckpt_path", "last"])
+    assert seen_in(killed, killed) == epoch
+    parameters, gradients = resume_distances(killed, reference)
+    print(f"2 -> 1: parameters {parameters:.1e}, gradient means {gradients:.1e}")
+    assert parameters <= PARAMETER_TOLERANCE and gradients <= GRADIENT_TOLERANCE
+
+    # 1 x 8, killed after step 3's checkpoint, resumed on 2 x 4
+    killed = tmp_path / "killed_on_1"
+    launch([*fit_args(data, killed, 1, 8, kill_at=KILLED_AT), *OVERLAY], killed=True)
+    launch([*fit_args(data, killed, 2, 4), *OVERLAY, "--ckpt_path", "last"])
+    assert seen_in(killed, killed) == epoch
+    parameters, gradients = resume_distances(killed, reference)
+    print(f"1 -> 2: parameters {parameters:.1e}, gradient means {gradients:.1e}")
+    assert parameters <= PARAMETER_TOLERANCE and gradients <= GRADIENT_TOLERANCE
+
+    # Control: the 2 -> 1 resume with one batch left out ends outside both tolerances.
+    def skip_a_batch(self: ResumableDataLoader, state: dict[str, Any]) -> None:
+        saved = dict(state[ResumableDataLoader.KEY])
+        saved["consumed"] += saved["world_size"] * saved["batch_size"]
+        unpatched(self, {ResumableDataLoader.KEY: saved})
+
+    monkeypatch.setattr(ResumableDataLoader, "load_position", skip_a_batch)
+    fit_in_process([*fit_args(data, control, 1, 8), *OVERLAY, "--ckpt_path", "last"])
+    parameters, gradients = resume_distances(control, reference, steps=IMAGES // 8 - 1)
+    assert parameters > 10 * PARAMETER_TOLERANCE and gradients > 1000 * GRADIENT_TOLERANCE
