@@ -63,7 +63,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if not is_local_path(path):
             return super().load_checkpoint(path, map_location, weights_only)
         from mm_lightning.checkpoints.files import CheckpointFileError, check_checkpoint_file
+        from mm_lightning.checkpoints.sharded import is_sharded_checkpoint, read_sharded_checkpoint
 
+        if is_sharded_checkpoint(
+            path
+        ):  # one process reads the whole model (no optimizer: test, predict, ...)
+            return read_sharded_checkpoint(path)
         check_checkpoint_file(path, weights_only=weights_only is not False)
         try:
             return super().load_checkpoint(path, map_location, weights_only)

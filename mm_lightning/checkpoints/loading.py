@@ -30,6 +30,7 @@ from lightning.pytorch.core.saving import (
 from torch import nn
 
 from mm_lightning import ExplainedError
+from mm_lightning.checkpoints.sharded import checked_meta, is_sharded_checkpoint, read_sharded_checkpoint
 from mm_lightning.models.config import CHECKPOINT_PREFIX, DEFAULT_FUSION, DEFAULT_TRAINING, PARTS
 from mm_lightning.models.rules import RULES, TowerAdapters
 
@@ -219,11 +220,16 @@ def checked_for_loading(
 
     Returns what to load: the same local file or open file, or a remote checkpoint's bytes as read for the check,
     so that the file checked is the file loaded. With ``weights_only=False`` its user has chosen to trust the file
-    (a pickle can run anything): nothing is checked."""
-    if weights_only is False:
-        return checkpoint_path
+    (a pickle can run anything): nothing is checked, but a sharded folder is always read as data."""
     source = checkpoint_path
-    if hasattr(source, "read"):
+    if not hasattr(source, "read") and is_sharded_checkpoint(source):
+        checkpoint = read_sharded_checkpoint(source)  # read as data (always), handed on as one file's bytes
+        source = io.BytesIO()
+        torch.save(checkpoint, source)
+        source.seek(0)
+    elif weights_only is False:
+        return checkpoint_path
+    elif hasattr(source, "read"):
         position = source.tell()
         try:
             checkpoint = torch.load(source, map_location="cpu", weights_only=True)
@@ -260,12 +266,19 @@ def checked_for_loading(
     return source
 
 
+def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
+    """A checkpoint as data: a file with ``weights_only=True``, a sharded folder whole through its checked reader
+    (:func:`~mm_lightning.checkpoints.sharded.read_sharded_checkpoint`)."""
+    if is_sharded_checkpoint(path):
+        return read_sharded_checkpoint(path)
+    return torch.load(path, map_location=map_location, weights_only=True)
+
+
 def checked_resume_file(path: str | os.PathLike, model: Mapping[str, Any]) -> dict[str, Any]:
     """A ``--ckpt_path`` checkpoint (a sharded one: its ``meta.pt``), loaded once its files and ``hyper_parameters``
     are checked; ``model`` is the
     user's own model config, which alone can let a tower run its model's code."""
     from mm_lightning.checkpoints.files import check_checkpoint_file
-    from mm_lightning.checkpoints.sharded import checked_meta, is_sharded_checkpoint
 
     content = checked_meta(path) if is_sharded_checkpoint(path) else check_checkpoint_file(path)
     allowed = {
@@ -286,7 +299,7 @@ def network_from_checkpoint(
         raise TypeError(
             f"DualEncoder.from_checkpoint: unknown part(s) {unknown}; the parts: {[*PARTS, 'adapters']}"
         )
-    checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    checkpoint = read_checkpoint(path, map_location)
     hparams = checkpoint.get("hyper_parameters") or {}
     checked = checked_hyperparameters(hparams, str(path), given=parts)  # every record, as every loader does
     # the network's parts, and the adapters that change its towers (not the training rules)

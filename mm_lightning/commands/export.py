@@ -177,8 +177,9 @@ def _copy_preprocessing(source_dir: str, out: Path) -> None:
 
 def _data_hyperparameters(checkpoint_path: str) -> dict[str, Any]:
     """The data module's hyperparameters stored in a Lightning checkpoint ({} when it has none)."""
-    checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
-    return dict(checkpoint.get("datamodule_hyper_parameters") or {})
+    from mm_lightning.checkpoints.loading import read_checkpoint
+
+    return dict(read_checkpoint(checkpoint_path).get("datamodule_hyper_parameters") or {})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -200,7 +201,7 @@ def parse_checkpoint_command(
     A missing ``--ckpt_path`` file is a usage error naming it (exit code 2).
     """
     args = parser.parse_args(argv)
-    if not Path(args.ckpt_path).is_file():
+    if not Path(args.ckpt_path).exists():
         from mm_lightning.checkpoints.files import checkpoints_nearby
 
         # no run config here to find a run's last or best by: the file's path

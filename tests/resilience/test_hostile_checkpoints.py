@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,10 +14,12 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 from lightning.pytorch.cli import instantiate_class
 from lightning.pytorch.core.saving import save_hparams_to_yaml
 from PIL import Image
 
+from mm_lightning.checkpoints.files import CheckpointFileError, sha256_of
 from mm_lightning.checkpoints.loading import UnsafeCheckpointError
 from mm_lightning.cli import cli_main, main
 from mm_lightning.models import DualEncoder, MultimodalModule
@@ -413,3 +416,105 @@ def test_load_from_checkpoint_checks_every_place_lightning_reads_arguments_from(
         ):
             MultimodalModule.load_from_checkpoint(path)
     assert not marker.exists()
+
+
+class Payload:
+    """Pickles as a call of the marker function: stands for any command."""
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        from tests.resilience.hostile_payload import leave_marker
+
+        return leave_marker, ()
+
+
+def sharded_copy(good: Path, out: Path) -> Path:
+    """A single-file checkpoint as a sharded folder (DCP shards + Lightning's ``meta.pt``), written by one process."""
+    checkpoint = torch.load(good, map_location="cpu", weights_only=True)
+    dcp.save({"state_dict": checkpoint.pop("state_dict")}, checkpoint_id=out, no_dist=True)
+    checkpoint.pop("optimizer_states")  # sharded, they are restored by ShardedDataParallel only
+    torch.save(checkpoint, out / "meta.pt")
+    return out
+
+
+def _hostile_index(folder: Path, marker: Path) -> None:
+    (folder / ".metadata").write_bytes(pickle.dumps(Payload()))
+
+
+def _hostile_meta(folder: Path, marker: Path) -> None:
+    meta = torch.load(folder / "meta.pt", weights_only=True)
+    torch.save({**meta, "callbacks": Payload()}, folder / "meta.pt")
+
+
+def _hostile_hparams(folder: Path, marker: Path) -> None:
+    meta = torch.load(folder / "meta.pt", weights_only=True)
+    _set_image_tower(meta["hyper_parameters"], marker)
+    torch.save(meta, folder / "meta.pt")
+
+
+# (case, edit of the folder, the file the refusal names, what it says)
+FOLDER_CASES = [
+    ("index", _hostile_index, ".metadata", "could run code"),
+    ("meta", _hostile_meta, "meta.pt", "cannot be loaded as data"),
+    ("hparams", _hostile_hparams, "", "hyper_parameters.image_tower.class_path"),
+]
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+@pytest.mark.parametrize("loader", list(LOADERS))
+@pytest.mark.parametrize("case,edit,file,says", FOLDER_CASES, ids=[c[0] for c in FOLDER_CASES])
+def test_every_loader_refuses_a_hostile_sharded_folder_in_one_line(
+    tiny_run: TinyRun,
+    tmp_path: Path,
+    marker: Path,
+    capsys: pytest.CaptureFixture[str],
+    loader: str,
+    case: str,
+    edit: Callable[[Path, Path], None],
+    file: str,
+    says: str,
+) -> None:
+    folder = sharded_copy(tiny_run.checkpoint_dir / "last.ckpt", tmp_path / "sharded.ckpt")
+    edit(folder, marker)
+    try:
+        result = LOADERS[loader](folder, tmp_path)
+    except (UnsafeCheckpointError, CheckpointFileError) as err:
+        lines = [str(err)]
+    except SystemExit as exit_info:
+        assert exit_info.code == 2
+        lines = [line for line in capsys.readouterr().err.splitlines() if str(folder) in line]
+    else:
+        assert result == 1, "the folder was not refused"
+        lines = [line for line in capsys.readouterr().err.splitlines() if str(folder) in line]
+    assert not marker.exists()
+    assert len(lines) == 1 and str(folder / file) in lines[0] and says in lines[0], lines
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+@pytest.mark.parametrize(
+    "loader", ["from_checkpoint", "load_from_checkpoint", "zeroshot", "test", "evaluate"]
+)
+def test_every_reader_takes_a_legitimate_sharded_folder(
+    tiny_run: TinyRun, tmp_path: Path, capsys: pytest.CaptureFixture[str], loader: str
+) -> None:
+    """Control: the same folder, not edited, loads whole in one process (the commands' consolidating step)."""
+    good = tiny_run.checkpoint_dir / "last.ckpt"
+    folder = sharded_copy(good, tmp_path / "sharded.ckpt")
+    for label in ("circle", "square"):
+        (tmp_path / "labeled" / label).mkdir(parents=True)
+        for i in range(2):
+            Image.new("RGB", (32, 32), (40 * i, 200, 90)).save(tmp_path / "labeled" / label / f"{i}.png")
+    result = LOADERS[loader](folder, tmp_path)
+    captured = capsys.readouterr()
+    expected = torch.load(good, weights_only=True)["state_dict"]
+    if loader == "from_checkpoint":
+        weights = {f"model.{k}": v for k, v in result.state_dict().items()}
+        assert all(torch.equal(weights[k], v) for k, v in expected.items())
+    elif loader == "load_from_checkpoint":
+        assert all(torch.equal(result.state_dict()[k], v) for k, v in expected.items())
+    elif loader == "zeroshot":
+        assert result == 0 and "acc1=" in captured.out
+    elif loader == "evaluate":
+        results = json.loads(next((tmp_path / "results").glob("*.json")).read_text())
+        assert result == 0 and results.get("checkpoint_sha256") == sha256_of(folder)
+    else:
+        assert result.trainer.ckpt_path == str(folder)
