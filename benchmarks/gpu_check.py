@@ -1,5 +1,5 @@
 """One bounded check of what only a GPU shows: training speed and MFU, whether the loader keeps up, nvJPEG,
-gradient caching's memory, FSDP, the CUDA-only tests, DDP over NCCL.
+gradient caching's memory, FSDP2's cost, the CUDA-only tests, DDP over NCCL.
 
     python benchmarks/gpu_check.py --out gpu_check.json        # a CUDA machine: about 5 minutes on an H200
     python benchmarks/gpu_check.py --photos DIR/train.jsonl    # real photos to feed the loader (default: the dev set)
@@ -23,6 +23,9 @@ after every stage, so a run cut short keeps what it measured.
                   data-bound when it falls short of train_eager
   nvjpeg          nvJPEG batch decoding, also with the crops cut and resized on the device, vs one CPU core
   grad_cache      the whole batch vs 4 chunks (``GradientCaching``): peak memory and step time
+  fsdp2           train_eager on one device under ``ShardedDataParallel`` (FSDP2, fp32 gradient reduction) vs
+                  without: what the sharded units cost in step time and peak memory where nothing is split (the
+                  saving per GPU is the parameters' and moments' (N-1)/N on N GPUs: docs/scaling.md)
   cuda_tests      the tests that only run with CUDA (the NaN guard's no-sync check)
   train_resnet50  ``configs/base.yaml``'s towers (ResNet-50 + BERT-base), eager
   ddp             stock DDP vs the explicit all-reduce (``configs/ddp_explicit.yaml``), 2 GPUs over NCCL
@@ -229,9 +232,15 @@ def loader_timed_steps(scale: Scale) -> int:
     return max(scale.steps, 3 * 2 * loader_workers(scale))
 
 
-def fit_rate(scale: Scale, image_tower: dict[str, Any], jsonl: Path | None = None, **options: Any) -> dict:
+def fit_rate(
+    scale: Scale,
+    image_tower: dict[str, Any],
+    jsonl: Path | None = None,
+    strategy: Any = "auto",
+    **options: Any,
+) -> dict:
     """samples/s, TFLOP/s, MFU and peak memory of ``Trainer.fit`` (bf16-mixed, channels-last) on an in-memory device
-    batch, or fed by ``MultimodalDataModule`` from ``jsonl`` with the machine's cores."""
+    batch, or fed by ``MultimodalDataModule`` from ``jsonl`` with the machine's cores; one device."""
     torch.manual_seed(0)
     cli = base_cli(scale, image_tower, jsonl, **options)
     model = cli.model.to(scale.device).to(memory_format=torch.channels_last)
@@ -250,6 +259,7 @@ def fit_rate(scale: Scale, image_tower: dict[str, Any], jsonl: Path | None = Non
     trainer = pl.Trainer(
         accelerator=scale.device,
         devices=1,
+        strategy=strategy,
         precision="bf16-mixed",
         max_steps=warmup + timed_steps,
         max_epochs=-1,
@@ -453,6 +463,15 @@ def stage_grad_cache(scale: Scale, args: argparse.Namespace) -> dict:
     return {"whole": {k: whole[k] for k in keys}, "chunks_4": {k: chunked[k] for k in keys}}
 
 
+def stage_fsdp2(scale: Scale, args: argparse.Namespace) -> dict:
+    from mm_lightning.extras import ShardedDataParallel
+
+    plain = fit_rate(scale, scale.vit)
+    sharded = fit_rate(scale, scale.vit, strategy=ShardedDataParallel(reduce_dtype="float32"))
+    keys = ("samples_per_s", "step_ms", "peak_memory_gib")
+    return {"single_device": {k: plain[k] for k in keys}, "fsdp2": {k: sharded[k] for k in keys}}
+
+
 def stage_cuda_tests(scale: Scale, args: argparse.Namespace) -> dict:
     files = ["tests/resilience/test_nan_guard_deferred.py"]
     # without CUDA they skip: the dry run checks that they still collect
@@ -503,6 +522,7 @@ STAGES: dict[str, Callable[[Scale, argparse.Namespace], dict]] = {
     "loader_fed": stage_loader_fed,
     "nvjpeg": stage_nvjpeg,
     "grad_cache": stage_grad_cache,
+    "fsdp2": stage_fsdp2,
     "cuda_tests": stage_cuda_tests,
     "train_resnet50": stage_train_resnet50,
     "ddp": stage_ddp,

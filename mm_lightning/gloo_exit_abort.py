@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import atexit
 import faulthandler
+import gc
 import os
 import sys
 
@@ -58,6 +59,9 @@ def destroy_process_group_at_exit() -> None:
     except (ValueError, OSError, RuntimeError):
         pass  # no usable stderr: destroy unbounded rather than abort at exit
     try:
+        # Objects in reference cycles (a trainer and its module; under FSDP2 the sharded parameters' device mesh)
+        # can hold a group past this hook, to the collection at interpreter teardown: collect them first.
+        gc.collect()
         dist.destroy_process_group()
     except Exception as err:  # exiting anyway: say so, do not mask the process's own exit status
         print(f"mm_lightning: destroying the process group at exit failed: {err!r}", file=sys.__stderr__)

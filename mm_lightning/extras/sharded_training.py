@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor
 from typing_extensions import override
 
@@ -92,7 +93,11 @@ class ShardedDataParallel(ModelParallelStrategy):
         network = getattr(self.lightning_module, "model", None)
         if not isinstance(network, nn.Module):
             raise TypeError("ShardedDataParallel shards a MultimodalModule's network (.model); found none")
-        self.shard(network)
+        if not isinstance(network, FSDPModule):  # a later stage (test after fit) finds it sharded
+            self.shard(network)
+        # Its entry points return views (a tower's tokens); FSDP2 warns that an in-place op on one would skip its
+        # hook. The network changes no output in place (the weights equal DDP's: tests/resilience).
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDP\w+\) returned a view tensor")
         super().setup(trainer)
         self.report_shards()
 
@@ -130,6 +135,10 @@ class ShardedDataParallel(ModelParallelStrategy):
         options = {"mesh": self.shard_mesh, "mp_policy": self.mixed_precision}
         # fully_shard cannot split a 0-d parameter (the temperature): 1 element until a checkpoint is read whole
         self.reshaped = [f"model.{name}" for name in one_element_parameters(network)]
+        for (
+            param
+        ) in network.parameters():  # fully_shard splits contiguous tensors only, not channels-last ones
+            param.data = param.data.contiguous()
         for block in repeated_blocks(network):
             fully_shard(block, reshard_after_forward=self.reshard_after_forward, **options)
         fully_shard(network, **options)  # the root: what the blocks leave (projections, heads, temperature)
