@@ -164,3 +164,34 @@ def test_the_digest_covers_every_file(tmp_path: Path) -> None:
     data[-1] ^= 1
     shard.write_bytes(bytes(data))
     assert sha256_of(folder) != before
+
+
+def test_an_interrupted_save_leaves_the_previous_checkpoint_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mm_lightning.extras import ShardedDataParallel, sharded_training
+
+    strategy = ShardedDataParallel()  # one process, no group: its collectives are no-ops
+    target = tmp_path / "last.ckpt"
+
+    def checkpoint(step: int) -> dict[str, Any]:
+        model = trained(seed=step)[0]
+        return {"pytorch-lightning_version": "2.6.6", "global_step": step, "state_dict": model.state_dict()}
+
+    strategy.save_checkpoint(checkpoint(1), target)
+    assert read_sharded_checkpoint(target)["global_step"] == 1
+
+    def dies_midway(state: dict[str, Any], checkpoint_id: Path) -> None:
+        checkpoint_id.mkdir()
+        (checkpoint_id / "__0_0.distcp").write_bytes(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(sharded_training.dcp, "save", dies_midway)
+    with pytest.raises(OSError, match="disk full"):
+        strategy.save_checkpoint(checkpoint(2), target)
+    assert read_sharded_checkpoint(target)["global_step"] == 1  # the previous one, whole
+    monkeypatch.undo()
+
+    strategy.save_checkpoint(checkpoint(3), target)  # the next save clears what the interrupted one left
+    assert read_sharded_checkpoint(target)["global_step"] == 3
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["last.ckpt"]
