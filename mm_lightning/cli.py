@@ -14,7 +14,7 @@ from typing import Any
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
 
-from mm_lightning.checkpoints.run_folder import check_run_folder
+from mm_lightning.checkpoints.run_folder import check_run_folder, check_sharded_resume
 from mm_lightning.config_parser import CHECKPOINT_GROUPS, CheckedParser, add_default_callbacks, tokenizer_of
 from mm_lightning.data import MultimodalDataModule
 from mm_lightning.models import MultimodalModule
@@ -95,6 +95,8 @@ class MultimodalCLI(LightningCLI):
     @override
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
+        if self.subcommand == "fit":
+            check_sharded_resume(self.config["fit"].get("ckpt_path"), self.trainer.strategy)
         if self.trainer.world_size > 1:  # every process builds its trainer here; see gloo_exit_abort.py
             import_module("mm_lightning.gloo_exit_abort").install()
 

@@ -99,12 +99,25 @@ def _looks_like_text(head: bytes) -> bool:
     return True
 
 
+def replaced_copy(target: Path) -> Path:
+    """Where a sharded save keeps the checkpoint it replaces, between its two renames."""
+    return target.with_name(f".{target.name}.replaced")
+
+
+def restore_replaced(target: Path) -> None:
+    """Puts back the checkpoint a sharded save had moved aside when the save died between its two renames."""
+    if not target.exists() and replaced_copy(target).is_dir():
+        os.replace(replaced_copy(target), target)
+
+
 def run_checkpoint(name: str, folder: str | None, fresh_ok: bool) -> str | None:
     """The file ``--ckpt_path last`` or ``best`` names in the run's checkpoint folder.
 
     ``last``: ``last.ckpt``; ``best``: the one ``best*.ckpt``. None when ``fresh_ok`` and the run has no
     ``last.ckpt`` yet (a ``fit`` that starts fresh). Otherwise a missing file is a :class:`CheckpointFileError`
     naming where it looked and the run folders nearby that do hold checkpoints."""
+    if folder and name == "last":
+        restore_replaced(Path(folder) / "last.ckpt")
     found = sorted(Path(folder).glob("last.ckpt" if name == "last" else "best*.ckpt")) if folder else []
     if len(found) == 1:
         return str(found[0])

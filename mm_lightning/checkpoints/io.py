@@ -49,7 +49,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         except BaseException:
             Path(tmp_name).unlink(missing_ok=True)
             raise
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
         _remove_stale_temporaries(target)
 
     @override
@@ -76,7 +76,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise CheckpointFileError(f"Checkpoint {path}: cannot be loaded: {err}") from err
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
     # Makes the rename itself durable (a crash right after os.replace could otherwise lose the new entry).
     fd = os.open(directory, os.O_RDONLY)
     try:

@@ -15,7 +15,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from mm_lightning import ExplainedError
-from mm_lightning.checkpoints.files import nothing_left_to_train, run_checkpoint
+from mm_lightning.checkpoints.files import CheckpointFileError, nothing_left_to_train, run_checkpoint
 
 
 def listed_checkpoints(config: Any) -> list[Any]:
@@ -98,6 +98,25 @@ def refuse_earlier_checkpoints(dirpath: str | None, parser: Any) -> None:
         f"{dirpath} already holds an earlier run's checkpoints ({shown}); this run would replace them. Resume that"
         f" run with --ckpt_path last, start this one in its own folder with {where}, or delete the folder first."
     )
+
+
+def check_sharded_resume(ckpt_path: str | None, strategy: Any) -> None:
+    """Refuse a ``fit`` that would resume a sharded checkpoint under a strategy that cannot restore its shards
+    (the optimizer's state is sharded by parameter name; DDP and one device read a whole file)."""
+    from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+
+    from mm_lightning.checkpoints.sharded import is_sharded_checkpoint
+
+    if (
+        ckpt_path
+        and is_sharded_checkpoint(ckpt_path)
+        and not isinstance(strategy, ModelParallelStrategy | FSDPStrategy)
+    ):
+        raise CheckpointFileError(
+            f"--ckpt_path {ckpt_path} is a sharded checkpoint: a fit resumes it under a sharding strategy"
+            f" (--config configs/fsdp2.yaml), not {type(strategy).__name__}; validate, test, predict and evaluate"
+            " read it under any strategy."
+        )
 
 
 def check_run_folder(

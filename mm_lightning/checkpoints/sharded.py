@@ -61,8 +61,9 @@ class ShardedCheckpointError(CheckpointFileError):
 
 
 def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a folder holding a DCP index (what Lightning's sharded strategies write)."""
-    return Path(path).is_dir() and (Path(path) / METADATA_FILE).is_file()
+    """Whether ``path`` is to be read as a sharded checkpoint: any folder (:func:`check_folder` says what is
+    wrong with one that is not)."""
+    return Path(path).is_dir()
 
 
 class _MetadataUnpickler(pickle.Unpickler):
@@ -99,6 +100,8 @@ def read_metadata(folder: str | os.PathLike) -> Metadata:
         raise ShardedCheckpointError(
             f"Checkpoint {source} holds a {type(metadata).__name__}, not DCP's Metadata."
         )
+    if not isinstance(metadata.storage_data or {}, dict):
+        raise ShardedCheckpointError(f"Checkpoint {source}: its index has no table of where entries are.")
     for index, info in (metadata.storage_data or {}).items():
         relative = getattr(info, "relative_path", None)
         if (
@@ -117,7 +120,15 @@ def check_folder(folder: Path) -> None:
     """Refuse a folder that is not a complete sharded checkpoint or holds files DCP and Lightning do not write."""
     if not folder.is_dir():
         raise ShardedCheckpointError(f"Checkpoint {folder} is not a folder.")
-    names = sorted(entry.name for entry in folder.iterdir())
+    entries = sorted(folder.iterdir())
+    names = [entry.name for entry in entries]
+    # a link or a device could point a shard outside the folder or make a read never end
+    odd = [entry.name for entry in entries if entry.is_symlink() or not entry.is_file()]
+    if odd:
+        raise ShardedCheckpointError(
+            f"Checkpoint {folder} holds {odd[:3]}, which are not plain files: refused (a sharded checkpoint's files"
+            " are written in the folder itself)."
+        )
     for required in (METADATA_FILE, META_FILE):
         if required not in names:
             raise ShardedCheckpointError(
@@ -148,8 +159,9 @@ def read_meta(folder: str | os.PathLike) -> dict[str, Any]:
 
 
 def checked_meta(folder: str | os.PathLike) -> dict[str, Any]:
-    """``meta.pt`` of a folder whose files and index are checked (what a resume reads before the shards)."""
-    read_metadata(folder)
+    """``meta.pt`` of a folder whose files, index and non-tensor entries are checked (what a resume reads before
+    the shards: a strategy may then read them with torch's own reader, which finds only checked values)."""
+    read_entries(folder, "", tensors=False)
     meta = read_meta(folder)
     if "pytorch-lightning_version" not in meta:
         raise ShardedCheckpointError(
@@ -207,16 +219,16 @@ def _checked_dcp_load(
         raise
 
 
-def read_entries(folder: str | os.PathLike, prefix: str) -> dict[str, Any]:
+def read_entries(folder: str | os.PathLike, prefix: str, tensors: bool = True) -> dict[str, Any]:
     """Every entry of the folder whose flattened name starts with ``prefix`` (``state_dict.``,
-    ``optimizer_0.state.``), whole, in one process: tensors and (checked) values by name."""
+    ``optimizer_0.state.``), whole, in one process: tensors (unless ``tensors`` is false) and checked values."""
     metadata = read_metadata(folder)
     state: dict[str, Any] = {
         key: torch.empty(entry.size, dtype=entry.properties.dtype)
         if isinstance(entry, TensorStorageMetadata)
         else None
         for key, entry in metadata.state_dict_metadata.items()
-        if key.startswith(prefix)
+        if key.startswith(prefix) and (tensors or not isinstance(entry, TensorStorageMetadata))
     }
     with warnings.catch_warnings():  # one process on purpose
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")

@@ -34,6 +34,8 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from typing_extensions import override
 
+from mm_lightning.checkpoints.files import replaced_copy, restore_replaced
+from mm_lightning.checkpoints.io import fsync_dir
 from mm_lightning.checkpoints.sharded import (
     META_FILE,
     RESHAPED_KEY,
@@ -99,6 +101,16 @@ class ShardedDataParallel(ModelParallelStrategy):
         # hook. The network changes no output in place (the weights equal DDP's: tests/resilience).
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDP\w+\) returned a view tensor")
         super().setup(trainer)
+        unsharded = [
+            name
+            for name, param in self.lightning_module.named_parameters()
+            if param.requires_grad and not isinstance(param, DTensor)
+        ]
+        if unsharded:  # their gradients would never be averaged: the processes would drift apart
+            raise TypeError(
+                f"ShardedDataParallel shards the module's network (.model); these parameters are outside it:"
+                f" {unsharded[:5]}. Keep trainable parameters in the network."
+            )
         self.report_shards()
 
     def report_shards(self) -> None:
@@ -155,6 +167,8 @@ class ShardedDataParallel(ModelParallelStrategy):
         target = Path(self.broadcast(str(filepath)))
         partial = target.with_name(f".{target.name}.partial")
         if self.global_rank == 0:
+            restore_replaced(target)
+            remove(replaced_copy(target))  # left by a save that died after its second rename
             remove(partial)
             target.parent.mkdir(parents=True, exist_ok=True)
         self.barrier()
@@ -167,11 +181,11 @@ class ShardedDataParallel(ModelParallelStrategy):
                 torch.save(checkpoint, file)
                 file.flush()
                 os.fsync(file.fileno())
-            replaced = target.with_name(f".{target.name}.replaced")
-            remove(replaced)
+            replaced = replaced_copy(target)
             if target.exists():
                 os.replace(target, replaced)
-            os.replace(partial, target)
+            os.replace(partial, target)  # a crash before this line: the next save or resume renames it back
+            fsync_dir(target.parent)
             remove(replaced)
         self.barrier()
 

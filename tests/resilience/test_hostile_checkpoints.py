@@ -427,10 +427,10 @@ class Payload:
         return leave_marker, ()
 
 
-def sharded_copy(good: Path, out: Path) -> Path:
+def sharded_copy(good: Path, out: Path, **extra: Any) -> Path:
     """A single-file checkpoint as a sharded folder (DCP shards + Lightning's ``meta.pt``), written by one process."""
     checkpoint = torch.load(good, map_location="cpu", weights_only=True)
-    dcp.save({"state_dict": checkpoint.pop("state_dict")}, checkpoint_id=out, no_dist=True)
+    dcp.save({"state_dict": checkpoint.pop("state_dict"), **extra}, checkpoint_id=out, no_dist=True)
     checkpoint.pop("optimizer_states")  # sharded, they are restored by ShardedDataParallel only
     torch.save(checkpoint, out / "meta.pt")
     return out
@@ -490,8 +490,33 @@ def test_every_loader_refuses_a_hostile_sharded_folder_in_one_line(
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+@pytest.mark.parametrize("loader", ["fit", "validate", "test", "predict", "evaluate"])
+def test_the_commands_refuse_a_folder_whose_entry_names_a_function(
+    tiny_run: TinyRun, tmp_path: Path, marker: Path, capsys: pytest.CaptureFixture[str], loader: str
+) -> None:
+    """Every --ckpt_path reads a folder's non-tensor entries as data first: whichever strategy then loads it
+    (Lightning's own read them with torch's reader) finds only checked values."""
+    folder = sharded_copy(tiny_run.checkpoint_dir / "last.ckpt", tmp_path / "sharded.ckpt", notes=Payload())
+    with pytest.raises(SystemExit) as exit_info:
+        LOADERS[loader](folder, tmp_path)
+    assert exit_info.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if "entry 'notes'" in line]
+    assert not marker.exists()
+    assert len(lines) == 1 and "cannot be loaded as data" in lines[0], lines
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_fit_on_one_device_refuses_to_resume_a_sharded_folder(tiny_run: TinyRun, tmp_path: Path) -> None:
+    folder = sharded_copy(tiny_run.checkpoint_dir / "last.ckpt", tmp_path / "sharded.ckpt")
+    with pytest.raises(
+        CheckpointFileError, match=r"is a sharded checkpoint: a fit resumes it under a sharding"
+    ):
+        LOADERS["fit"](folder, tmp_path)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 @pytest.mark.parametrize(
-    "loader", ["from_checkpoint", "load_from_checkpoint", "zeroshot", "test", "evaluate"]
+    "loader", ["from_checkpoint", "load_from_checkpoint", "export", "zeroshot", "test", "evaluate"]
 )
 def test_every_reader_takes_a_legitimate_sharded_folder(
     tiny_run: TinyRun, tmp_path: Path, capsys: pytest.CaptureFixture[str], loader: str
@@ -503,7 +528,10 @@ def test_every_reader_takes_a_legitimate_sharded_folder(
         (tmp_path / "labeled" / label).mkdir(parents=True)
         for i in range(2):
             Image.new("RGB", (32, 32), (40 * i, 200, 90)).save(tmp_path / "labeled" / label / f"{i}.png")
-    result = LOADERS[loader](folder, tmp_path)
+    try:
+        result = LOADERS[loader](folder, tmp_path)
+    except SystemExit as exit_info:  # a command's own refusal, after the checkpoint loaded
+        result = exit_info.code
     captured = capsys.readouterr()
     expected = torch.load(good, weights_only=True)["state_dict"]
     if loader == "from_checkpoint":
@@ -511,6 +539,8 @@ def test_every_reader_takes_a_legitimate_sharded_folder(
         assert all(torch.equal(weights[k], v) for k, v in expected.items())
     elif loader == "load_from_checkpoint":
         assert all(torch.equal(result.state_dict()[k], v) for k, v in expected.items())
+    elif loader == "export":  # rebuilt, then refused for its format, as the file is
+        assert result == 1 and "image tower 'resnet_custom' (TorchvisionTower)" in captured.err
     elif loader == "zeroshot":
         assert result == 0 and "acc1=" in captured.out
     elif loader == "evaluate":
@@ -518,3 +548,4 @@ def test_every_reader_takes_a_legitimate_sharded_folder(
         assert result == 0 and results.get("checkpoint_sha256") == sha256_of(folder)
     else:
         assert result.trainer.ckpt_path == str(folder)
+        assert all(torch.equal(result.model.state_dict()[k], v) for k, v in expected.items())

@@ -195,3 +195,53 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint_whole(
     strategy.save_checkpoint(checkpoint(3), target)  # the next save clears what the interrupted one left
     assert read_sharded_checkpoint(target)["global_step"] == 3
     assert sorted(path.name for path in tmp_path.iterdir()) == ["last.ckpt"]
+
+
+def test_links_and_other_non_files_are_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "last.ckpt"
+    write_checkpoint(folder)
+    shard = next(folder.glob("*.distcp"))
+    outside = tmp_path / "elsewhere.distcp"
+    shard.rename(outside)
+    shard.symlink_to(outside)  # every entry still resolves, but to a file outside the folder
+    with pytest.raises(ShardedCheckpointError, match=r"which are not plain files"):
+        read_sharded_checkpoint(folder)
+    shard.unlink()
+    outside.rename(shard)
+    (folder / "__9_0.distcp").mkdir()
+    with pytest.raises(ShardedCheckpointError, match=r"\['__9_0.distcp'\], which are not plain files"):
+        read_sharded_checkpoint(folder)
+
+
+def test_a_save_that_dies_between_its_renames_is_put_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mm_lightning.checkpoints.files import run_checkpoint
+    from mm_lightning.extras import ShardedDataParallel, sharded_training
+
+    strategy = ShardedDataParallel()
+    target = tmp_path / "last.ckpt"
+    state = trained()[0].state_dict()
+    strategy.save_checkpoint(
+        {"pytorch-lightning_version": "2.6.6", "global_step": 1, "state_dict": state}, target
+    )
+    renames = []
+
+    def second_rename_dies(source: Path, destination: Path) -> None:
+        renames.append(destination)
+        if len(renames) == 2:
+            raise KeyboardInterrupt  # the process dies with the previous checkpoint moved aside
+        original_replace(source, destination)
+
+    original_replace = sharded_training.os.replace
+    monkeypatch.setattr(sharded_training.os, "replace", second_rename_dies)
+    with pytest.raises(KeyboardInterrupt):
+        strategy.save_checkpoint(
+            {"pytorch-lightning_version": "2.6.6", "global_step": 2, "state_dict": state}, target
+        )
+    monkeypatch.undo()
+    assert not target.exists()
+    assert run_checkpoint("last", str(tmp_path), fresh_ok=True) == str(
+        target
+    )  # --ckpt_path last puts it back
+    assert read_sharded_checkpoint(target)["global_step"] == 1
