@@ -6,8 +6,6 @@ process wrote about half; a run killed after a checkpoint resumes on another num
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -56,17 +54,6 @@ def cat(state: dict[str, torch.Tensor], names: list[str]) -> torch.Tensor:
     return torch.cat([state[name].double().reshape(-1) for name in names])
 
 
-def run_cli(args: list[str]) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "mm_lightning", "fit", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_two_processes_match_ddp_and_each_holds_about_half(tmp_path: Path) -> None:
@@ -83,9 +70,9 @@ def test_two_processes_match_ddp_and_each_holds_about_half(tmp_path: Path) -> No
             *extra,
         ]  # fmt: skip
 
-    run_cli(args("ddp", "--trainer.strategy", "ddp", "--checkpoint.every_n_train_steps", "1",
-                 "--checkpoint.filename", "{step}", "--checkpoint.save_top_k", "-1"))  # fmt: skip
-    run_cli(args("fsdp2", *OVERLAY))
+    launch(["fit", *args("ddp", "--trainer.strategy", "ddp", "--checkpoint.every_n_train_steps", "1",
+                 "--checkpoint.filename", "{step}", "--checkpoint.save_top_k", "-1")])  # fmt: skip
+    launch(["fit", *args("fsdp2", *OVERLAY)])
     folder = tmp_path / "fsdp2" / "checkpoints" / "last.ckpt"
     assert is_sharded_checkpoint(folder)
     shards = sorted(folder.glob("__*_0.distcp"))
