@@ -4,6 +4,7 @@ a run's ``last``/``best`` checkpoint, says when a resume has nothing left to tra
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import zipfile
@@ -107,7 +108,8 @@ def replaced_copy(target: Path) -> Path:
 def restore_replaced(target: Path) -> None:
     """Puts back the checkpoint a sharded save had moved aside when the save died between its two renames."""
     if not target.exists() and replaced_copy(target).is_dir():
-        os.replace(replaced_copy(target), target)
+        with contextlib.suppress(OSError):  # another process of the run put it back first
+            os.replace(replaced_copy(target), target)
 
 
 def run_checkpoint(name: str, folder: str | None, fresh_ok: bool) -> str | None:

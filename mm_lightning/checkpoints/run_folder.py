@@ -103,17 +103,13 @@ def refuse_earlier_checkpoints(dirpath: str | None, parser: Any) -> None:
 def check_sharded_resume(ckpt_path: str | None, strategy: Any) -> None:
     """Refuse a ``fit`` that would resume a sharded checkpoint under a strategy that cannot restore its shards
     (the optimizer's state is sharded by parameter name; DDP and one device read a whole file)."""
-    from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+    from lightning.pytorch.strategies import ModelParallelStrategy
 
     from mm_lightning.checkpoints.sharded import is_sharded_checkpoint
 
-    if (
-        ckpt_path
-        and is_sharded_checkpoint(ckpt_path)
-        and not isinstance(strategy, ModelParallelStrategy | FSDPStrategy)
-    ):
+    if ckpt_path and is_sharded_checkpoint(ckpt_path) and not isinstance(strategy, ModelParallelStrategy):
         raise CheckpointFileError(
-            f"--ckpt_path {ckpt_path} is a sharded checkpoint: a fit resumes it under a sharding strategy"
+            f"--ckpt_path {ckpt_path} is a sharded checkpoint: a fit resumes it under the sharded strategy"
             f" (--config configs/fsdp2.yaml), not {type(strategy).__name__}; validate, test, predict and evaluate"
             " read it under any strategy."
         )

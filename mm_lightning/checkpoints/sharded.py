@@ -122,6 +122,12 @@ def check_folder(folder: Path) -> None:
         raise ShardedCheckpointError(f"Checkpoint {folder} is not a folder.")
     entries = sorted(folder.iterdir())
     names = [entry.name for entry in entries]
+    for required in (METADATA_FILE, META_FILE):
+        if required not in names:
+            raise ShardedCheckpointError(
+                f"Checkpoint {folder} lacks {required}: the save was interrupted, or it is not a sharded checkpoint"
+                " written by Lightning."
+            )
     # a link or a device could point a shard outside the folder or make a read never end
     odd = [entry.name for entry in entries if entry.is_symlink() or not entry.is_file()]
     if odd:
@@ -129,12 +135,6 @@ def check_folder(folder: Path) -> None:
             f"Checkpoint {folder} holds {odd[:3]}, which are not plain files: refused (a sharded checkpoint's files"
             " are written in the folder itself)."
         )
-    for required in (METADATA_FILE, META_FILE):
-        if required not in names:
-            raise ShardedCheckpointError(
-                f"Checkpoint {folder} lacks {required}: the save was interrupted, or it is not a sharded checkpoint"
-                " written by Lightning."
-            )
     foreign = [
         name for name in names if name not in (METADATA_FILE, META_FILE) and not SHARD_FILE.fullmatch(name)
     ]

@@ -509,7 +509,7 @@ def test_the_commands_refuse_a_folder_whose_entry_names_a_function(
 def test_a_fit_on_one_device_refuses_to_resume_a_sharded_folder(tiny_run: TinyRun, tmp_path: Path) -> None:
     folder = sharded_copy(tiny_run.checkpoint_dir / "last.ckpt", tmp_path / "sharded.ckpt")
     with pytest.raises(
-        CheckpointFileError, match=r"is a sharded checkpoint: a fit resumes it under a sharding"
+        CheckpointFileError, match=r"is a sharded checkpoint: a fit resumes it under the sharded strategy"
     ):
         LOADERS["fit"](folder, tmp_path)
 

@@ -245,3 +245,11 @@ def test_a_save_that_dies_between_its_renames_is_put_back(
         target
     )  # --ckpt_path last puts it back
     assert read_sharded_checkpoint(target)["global_step"] == 1
+
+
+def test_a_run_folder_given_as_a_checkpoint_is_named_as_not_one(tmp_path: Path) -> None:
+    write_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
+    with pytest.raises(
+        ShardedCheckpointError, match=r"lacks \.metadata: .* or it is not a sharded checkpoint"
+    ):
+        read_sharded_checkpoint(tmp_path / "checkpoints")
