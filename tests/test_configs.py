@@ -16,8 +16,16 @@ from tests.conftest import CHECKPOINT_GROUPS, DEFAULT_CALLBACKS, callback_args
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 # configs without a model of their own (the towers have no defaults), parsed on top of a recipe: base.yaml unless
 # OVERLAY_ON names another (the recipe their header shows them with)
-OVERLAYS = {"ddp.yaml", "ddp_explicit.yaml", "fsdp2.yaml", "demo_data.yaml", "shards.yaml", "loggers.yaml"}
-OVERLAY_ON = {"shards.yaml": "demo.yaml"}
+OVERLAYS = {
+    "ddp.yaml",
+    "ddp_explicit.yaml",
+    "fsdp2.yaml",
+    "modality_parallel.yaml",
+    "demo_data.yaml",
+    "shards.yaml",
+    "loggers.yaml",
+}
+OVERLAY_ON = {"shards.yaml": "demo.yaml", "modality_parallel.yaml": "demo.yaml"}
 
 
 def _print_config(capsys: pytest.CaptureFixture[str], *args: str) -> dict:

@@ -273,16 +273,17 @@ class MultimodalDataModule(pl.LightningDataModule):
             self._collates[in_workers] = self.collate.with_normalize(self.normalize if in_workers else None)
         return self._collates[in_workers]
 
-    def _loader_kwargs(self) -> dict[str, Any]:
+    def _loader_kwargs(self, batch_size: int | None = None) -> dict[str, Any]:
         hp, loader = self.hparams, self.loader_options
+        batch_size = batch_size or hp.batch_size
         slots = None
         if hp.num_workers > 0 and loader.batch_slots:  # slots exist for worker processes only
             from mm_lightning.data.batch_slots import slots_for
 
             in_workers = self.normalizes_in_workers()
-            slots = slots_for(hp.num_workers, hp.batch_size, self.image_size, loader, normalized=in_workers)
+            slots = slots_for(hp.num_workers, batch_size, self.image_size, loader, normalized=in_workers)
         kwargs: dict[str, Any] = {
-            "batch_size": hp.batch_size,
+            "batch_size": batch_size,
             "num_workers": hp.num_workers,
             "pin_memory": loader.pin_memory and torch.accelerator.is_available(),  # nothing to pin on a CPU
             "collate_fn": self._collate().for_queue(slots),
@@ -300,25 +301,43 @@ class MultimodalDataModule(pl.LightningDataModule):
         return self.datasets[split]
 
     def _rank_info(self) -> tuple[int, int]:
-        return (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)
+        """(readers of the training stream, this process's place among them): Lightning's sampler arguments,
+        which a strategy that splits the processes into groups (one per tower, say) sets to its own group."""
+        kwargs = self.trainer.distributed_sampler_kwargs if self.trainer is not None else None
+        return (kwargs["num_replicas"], kwargs["rank"]) if kwargs else (1, 0)
+
+    def reader_batch_size(self) -> int:
+        """Training samples each reader takes per step: the global batch (``batch_size`` x processes) over the
+        readers, which is ``batch_size`` unless a strategy groups the processes."""
+        processes = self.trainer.world_size if self.trainer is not None else 1
+        readers = self._rank_info()[0]
+        if self.hparams.batch_size * processes % readers:
+            raise ValueError(
+                f"data.batch_size {self.hparams.batch_size} x {processes} processes does not split over the"
+                f" strategy's {readers} readers of each batch; choose a multiple of {readers}"
+            )
+        return self.hparams.batch_size * processes // readers
 
     def check_a_batch(self, per_rank: int, where: str) -> None:
         """Refuses a training split without one full batch per device (:class:`NoTrainingBatch`)."""
-        if per_rank < self.hparams.batch_size:
-            raise NoTrainingBatch(where, per_rank, self.hparams.batch_size, self._rank_info()[0])
+        batch_size = self.reader_batch_size()
+        if per_rank < batch_size:
+            raise NoTrainingBatch(where, per_rank, batch_size, self._rank_info()[0])
 
     @override
     def train_dataloader(self) -> ResumableDataLoader:
         """This rank's share of each global batch of the epoch's order; its position is saved with the data
         module, and a resume on any number of processes continues it (:mod:`mm_lightning.data.resume`)."""
-        dataset, hp = self._dataset("train"), self.hparams
+        dataset = self._dataset("train")
         world, rank = self._rank_info()
         rows = "images" if dataset.caption_sampling == "random" else "caption rows"
         where = f"{dataset.index.file}: {dataset.index.lines} non-blank lines, {dataset.index.skips.count} dropped"
         where += f" while reading, {len(dataset)} {rows} left"
-        sampler = self.train_order.sampler(dataset, hp.batch_size, world, rank, global_seed())
+        batch_size = self.reader_batch_size()
+        sampler = self.train_order.sampler(dataset, batch_size, world, rank, global_seed())
         self.check_a_batch(sampler.stream_length() // world, where)
-        batches = ResumableDataLoader(dataset, sampler=sampler, drop_last=True, **self._loader_kwargs())
+        kwargs = self._loader_kwargs(batch_size)
+        batches = ResumableDataLoader(dataset, sampler=sampler, drop_last=True, **kwargs)
         return self.train_position.track(batches, self.trainer)
 
     @override

@@ -1,7 +1,8 @@
 """The opt-in parts, which run only when a config or a command names one (the package loads then): the explicit
-all-reduce strategy, sharded data parallelism (FSDP2), gradient caching, the locked-feature cache, WebDataset shards and weighted mixes, length-grouped
-batches, what a long run adds to the callbacks (NaN guard, preemption saves, exact resume), the monitors and FLOP
-counter, EMA, layer-wise learning-rate decay and peft adapters. The training core never imports them
+all-reduce strategy, sharded data parallelism (FSDP2), modality parallelism (a group of processes per tower),
+gradient caching, the locked-feature cache, WebDataset shards and weighted mixes, length-grouped batches, what a
+long run adds to the callbacks (NaN guard, preemption saves, exact resume), the monitors and FLOP counter, EMA,
+layer-wise learning-rate decay and peft adapters. The training core never imports them
 (``tests/test_structure.py``, ``tests/test_core_size.py``)."""
 
 from mm_lightning.extras.adapters import PeftAdapters
@@ -20,6 +21,7 @@ from mm_lightning.extras.gradient_caching import GradientCaching
 from mm_lightning.extras.layer_decay import LayerDecay
 from mm_lightning.extras.length_grouping import LengthGroupedSampler, LengthGrouping
 from mm_lightning.extras.loss_weighting import ComplexityWeighting, DynamicWeightAveraging
+from mm_lightning.extras.modality_parallel import ModalityParallel
 from mm_lightning.extras.monitors import (
     GradNormMonitor,
     PeakMemoryMonitor,
@@ -48,6 +50,7 @@ __all__ = [
     "LengthGroupedSampler",
     "LengthGrouping",
     "LockedImageFeatures",
+    "ModalityParallel",
     "NaNGuard",
     "NonFiniteTrainingError",
     "OverlappingBucketedReducer",

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from lightning.pytorch import Trainer
-from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.strategies import ModelParallelStrategy, ParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
@@ -50,7 +50,73 @@ ENTRY_POINTS = ("encode_images", "encode_text", "losses", "embed_images", "embed
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class ShardedDataParallel(ModelParallelStrategy):
+class DistributedCheckpoints(ParallelStrategy):
+    """Checkpoints as folders in torch's distributed format (DCP), for a strategy whose processes hold different
+    parts of the state: every process writes its own, into a new folder that then replaces the old one, and a
+    resume reads what this run's processes hold, all of it checked as data (:mod:`mm_lightning.checkpoints.sharded`)."""
+
+    optimizer_state_options: StateDictOptions | None = None  # how optimizer states are keyed in the folder
+
+    def reshaped_parameters(self) -> list[str]:
+        """Parameters saved in another shape than the network's (read back in theirs)."""
+        return []
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        """Each process writes its shards into a new folder beside ``filepath``, which then replaces it: an
+        interrupted save leaves the previous checkpoint whole."""
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__}.save_checkpoint takes no storage_options")
+        target = Path(self.broadcast(str(filepath)))
+        partial = target.with_name(f".{target.name}.partial")
+        if self.global_rank == 0:
+            restore_replaced(target)
+            remove(replaced_copy(target))  # left by a save that died after its second rename
+            remove(partial)
+            target.parent.mkdir(parents=True, exist_ok=True)
+        self.barrier()
+        state = {"state_dict": checkpoint.pop("state_dict")}
+        state.update({f"optimizer_{i}": s for i, s in enumerate(checkpoint.pop("optimizer_states", []))})
+        dcp.save(state, checkpoint_id=partial)
+        if self.global_rank == 0:
+            checkpoint[RESHAPED_KEY] = self.reshaped_parameters()
+            with open(partial / META_FILE, "wb") as file:
+                torch.save(checkpoint, file)
+                file.flush()
+                os.fsync(file.fileno())
+            replaced = replaced_copy(target)
+            if target.exists():
+                os.replace(target, replaced)
+            os.replace(partial, target)  # a crash before this line: the next save or resume renames it back
+            fsync_dir(target.parent)
+            remove(replaced)
+        self.barrier()
+
+    @override
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        """Loads a sharded checkpoint's model and optimizer state into this run's shards (any number of
+        processes) and returns the rest (loops, callbacks), all read as data."""
+        path = Path(self.broadcast(str(checkpoint_path)))
+        if not is_sharded_checkpoint(path):
+            raise ShardedCheckpointError(
+                f"Checkpoint {path} is not a sharded checkpoint (a folder with .metadata): {type(self).__name__}"
+                " resumes from its own folders; to start from a single file's weights, load them into the model"
+                " (MultimodalModule.load_from_checkpoint) and fit without --ckpt_path."
+            )
+        module = self.lightning_module
+        strict = module.strict_loading
+        options = self.optimizer_state_options
+        state: dict[str, Any] = {"state_dict": get_model_state_dict(module)}
+        for index, optimizer in enumerate(self.optimizers):
+            state[f"optimizer_{index}"] = get_optimizer_state_dict(module, optimizer, options=options)
+        load_sharded(state, path, strict=strict)
+        set_model_state_dict(module, state["state_dict"], options=StateDictOptions(strict=strict))
+        for index, optimizer in enumerate(self.optimizers):
+            set_optimizer_state_dict(module, optimizer, state[f"optimizer_{index}"], options=options)
+        return read_meta(path)
+
+
+class ShardedDataParallel(DistributedCheckpoints, ModelParallelStrategy):
     """FSDP2 over all processes: parameters, gradients and optimizer state sharded, each process its own data.
 
     Args:
@@ -142,6 +208,10 @@ class ShardedDataParallel(ModelParallelStrategy):
         for buffer in self.lightning_module.buffers():
             torch.distributed.broadcast(buffer, src=0)
 
+    @override
+    def reshaped_parameters(self) -> list[str]:
+        return self.reshaped
+
     def shard(self, network: nn.Module) -> None:
         """Shards each repeated block of ``network`` and then ``network`` itself (in place)."""
         options = {"mesh": self.shard_mesh, "mp_policy": self.mixed_precision}
@@ -157,59 +227,6 @@ class ShardedDataParallel(ModelParallelStrategy):
         for name in ENTRY_POINTS:
             if callable(getattr(network, name, None)):
                 register_fsdp_forward_method(network, name)
-
-    @override
-    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
-        """Each process writes its shards into a new folder beside ``filepath``, which then replaces it: an
-        interrupted save leaves the previous checkpoint whole."""
-        if storage_options is not None:
-            raise TypeError("ShardedDataParallel.save_checkpoint takes no storage_options")
-        target = Path(self.broadcast(str(filepath)))
-        partial = target.with_name(f".{target.name}.partial")
-        if self.global_rank == 0:
-            restore_replaced(target)
-            remove(replaced_copy(target))  # left by a save that died after its second rename
-            remove(partial)
-            target.parent.mkdir(parents=True, exist_ok=True)
-        self.barrier()
-        state = {"state_dict": checkpoint.pop("state_dict")}
-        state.update({f"optimizer_{i}": s for i, s in enumerate(checkpoint.pop("optimizer_states", []))})
-        dcp.save(state, checkpoint_id=partial)
-        if self.global_rank == 0:
-            checkpoint[RESHAPED_KEY] = self.reshaped
-            with open(partial / META_FILE, "wb") as file:
-                torch.save(checkpoint, file)
-                file.flush()
-                os.fsync(file.fileno())
-            replaced = replaced_copy(target)
-            if target.exists():
-                os.replace(target, replaced)
-            os.replace(partial, target)  # a crash before this line: the next save or resume renames it back
-            fsync_dir(target.parent)
-            remove(replaced)
-        self.barrier()
-
-    @override
-    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        """Loads a sharded checkpoint's model and optimizer state into this run's shards (any number of
-        processes) and returns the rest (loops, callbacks), all read as data."""
-        path = Path(self.broadcast(str(checkpoint_path)))
-        if not is_sharded_checkpoint(path):
-            raise ShardedCheckpointError(
-                f"Checkpoint {path} is not a sharded checkpoint (a folder with .metadata): ShardedDataParallel"
-                " resumes from its own folders; to start from a single file's weights, load them into the model"
-                " (MultimodalModule.load_from_checkpoint) and fit without --ckpt_path."
-            )
-        module = self.lightning_module
-        strict = module.strict_loading
-        state: dict[str, Any] = {"state_dict": get_model_state_dict(module)}
-        for index, optimizer in enumerate(self.optimizers):
-            state[f"optimizer_{index}"] = get_optimizer_state_dict(module, optimizer)
-        load_sharded(state, path, strict=strict)
-        set_model_state_dict(module, state["state_dict"], options=StateDictOptions(strict=strict))
-        for index, optimizer in enumerate(self.optimizers):
-            set_optimizer_state_dict(module, optimizer, state[f"optimizer_{index}"])
-        return read_meta(path)
 
 
 def remove(path: Path) -> None:

@@ -166,8 +166,9 @@ class MultimodalModule(LightningModule):
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         with batch_draws(self.running_trainer(), self.device):
             embedded = self.batch_embedding.embed(self.model, batch)
-            loss = self.objective(self.model, batch, embedded)
-        self.log_training(loss, batch_size=batch["image"].shape[0])
+            rows = self.batch_embedding.loss_rows(batch)
+            loss = self.objective(self.model, rows, embedded)
+        self.log_training(loss, batch_size=rows["image_id"].shape[0])
         return loss.total
 
     def log_training(self, loss: BatchLoss, batch_size: int) -> None:

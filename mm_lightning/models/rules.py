@@ -48,6 +48,11 @@ class WholeBatch(Recorded):
         text_out, text_emb = model.encode_text(batch)
         return image_out, image_emb, text_out, text_emb
 
+    def loss_rows(self, batch: Batch) -> Batch:
+        """The rows of ``batch`` that the loss reads (image ids) for the embeddings :meth:`embed` returned: the
+        batch itself, unless the rule moved rows between processes."""
+        return batch
+
     def backward(self, loss: Tensor) -> bool:
         """Back-propagates ``loss`` itself when it must (False: the ordinary backward is right)."""
         return False

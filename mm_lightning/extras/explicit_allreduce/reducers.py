@@ -49,15 +49,19 @@ class GradientReducer(ABC):
     Args:
         params: the parameters to reduce, in the same order on every rank.
         group: the process group (``None``: the default group).
+        divisor: what the sum is divided by (``None``: the group's size, a mean).
     """
 
-    def __init__(self, params: Sequence[Parameter], group: dist.ProcessGroup | None = None) -> None:
+    def __init__(
+        self, params: Sequence[Parameter], group: dist.ProcessGroup | None = None, divisor: int | None = None
+    ) -> None:
         for param in params:
             if param.is_sparse or param.layout != torch.strided:
                 raise ValueError("ExplicitAllReduceDDPStrategy supports dense (strided) parameters only.")
         self.params = list(params)
         self.group = group
         self.world_size = dist.get_world_size(group)
+        self.divisor = divisor or self.world_size
 
     @abstractmethod
     def reduce(self) -> None:
@@ -99,7 +103,7 @@ class PerParameterReducer(GradientReducer):
                 continue
             grad = self._grad_or_zeros(param)
             dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=self.group)
-            grad.div_(self.world_size)
+            grad.div_(self.divisor)
 
 
 class BucketedReducer(GradientReducer):
@@ -114,12 +118,17 @@ class BucketedReducer(GradientReducer):
         params: the parameters to reduce, in the same order on every rank.
         bucket_cap_mb: the maximum bucket size in megabytes (a larger single parameter gets its own bucket).
         group: the process group (``None``: the default group).
+        divisor: what the sum is divided by (``None``: the group's size, a mean).
     """
 
     def __init__(
-        self, params: Sequence[Parameter], bucket_cap_mb: float = 25.0, group: dist.ProcessGroup | None = None
+        self,
+        params: Sequence[Parameter],
+        bucket_cap_mb: float = 25.0,
+        group: dist.ProcessGroup | None = None,
+        divisor: int | None = None,
     ) -> None:
-        super().__init__(params, group)
+        super().__init__(params, group, divisor)
         self.buckets = assign_buckets(self.params, int(bucket_cap_mb * 1024 * 1024))
         # Flat buffers are allocated once and reused every step (DDP keeps its buckets alive the same way).
         self._flat: list[Tensor | None] = [None] * len(self.buckets)
@@ -141,7 +150,7 @@ class BucketedReducer(GradientReducer):
             numel = sum(self.params[i].numel() for i in members)
             flat = self._flat[bucket_index] = torch.empty(numel, dtype=first.dtype, device=first.device)
         offset = 0
-        scale = 1.0 / self.world_size
+        scale = 1.0 / self.divisor
         for i in members:
             param = self.params[i]
             view = flat[offset : offset + param.numel()]

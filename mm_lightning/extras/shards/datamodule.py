@@ -174,10 +174,11 @@ class ShardDataModule(MultimodalDataModule):
             seed=global_seed(),
             shuffle_shards=self.hparams.shuffle_shards,
             epoch_samples=self.hparams.epoch_samples,
-            batch_size=self.hparams.batch_size,
+            batch_size=self.reader_batch_size(),
         )
         self.check_a_batch(sampler.stream_length() // world, f"{len(dataset)} samples")
-        loader = ResumableDataLoader(dataset, sampler=sampler, drop_last=True, **self._loader_kwargs())
+        kwargs = self._loader_kwargs(self.reader_batch_size())
+        loader = ResumableDataLoader(dataset, sampler=sampler, drop_last=True, **kwargs)
         return self.train_position.track(loader, self.trainer)
 
 

@@ -1,0 +1,391 @@
+"""Modality parallelism: the image tower trains on one group of processes and the text tower on another, each
+group data-parallel inside itself, with the same losses and gradients as DDP on all the processes.
+
+With ``W`` processes, ranks ``0 .. a-1`` hold the image tower and its projection, ranks ``a .. W-1`` the text
+tower and its projection; every rank holds the shared heads (temperature, fusion, matching head). A step:
+
+1. Each group reads the whole global batch ``G`` (``data.batch_size`` x ``W``), each of its ranks ``G / a`` (or
+   ``G / b``) rows of it, and runs only its own tower over them.
+2. One exchange moves the embeddings (and the token features the matching head reads) so that rank ``r`` holds
+   rows ``[r G/W, (r+1) G/W)`` of both modalities: what DDP's rank ``r`` holds. Its backward sends the gradients
+   back to the rows' owners.
+3. Every rank computes DDP rank ``r``'s loss with the module's own code (gathers over all processes).
+4. A tower's gradients are summed over its group, the heads' over all processes, both divided by ``W``: DDP's
+   mean over ranks of gradients that each carry every rank's loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+from typing_extensions import override
+
+from mm_lightning.extras.explicit_allreduce.reducers import BucketedReducer
+from mm_lightning.extras.sharded_training import DistributedCheckpoints
+from mm_lightning.models.rules import Batch, Embedded, WholeBatch
+from mm_lightning.models.towers.contract import EncoderOutput
+
+KINDS = ("image", "text")
+
+
+class AbsentTower(nn.Module):
+    """Stands in for the tower that the other group of processes holds: no parameters, and a call says so."""
+
+    def __init__(self, kind: str, ranks: list[int]) -> None:
+        super().__init__()
+        self.kind, self.ranks = kind, ranks
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(
+            f"The {self.kind} tower is held by processes {self.ranks} (ModalityParallel): this process cannot run"
+            " it. Evaluate or predict from the checkpoint on one process."
+        )
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which rows of the global batch each process holds: ``image`` ranks first, then ``text`` ranks."""
+
+    image_processes: int
+    text_processes: int
+
+    @property
+    def world(self) -> int:
+        return self.image_processes + self.text_processes
+
+    def kind(self, rank: int) -> str:
+        return "image" if rank < self.image_processes else "text"
+
+    def ranks(self, kind: str) -> list[int]:
+        a = self.image_processes
+        return list(range(a)) if kind == "image" else list(range(a, self.world))
+
+    def owned(self, rank: int, rows: int) -> tuple[int, int]:
+        """``[start, end)`` of the global batch's ``rows`` that ``rank`` embeds with its tower."""
+        members = self.ranks(self.kind(rank))
+        share = rows // len(members)
+        index = members.index(rank)
+        return index * share, (index + 1) * share
+
+    def block(self, rank: int, rows: int) -> tuple[int, int]:
+        """``[start, end)`` of the rows whose loss ``rank`` computes: DDP rank ``rank``'s part of the batch."""
+        share = rows // self.world
+        return rank * share, (rank + 1) * share
+
+    def sends(self, rank: int, rows: int) -> list[int]:
+        """How many of its own rows ``rank`` sends to each process (itself included)."""
+        start, end = self.owned(rank, rows)
+        return [overlap((start, end), self.block(other, rows)) for other in range(self.world)]
+
+    def receives(self, rank: int, rows: int) -> list[int]:
+        """How many rows ``rank`` receives from each process: its block, from each modality's owners."""
+        block = self.block(rank, rows)
+        return [overlap(self.owned(other, rows), block) for other in range(self.world)]
+
+
+def overlap(a: tuple[int, int], b: tuple[int, int]) -> int:
+    return max(0, min(a[1], b[1]) - max(a[0], b[0]))
+
+
+class _ExchangeRows(torch.autograd.Function):
+    """``all_to_all_single`` of flat rows; the backward sends each row's gradient back to where it came from."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, flat: Tensor, send: list[int], receive: list[int], group: dist.ProcessGroup | None
+    ) -> Tensor:
+        ctx.send, ctx.receive, ctx.group = send, receive, group
+        out = flat.new_empty(sum(receive))
+        dist.all_to_all_single(out, flat.contiguous(), receive, send, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
+        out = grad.new_empty(sum(ctx.send))
+        dist.all_to_all_single(out, grad.contiguous(), ctx.send, ctx.receive, group=ctx.group)
+        return out, None, None, None
+
+
+def exchange_rows(flat: Tensor, send: list[int], receive: list[int]) -> Tensor:
+    """Sends ``send[p]`` consecutive elements of ``flat`` to each process ``p`` and returns what arrives, in
+    rank order; differentiable. Every process must call it in each step's forward and reach it in backward, so
+    the sent tensor always requires a gradient (a frozen tower's rows get a zero one)."""
+    if not flat.requires_grad:
+        flat = flat.detach().requires_grad_()
+    return _ExchangeRows.apply(flat, send, receive, None)
+
+
+class ModalityExchange(WholeBatch):
+    """The batch embedding under :class:`ModalityParallel`: this process's tower over its rows, then the exchange
+    that leaves it DDP rank ``r``'s rows of both modalities, on which the module's loss code runs unchanged.
+
+    Args:
+        layout: the two groups.
+        rank: this process's rank.
+        token_dims: each tower's token width (the matching head's input), by kind."""
+
+    def __init__(self, layout: Layout, rank: int, token_dims: dict[str, int]) -> None:
+        self.layout, self.rank, self.kind = layout, rank, layout.kind(rank)
+        self.token_dims = token_dims
+        self.rows: Batch = {}
+
+    def embed(self, model: Any, batch: Batch) -> Embedded:
+        if self.kind == "image":
+            out, emb = model.encode_images(batch["image"])
+        else:
+            out, emb = model.encode_text(batch)
+        group = len(self.layout.ranks(self.kind))
+        rows = emb.shape[0] * group
+        if rows % self.layout.world:
+            raise ValueError(
+                f"ModalityParallel: a global batch of {rows} rows does not split into {self.layout.world} equal"
+                " blocks; make data.batch_size x processes a multiple of both groups' sizes"
+            )
+        tokens = out if model.itm is not None else None
+        (image_out, image_emb), (text_out, text_emb) = self.exchange(rows, emb, tokens)
+        self.rows = {"image_id": self.exchange_ids(batch["image_id"], rows)}
+        return image_out, image_emb, text_out, text_emb
+
+    def loss_rows(self, batch: Batch) -> Batch:
+        """The image ids of this process's block (what the loss reads of a batch)."""
+        return self.rows
+
+    def exchange(
+        self, rows: int, emb: Tensor, out: EncoderOutput | None
+    ) -> list[tuple[EncoderOutput, Tensor]]:
+        """``(output, embedding)`` of this process's block, image then text. A row travels as one flat vector:
+        the embedding, then (for the matching head) the tokens and their mask."""
+        layout, world = self.layout, self.layout.world
+        lengths = self.token_lengths(out, emb.device)
+        dim = emb.shape[1]
+        widths = [dim + lengths[p] * (self.token_dims[layout.kind(p)] + 1) for p in range(world)]
+        dtype = torch.float64 if emb.dtype == torch.float64 else torch.float32  # one dtype on every process
+        pieces = [emb] if out is None else [emb, out.tokens.flatten(1), out.mask]
+        packed = torch.cat([piece.to(dtype) for piece in pieces], dim=1)
+        send, receive = layout.sends(self.rank, rows), layout.receives(self.rank, rows)
+        received = exchange_rows(
+            packed.reshape(-1),
+            [count * widths[self.rank] for count in send],
+            [count * widths[p] for p, count in enumerate(receive)],
+        )
+        parts: dict[str, list[tuple[Tensor, Tensor, Tensor]]] = {kind: [] for kind in KINDS}
+        for p, chunk in enumerate(received.split([count * widths[p] for p, count in enumerate(receive)])):
+            if receive[p]:
+                table = chunk.reshape(receive[p], widths[p])
+                kind, length = layout.kind(p), lengths[p]
+                width = self.token_dims[kind]
+                tokens = table[:, dim : dim + length * width].reshape(receive[p], length, width)
+                parts[kind].append((table[:, :dim], tokens, table[:, widths[p] - length :] > 0.5))
+        return [joined(parts[kind], out is not None) for kind in KINDS]
+
+    def token_lengths(self, out: EncoderOutput | None, device: torch.device) -> list[int]:
+        """Each process's token count this step (the text's follows the captions); none without the head."""
+        if out is None:
+            return [0] * self.layout.world
+        mine = torch.tensor([out.tokens.shape[1]], device=device)
+        every = [torch.empty_like(mine) for _ in range(self.layout.world)]
+        dist.all_gather(every, mine)
+        return [int(length.item()) for length in every]
+
+    def exchange_ids(self, image_id: Tensor, rows: int) -> Tensor:
+        """Image ids of this process's block, from the image tower's processes (no gradient)."""
+        layout = self.layout
+        send = layout.sends(self.rank, rows) if self.kind == "image" else [0] * layout.world
+        receive = [
+            count if layout.kind(p) == "image" else 0
+            for p, count in enumerate(layout.receives(self.rank, rows))
+        ]
+        out = image_id.new_empty(sum(receive))
+        dist.all_to_all_single(
+            out, image_id.contiguous() if self.kind == "image" else image_id[:0], receive, send
+        )
+        return out
+
+
+def joined(parts: list[tuple[Tensor, Tensor, Tensor]], with_tokens: bool) -> tuple[EncoderOutput, Tensor]:
+    """One kind's ``(output, embedding)`` from the pieces its processes sent, tokens padded to the longest."""
+    emb = torch.cat([part[0] for part in parts])
+    if not with_tokens:  # the loss reads the embeddings only
+        return EncoderOutput(emb, emb[:, None], torch.ones_like(emb[:, :1], dtype=torch.bool)), emb
+    longest = max(part[1].shape[1] for part in parts)
+    tokens = torch.cat([F.pad(part[1], (0, 0, 0, longest - part[1].shape[1])) for part in parts])
+    mask = torch.cat([F.pad(part[2], (0, longest - part[2].shape[1]), value=False) for part in parts])
+    return EncoderOutput(emb, tokens, mask), emb
+
+
+class ModalityParallel(DistributedCheckpoints, ModelParallelStrategy):
+    """The image tower on the first ``image_processes`` processes, the text tower on the rest; each process holds
+    its tower, its projection and the shared heads, and their optimizer state (see the module's docs).
+
+    Checkpoints are folders (torch's distributed checkpoint): each group writes its tower, and a resume on another
+    split of the processes re-reads them. Validation, test and prediction run on one process from a checkpoint.
+
+    Args:
+        image_processes: processes running the image tower; the others run the text tower.
+        process_group_backend: ``gloo`` / ``nccl`` (none: from the device).
+        timeout: of the collectives."""
+
+    # keyed by parameter name: the two groups' optimizers number their parameters alike
+    optimizer_state_options = StateDictOptions(flatten_optimizer_state_dict=True)
+
+    def __init__(
+        self,
+        image_processes: int = 1,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = timedelta(minutes=30),
+    ) -> None:
+        super().__init__(process_group_backend=process_group_backend, timeout=timeout)
+        if image_processes < 1:
+            raise ValueError(f"ModalityParallel: image_processes {image_processes} must be at least 1")
+        self.image_processes = image_processes
+        self.layout: Layout | None = None
+        self.groups: dict[str, dist.ProcessGroup] = {}
+        self.reducers: list[BucketedReducer] = []
+
+    @property
+    def text_processes(self) -> int:
+        return self.world_size - self.image_processes
+
+    @property
+    def kind(self) -> str:
+        assert self.layout is not None
+        return self.layout.kind(self.global_rank)
+
+    @property
+    @override
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        # each group reads the whole global batch, each of its processes an equal part
+        assert self.layout is not None
+        ranks = self.layout.ranks(self.kind)
+        return {"num_replicas": len(ranks), "rank": ranks.index(self.global_rank)}
+
+    @override
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        if self.text_processes < 1:
+            raise ValueError(
+                f"ModalityParallel: image_processes {self.image_processes} leaves none of the {self.world_size}"
+                " processes for the text tower; set trainer.devices (x num_nodes) above it"
+            )
+        self.layout = Layout(self.image_processes, self.text_processes)
+        for kind in KINDS:  # every process creates every group, in the same order
+            self.groups[kind] = dist.new_group(self.layout.ranks(kind))
+
+    @override
+    def setup(self, trainer: Trainer) -> None:
+        if trainer.state.fn != TrainerFn.FITTING:
+            raise RuntimeError(
+                f"ModalityParallel trains only: {trainer.state.fn.value} needs both towers in one process. Run it"
+                " on one process from the checkpoint (without the modality-parallel config)."
+            )
+        if trainer.limit_val_batches != 0:
+            raise ValueError(
+                "ModalityParallel: validation needs both towers in one process; set trainer.limit_val_batches 0"
+                " (configs/modality_parallel.yaml does) and evaluate the checkpoint on one process"
+            )
+        module = self.lightning_module
+        self.check_training(module, trainer)
+        network = module.model
+        for tensor in network.state_dict().values():  # DDP starts every process from rank 0's weights
+            dist.broadcast(tensor, src=0)
+        token_dims = {kind: getattr(getattr(network, f"{kind}_encoder"), "token_dim", 0) for kind in KINDS}
+        other = "text" if self.kind == "image" else "image"
+        setattr(network, f"{other}_encoder", AbsentTower(other, self.layout.ranks(other)))
+        setattr(network, f"{other}_proj", AbsentTower(other, self.layout.ranks(other)))
+        module.batch_embedding = ModalityExchange(self.layout, self.global_rank, token_dims)
+        super().setup(trainer)
+        own = [p for name, p in network.named_parameters() if owned_by(name, self.kind) and p.requires_grad]
+        owned = {id(p) for p in own}
+        shared = [p for p in module.parameters() if p.requires_grad and id(p) not in owned]
+        divisor = self.world_size  # DDP's mean over all processes
+        self.reducers = [
+            BucketedReducer(own, group=self.groups[self.kind], divisor=divisor),
+            BucketedReducer(shared, divisor=divisor),
+        ]
+        self.report_towers(own, shared)
+
+    def check_training(self, module: LightningModule, trainer: Trainer) -> None:
+        """Refuses what this split cannot reproduce, each in one line."""
+        if type(module.batch_embedding) is not WholeBatch:
+            raise TypeError(
+                f"ModalityParallel embeds each tower on its own processes; model.batch_embedding"
+                f" {type(module.batch_embedding).__name__} cannot run with it"
+            )
+        if type(module.objective.sample_weighting).__name__ != "SampleWeighting":
+            raise TypeError(
+                "ModalityParallel: model.sample_weighting reads a batch's rows; use equal weights"
+            )
+        if module.optim_config.clip_heads is not None or trainer.gradient_clip_val:
+            raise ValueError(
+                "ModalityParallel: clipping the heads or all gradients needs norms over both groups;"
+                " clip per tower (model.image.clip_norm, model.text.clip_norm)"
+            )
+
+    def report_towers(self, own: list[nn.Parameter], shared: list[nn.Parameter]) -> None:
+        """Says which process holds which tower, and how many parameters (rank 0 prints it)."""
+        mine = (self.kind, sum(p.numel() for p in own), sum(p.numel() for p in shared))
+        every: list[Any] = [None] * self.world_size
+        dist.all_gather_object(every, mine)
+        held = "; ".join(
+            f"rank {rank}: {kind} tower {count:,} trained parameters, heads {heads:,}"
+            for rank, (kind, count, heads) in enumerate(every)
+        )
+        rank_zero_info(f"ModalityParallel: {held}")
+
+    @override
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        self.broadcast_buffers()
+        return super().training_step(*args, **kwargs)
+
+    def broadcast_buffers(self) -> None:
+        """As DDP before each forward: each tower's buffers (BatchNorm statistics) from its group's first
+        process, the heads' from rank 0."""
+        assert self.layout is not None
+        network = self.lightning_module.model
+        first = self.layout.ranks(self.kind)[0]
+        for name, buffer in network.named_buffers():
+            if owned_by(name, self.kind):
+                dist.broadcast(buffer, src=first, group=self.groups[self.kind])
+            else:
+                dist.broadcast(buffer, src=0)
+
+    @override
+    def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
+        def closure_then_reduce() -> Any:
+            result = closure()
+            for reducer in self.reducers:
+                reducer.reduce()
+            return result
+
+        return super().optimizer_step(optimizer, closure_then_reduce, model, **kwargs)
+
+    @override
+    def optimizer_state(self, optimizer: Any) -> dict[str, Any]:
+        optimizer = getattr(optimizer, "optimizer", optimizer)
+        options = StateDictOptions(cpu_offload=True, flatten_optimizer_state_dict=True)
+        return get_optimizer_state_dict(self.model, optimizer, options=options)
+
+    @override
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        checkpoint = super().load_checkpoint(checkpoint_path, weights_only)
+        # the schedules' state is rank 0's (an image process): each process keeps its own groups' rates
+        for state, optimizer in zip(checkpoint.get("lr_schedulers", []), self.optimizers, strict=False):
+            state["base_lrs"] = [group["initial_lr"] for group in optimizer.param_groups]
+            state["_last_lr"] = [group["lr"] for group in optimizer.param_groups]
+        return checkpoint
+
+
+def owned_by(name: str, kind: str) -> bool:
+    """Whether the network's parameter or buffer ``name`` belongs to the ``kind`` tower or its projection."""
+    return name.split(".", 1)[0] in (f"{kind}_encoder", f"{kind}_proj")
