@@ -1,6 +1,7 @@
 """Resume on another number of processes through the real CLI: a run on 2 processes is SIGKILLed mid-epoch and
 resumed on 1 and on 3. The epoch's samples are read once each and the epoch ends with its last one; with the global
-batch kept (2 x 4 -> 1 x 8) the weights equal an uninterrupted run's up to reduction-order noise."""
+batch kept (2 x 4 -> 1 x 8) the weights equal an uninterrupted run's up to reduction-order noise. The same global
+batch split by modality (configs/modality_parallel.yaml: each tower on its own process) equals DDP's steps too."""
 
 from __future__ import annotations
 
@@ -9,15 +10,24 @@ import shutil
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from torch import nn
 
+from mm_lightning.checkpoints.sharded import (
+    is_sharded_checkpoint,
+    read_entries,
+    read_metadata,
+    read_sharded_checkpoint,
+)
 from mm_lightning.cli import main
 from mm_lightning.data.demo import demo_generator_args, generate_demo_dataset
 from mm_lightning.data.resume import ResumableDataLoader
+from mm_lightning.models.optim import param_groups
 from tests.conftest import DEMO_CONFIG, REPO, callback_args
 from tests.resilience.helpers import recorded_samples
 from tests.strategies.launch import free_port, kill_all
@@ -100,6 +110,24 @@ def launch(args: list[str], killed: bool = False) -> None:
         assert exit_problems(result.returncode, result.stdout) == [], result.stdout[-5000:]
 
 
+@pytest.fixture(scope="module")
+def killed_on_two(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2 x 4 DDP run SIGKILLed as step 3 begins, after its checkpoint: DDP's weights after 3 steps (tests resume
+    copies of it)."""
+    run = tmp_path_factory.mktemp("killed_on_two") / "run"
+    launch(fit_args(data, run, 2, 4, kill_at=KILLED_AT), killed=True)
+    assert last(run)["global_step"] == KILLED_AT
+    return run
+
+
+@pytest.fixture(scope="module")
+def ddp_epoch(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A whole epoch of 2 x 4 under DDP, last.ckpt written at its end: DDP's weights after 6 steps."""
+    run = tmp_path_factory.mktemp("ddp_epoch") / "run"
+    launch(fit_args(data, run, 2, 4, every_step=False))
+    return run
+
+
 def last(run: Path) -> dict[str, Any]:
     return torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
 
@@ -121,11 +149,9 @@ def seen_in(killed: Path, resumed: Path) -> Counter:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_run_killed_on_2_processes_resumes_on_1_and_3_reading_each_sample_once(
-    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    data: Path, killed_on_two: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    killed = tmp_path / "killed"
-    launch(fit_args(data, killed, 2, 4, kill_at=KILLED_AT), killed=True)
-    assert last(killed)["global_step"] == KILLED_AT
+    killed = killed_on_two
     epoch = Counter(range(IMAGES))
 
     # 3 processes x 4: the 24 samples left make 2 steps; the epoch ends there (and the run with it).
@@ -156,16 +182,15 @@ def test_a_run_killed_on_2_processes_resumes_on_1_and_3_reading_each_sample_once
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_same_global_batch_on_fewer_processes_gives_the_uninterrupted_weights(
-    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    data: Path, killed_on_two: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     full = tmp_path / "full"
     assert main(fit_args(data, full, 1, 8)) == 0
     expected = last(full)
     assert expected["global_step"] == IMAGES // 8
 
-    killed = tmp_path / "killed"
-    launch(fit_args(data, killed, 2, 4, kill_at=KILLED_AT), killed=True)
-    control = resumed_copy(killed, tmp_path / "control")
+    killed = resumed_copy(killed_on_two, tmp_path / "killed")
+    control = resumed_copy(killed_on_two, tmp_path / "control")
     assert main([*fit_args(data, killed, 1, 8), "--ckpt_path", "last"]) == 0
     resumed = last(killed)
     assert resumed["global_step"] == expected["global_step"]
@@ -256,7 +281,9 @@ def epochs_seen(run: Path, killed: Path | None = None, killed_at: int = 0) -> di
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_epoch_ends_on_another_layout_start_the_next_epoch_once(data: Path, tmp_path: Path) -> None:
+def test_epoch_ends_on_another_layout_start_the_next_epoch_once(
+    data: Path, ddp_epoch: Path, tmp_path: Path
+) -> None:
     epoch = Counter(range(IMAGES))
     # Killed at step 5 of 6 on 2 x 4: the 8 samples left are short of one step of 3 x 4, so epoch 0 is over and
     # epoch 1 takes 4 steps (not a second pass over epoch 0).
@@ -269,8 +296,7 @@ def test_epoch_ends_on_another_layout_start_the_next_epoch_once(data: Path, tmp_
     assert last(on_three)["global_step"] == 5 + 4
 
     # last.ckpt written at the epoch's end (the default callbacks'), resumed on 1 x 4: epoch 1 in 12 steps.
-    ended = tmp_path / "ended"
-    launch(fit_args(data, ended, 2, 4, every_step=False))
+    ended = resumed_copy(ddp_epoch, tmp_path / "ended")
     assert main([*fit_args(data, ended, 1, 4, epochs=2, every_step=False), "--ckpt_path", "last"]) == 0
     seen = epochs_seen(ended)
     assert seen == {0: epoch, 1: epoch}
@@ -318,3 +344,128 @@ def test_a_two_source_mixture_killed_on_2_processes_resumes_on_3_and_1_with_its_
     assert main([*fit_args(data, on_one, 1, 4, data_module=mixture), "--ckpt_path", "last"]) == 0
     assert seen_in(killed, on_one) == expected
     assert last(on_one)["global_step"] == KILLED_AT + 18
+
+
+def relative_l2(ours: torch.Tensor, theirs: torch.Tensor) -> float:
+    return ((ours.double() - theirs.double()).norm() / theirs.double().norm()).item()
+
+
+def modality_parallel_distances(folder: Path, ddp: dict[str, Any]) -> tuple[float, float]:
+    """Parameters and AdamW exp_avg of a modality-parallel checkpoint against a DDP one."""
+    ours = read_sharded_checkpoint(folder)
+    assert ours["global_step"] == ddp["global_step"]
+    names = [name for name, value in ddp["state_dict"].items() if value.is_floating_point()]
+    weights = relative_l2(
+        torch.cat([ours["state_dict"][n].reshape(-1) for n in names]),
+        torch.cat([ddp["state_dict"][n].reshape(-1) for n in names]),
+    )
+    prefix, suffix = "optimizer_0.state.", ".exp_avg"
+    moments = {
+        key[len(prefix) : -len(suffix)]: value
+        for key, value in read_entries(folder, prefix).items()
+        if key.endswith(suffix)
+    }
+    saved = ddp["optimizer_states"][0]
+    gradients = relative_l2(
+        torch.cat([moments[name].reshape(-1) for name in ddp_optimizer_order(ddp, moments)]),
+        torch.cat(
+            [
+                saved["state"][index]["exp_avg"].reshape(-1)
+                for group in saved["param_groups"]
+                for index in group["params"]
+            ]
+        ),
+    )
+    return weights, gradients
+
+
+def ddp_optimizer_order(ddp: dict[str, Any], trained: Iterable[str]) -> list[str]:
+    """The names of the parameters DDP's optimizer numbers 0, 1, ...: its groups, rebuilt from the module's
+    parameter order as the module builds them (each tower, then the heads)."""
+    state = ddp["state_dict"]
+    params = {name: nn.Parameter(state[name]) for name in state if name in set(trained)}
+    tower = lambda kind: [(n, p) for n, p in params.items() if n.startswith(f"model.{kind}_encoder.")]  # noqa: E731
+    groups = param_groups(
+        {
+            "image_encoder": (tower("image"), 0.0),
+            "text_encoder": (tower("text"), 0.0),
+            "heads": (list(params.items()), 0.0),
+        },
+        0.0,
+    )
+    names = {id(p): n for n, p in params.items()}
+    assert [g["name"] for g in groups] == [g["name"] for g in ddp["optimizer_states"][0]["param_groups"]]
+    return [names[id(p)] for group in groups for p in group["params"]]
+
+
+def rank_samples(run: Path, rank: int, steps: range) -> list[int]:
+    """The sample indices one process trained on in ``steps``."""
+    rows = [json.loads(line) for line in (run / "samples" / f"rank{rank}.jsonl").read_text().splitlines()]
+    return [index for row in rows if row["step"] in steps for index in row["index"]]
+
+
+def modality_parallel_args(data: Path, run: Path, kill_at: int | None = None) -> list[str]:
+    """``fit_args`` on 2 processes under configs/modality_parallel.yaml: rank 0 the image tower, rank 1 the text."""
+    overlay = ["--config", str(REPO / "configs" / "modality_parallel.yaml")]
+    return [*fit_args(data, run, 2, 4, kill_at=kill_at), *overlay, "--checkpoint.every_n_train_steps", "3"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_modality_parallel_equals_ddp_and_resumes_exactly(
+    data: Path, killed_on_two: Path, ddp_epoch: Path, tmp_path: Path
+) -> None:
+    """configs/modality_parallel.yaml on 2 processes against DDP on the same 2 x 4 global batch: the weights and
+    AdamW moments after 3 steps, and after a SIGKILL there and a resume, after the epoch's 6."""
+    killed = tmp_path / "killed"
+    launch(modality_parallel_args(data, killed, kill_at=KILLED_AT), killed=True)
+    folder = killed / "checkpoints" / "last.ckpt"
+    assert is_sharded_checkpoint(folder)
+    # each process wrote its own tower and its moments (the shared heads are written once, by either)
+    owners = {index.fqn: info.relative_path for index, info in read_metadata(folder).storage_data.items()}
+    for fqn, shard in owners.items():
+        if ".image_encoder." in fqn or ".image_proj." in fqn:
+            assert shard == "__0_0.distcp", fqn
+        if ".text_encoder." in fqn or ".text_proj." in fqn:
+            assert shard == "__1_0.distcp", fqn
+    parameters, gradients = modality_parallel_distances(folder, last(killed_on_two))
+    print(f"after {KILLED_AT} steps: parameters {parameters:.1e}, gradient means {gradients:.1e}")
+    assert parameters <= PARAMETER_TOLERANCE and gradients <= GRADIENT_TOLERANCE
+
+    resume = [
+        sys.executable,
+        "-m",
+        "mm_lightning",
+        *modality_parallel_args(data, killed),
+        "--ckpt_path",
+        "last",
+    ]
+    result = run_or_report_hang(resume, timeout=300)
+    assert exit_problems(result.returncode, result.stdout) == [], result.stdout[-5000:]
+    assert "rank 0: image tower" in result.stdout and "rank 1: text tower" in result.stdout
+    # each group read each sample of the epoch once, both the same ones in the same steps
+    epoch = range(IMAGES // 8)
+    assert Counter(rank_samples(killed, 0, epoch)) == Counter(range(IMAGES))
+    assert rank_samples(killed, 1, epoch) == rank_samples(killed, 0, epoch)
+    final = last(ddp_epoch)
+    parameters, gradients = modality_parallel_distances(folder, final)
+    print(
+        f"after {IMAGES // 8} steps, killed and resumed: parameters {parameters:.1e}, gradients {gradients:.1e}"
+    )
+    assert parameters <= PARAMETER_TOLERANCE and gradients <= GRADIENT_TOLERANCE
+
+    # Control: the epoch with one sample of its second half changed (one process, 1 x 8) ends outside both.
+    changed = tmp_path / "changed"
+    changed.mkdir()
+    (changed / "images").symlink_to(data / "images")
+    shutil.copy(data / "val.jsonl", changed / "val.jsonl")
+    lines = (data / "train.jsonl").read_text().splitlines()
+    later = rank_samples(killed, 0, range(KILLED_AT, IMAGES // 8))[0]
+    lines[later] = json.dumps(
+        {**json.loads(lines[later]), "text": ["a tiny green star on a white background"]}
+    )
+    (changed / "train.jsonl").write_text("\n".join(lines) + "\n")
+    assert main(fit_args(changed, tmp_path / "control", 1, 8)) == 0
+    parameters, gradients = modality_parallel_distances(folder, last(tmp_path / "control"))
+    print(f"control, one sample changed: parameters {parameters:.1e}, gradients {gradients:.1e}")
+    assert parameters > PARAMETER_TOLERANCE and gradients > GRADIENT_TOLERANCE
