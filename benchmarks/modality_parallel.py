@@ -42,7 +42,7 @@ WORLD = 2
 WARMUP_STEPS = 2
 VARIANTS = ("ddp", "modality_parallel")
 # a ViT about 3x the demo text tower's forward + backward at 64 px (measured ratio printed by the run)
-IMAGE_TOWER = {"patch_size": 8, "num_layers": 4, "num_heads": 4, "hidden_dim": 192, "mlp_dim": 768}
+IMAGE_TOWER = {"patch_size": 8, "num_layers": 1, "num_heads": 4, "hidden_dim": 128, "mlp_dim": 512}
 
 
 def cli_args(variant: str, steps: int, run_dir: str) -> list[str]:
@@ -127,6 +127,12 @@ def part_times(global_batch: int, reps: int) -> dict[str, float]:
         flat = torch.randn(rows * width, requires_grad=True)
         return lambda: exchange_rows(flat, send, receive).sum().backward()
 
+    def optimizer_step(parameters: list[torch.nn.Parameter]) -> Callable[[], None]:
+        copies = [torch.nn.Parameter(p.detach().clone()) for p in parameters]
+        for copy in copies:
+            copy.grad = torch.randn_like(copy)
+        return torch.optim.AdamW(copies, lr=1e-4).step
+
     def all_reduce(parameters: list[torch.nn.Parameter]) -> Callable[[], None]:
         flat = torch.zeros(sum(p.numel() for p in parameters))
         return lambda: dist.all_reduce(flat)
@@ -143,6 +149,8 @@ def part_times(global_batch: int, reps: int) -> dict[str, float]:
         "reduce_all": median_time(all_reduce([*network.parameters()]), reps),
         "reduce_heads": median_time(all_reduce([network.contrastive.logit_scale]), reps),
         "exchange": median_time(exchange(global_batch), reps),
+        "step_image": median_time(optimizer_step(image_params), reps),
+        "step_text": median_time(optimizer_step(text_params), reps),
         "image_params": sum(p.numel() for p in image_params),
         "text_params": sum(p.numel() for p in text_params),
     }
@@ -198,7 +206,16 @@ def main() -> None:
     )
     print(f"tower cost, forward + backward on the whole batch: image {parts['image_all'] * 1000:.1f} ms, text"
           f" {parts['text_all'] * 1000:.1f} ms (image / text {parts['image_all'] / parts['text_all']:.2f})")  # fmt: skip
-    for name in ("image_half", "text_half", "heads", "reduce_all", "reduce_heads", "exchange"):
+    for name in (
+        "image_half",
+        "text_half",
+        "heads",
+        "reduce_all",
+        "reduce_heads",
+        "exchange",
+        "step_image",
+        "step_text",
+    ):
         print(f"  {name:13s} {parts[name] * 1000:8.1f} ms")
     for variant in VARIANTS:
         print(

@@ -1,4 +1,5 @@
-"""Through the CLI: 2 CPU processes with ``--trainer.strategy ddp_explicit`` (both modes) vs ``ddp``.
+"""Through the CLI: 2 CPU processes with ``--trainer.strategy ddp_explicit`` (both modes), and sharded training
+(``configs/fsdp2.yaml``), vs ``ddp``.
 
 Each run is ``python -m mm_lightning fit`` on the demo config, shrunk to a few steps (Lightning's popen launcher
 starts rank 1); the final checkpoints must hold the same model and optimizer state, bit for bit.
@@ -8,12 +9,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from mm_lightning.checkpoints.sharded import is_sharded_checkpoint, read_entries, read_sharded_checkpoint
+from mm_lightning.models import DualEncoder
 from tests.conftest import tiny_demo_args
+from tests.resilience.test_sharded_training import sharded_moments
 from tests.strategies.launch import REPO
 
 STRATEGY_ARGS = {
@@ -38,21 +43,40 @@ def flat_tensors(tree: Any, prefix: str = "") -> dict[str, torch.Tensor]:
     return {k: v for key, sub in items for k, v in flat_tensors(sub, f"{prefix}/{key}").items()}
 
 
+# Relative L2 distances. Measured: 2 processes FSDP2 vs DDP after 3 clipped steps, parameters 2.1e-8 (the gradient
+# reduction's order: FSDP2 reduce-scatters where DDP all-reduces); one step fewer: see the control.
+SAME_LAYOUT_TOLERANCE = 1e-5
+# every step's checkpoint kept (step=1.ckpt, ...): the sharded strategy's test compares two of DDP's
+STEP_CHECKPOINTS = ["--checkpoint.every_n_train_steps", "1", "--checkpoint.filename", "{step}",
+                    "--checkpoint.save_top_k", "-1"]  # fmt: skip
+
+
+def two_process_args(root: Path, name: str) -> list[str]:
+    """The demo shrunk to 3 deterministic steps of 2 x 8 with every clipping: per tower and heads, then global."""
+    return [
+        *tiny_demo_args(root / name, max_steps=3),
+        "--data.init_args.data_dir", str(root / "demo"),  # generated once, shared by the runs
+        "--data.init_args.batch_size", "8",
+        "--trainer.limit_val_batches", "0",  # last.ckpt is written when training ends
+        "--trainer.accelerator", "cpu",
+        "--trainer.devices", "2",
+        "--trainer.deterministic", "true",
+        "--model.image.clip_norm", "0.1", "--model.optim.clip_heads", "0.2", "--trainer.gradient_clip_val", "0.5",
+    ]  # fmt: skip
+
+
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    root = tmp_path_factory.mktemp("cli_parity")
+def cli_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cli_parity")
+
+
+@pytest.fixture(scope="module")
+def checkpoints(cli_root: Path) -> dict[str, dict[str, Any]]:
+    root = cli_root
     results = {}
     for name, strategy_args in STRATEGY_ARGS.items():
         run_root = root / name
-        args = [
-            *tiny_demo_args(run_root, max_steps=5),
-            "--data.init_args.data_dir", str(root / "demo"),  # generated once, shared by the runs
-            "--data.init_args.batch_size", "8",
-            "--trainer.limit_val_batches", "0",  # last.ckpt is written when training ends
-            "--trainer.accelerator", "cpu",
-            "--trainer.devices", "2",
-            *strategy_args,
-        ]  # fmt: skip
+        args = [*two_process_args(root, name), *strategy_args, *STEP_CHECKPOINTS]
         proc = subprocess.run(
             [sys.executable, "-m", "mm_lightning", "fit", *args],
             cwd=REPO,
@@ -72,7 +96,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str,
 @pytest.mark.parametrize("variant", ["ddp_explicit", "per_parameter"])
 def test_cli_checkpoint_matches_ddp(checkpoints: dict[str, dict[str, Any]], variant: str) -> None:
     ours, ddp = checkpoints[variant], checkpoints["ddp"]
-    assert ours["global_step"] == ddp["global_step"] == 5
+    assert ours["global_step"] == ddp["global_step"] == 3
     assert ours["state_dict"].keys() == ddp["state_dict"].keys()
     differing = [k for k, v in ddp["state_dict"].items() if not torch.equal(v, ours["state_dict"][k])]
     assert differing == []
@@ -88,3 +112,65 @@ def test_cli_runs_trained(checkpoints: dict[str, dict[str, Any]]) -> None:
     moments = flat_tensors(checkpoints["ddp_explicit"]["optimizer_states"])
     assert any(v.abs().sum() > 0 for k, v in moments.items() if k.endswith("exp_avg"))
     assert len(state) > 20
+
+
+def relative(ours: torch.Tensor, theirs: torch.Tensor) -> float:
+    return ((ours.double() - theirs.double()).norm() / theirs.double().norm()).item()
+
+
+def cat(state: dict[str, torch.Tensor], names: list[str]) -> torch.Tensor:
+    return torch.cat([state[name].double().reshape(-1) for name in names])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_sharded_training_matches_ddp_and_each_process_holds_about_half(
+    checkpoints: dict[str, dict[str, Any]], cli_root: Path
+) -> None:
+    """configs/fsdp2.yaml (FSDP2 over the 2 processes) against the DDP run above: weights and AdamW moments after 3
+    clipped steps (the towers' and heads' norms summed over the shards); the checkpoint a folder written half by
+    each process."""
+    fsdp2 = [*two_process_args(cli_root, "fsdp2"), "--config", str(REPO / "configs" / "fsdp2.yaml")]
+    proc = subprocess.run([sys.executable, "-m", "mm_lightning", "fit", *fsdp2], cwd=REPO, capture_output=True,
+                          text=True, timeout=400)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    folder = cli_root / "fsdp2" / "checkpoints" / "last.ckpt"
+    assert is_sharded_checkpoint(folder)
+    shards = sorted(folder.glob("__*_0.distcp"))
+    sizes = [shard.stat().st_size for shard in shards]
+    assert len(shards) == 2 and all(0.4 < size / sum(sizes) < 0.6 for size in sizes), sizes
+
+    ours = read_sharded_checkpoint(folder)
+    assert ours["global_step"] == 3
+    network = DualEncoder.from_checkpoint(folder)  # strict: every weight in its own shape
+    assert torch.equal(network.contrastive.logit_scale, ours["state_dict"]["model.contrastive.logit_scale"])
+    moments = sharded_moments(folder)
+    groups = read_entries(folder, "optimizer_0.param_groups.")
+
+    def distances(ddp: dict[str, Any]) -> tuple[float, float]:
+        weights = [name for name, value in ddp["state_dict"].items() if value.is_floating_point()]
+        theirs = {name: value for name, value in ddp["state_dict"].items()}
+        mine = {name: ours["state_dict"][name] for name in weights}
+        assert all(mine[name].shape == theirs[name].shape for name in weights)  # 0-d parameters read back 0-d
+        # the same optimizer order: DDP numbers the parameters, DCP names them
+        saved = ddp["optimizer_states"][0]
+        pairs = [
+            (index, name)
+            for g, group in enumerate(saved["param_groups"])
+            for index, name in zip(
+                group["params"], groups[f"optimizer_0.param_groups.{g}.params"], strict=True
+            )
+        ]
+        ddp_moments = torch.cat([saved["state"][i]["exp_avg"].double().reshape(-1) for i, _ in pairs])
+        return relative(cat(mine, weights), cat(theirs, weights)), relative(
+            cat(moments, [n for _, n in pairs]), ddp_moments
+        )
+
+    ddp_dir = cli_root / "ddp" / "checkpoints"
+    parameters, gradients = distances(torch.load(ddp_dir / "step=3.ckpt", weights_only=True))
+    print(f"FSDP2 vs DDP after 3 steps: parameters {parameters:.1e}, gradient means {gradients:.1e}")
+    assert parameters <= SAME_LAYOUT_TOLERANCE and gradients <= SAME_LAYOUT_TOLERANCE
+    # Control: DDP one step earlier is far outside.
+    parameters, gradients = distances(torch.load(ddp_dir / "step=2.ckpt", weights_only=True))
+    print(f"control, one step fewer: parameters {parameters:.1e}, gradient means {gradients:.1e}")
+    assert parameters > 100 * SAME_LAYOUT_TOLERANCE and gradients > 100 * SAME_LAYOUT_TOLERANCE

@@ -31,12 +31,19 @@ from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 from typing_extensions import override
 
+from mm_lightning import ExplainedError
 from mm_lightning.extras.explicit_allreduce.reducers import BucketedReducer
 from mm_lightning.extras.sharded_training import DistributedCheckpoints
+from mm_lightning.models.losses.objective import SampleWeighting
 from mm_lightning.models.rules import Batch, Embedded, WholeBatch
 from mm_lightning.models.towers.contract import EncoderOutput
 
 KINDS = ("image", "text")
+ONE_PROCESS = "--trainer.devices 1 --trainer.strategy auto"
+
+
+class ModalityParallelError(ExplainedError, ValueError):
+    """A run that modality parallelism cannot reproduce (named in the message)."""
 
 
 class AbsentTower(nn.Module):
@@ -148,7 +155,7 @@ class ModalityExchange(WholeBatch):
         group = len(self.layout.ranks(self.kind))
         rows = emb.shape[0] * group
         if rows % self.layout.world:
-            raise ValueError(
+            raise ModalityParallelError(
                 f"ModalityParallel: a global batch of {rows} rows does not split into {self.layout.world} equal"
                 " blocks; make data.batch_size x processes a multiple of both groups' sizes"
             )
@@ -274,7 +281,7 @@ class ModalityParallel(DistributedCheckpoints, ModelParallelStrategy):
     def setup_environment(self) -> None:
         super().setup_environment()
         if self.text_processes < 1:
-            raise ValueError(
+            raise ModalityParallelError(
                 f"ModalityParallel: image_processes {self.image_processes} leaves none of the {self.world_size}"
                 " processes for the text tower; set trainer.devices (x num_nodes) above it"
             )
@@ -285,14 +292,14 @@ class ModalityParallel(DistributedCheckpoints, ModelParallelStrategy):
     @override
     def setup(self, trainer: Trainer) -> None:
         if trainer.state.fn != TrainerFn.FITTING:
-            raise RuntimeError(
-                f"ModalityParallel trains only: {trainer.state.fn.value} needs both towers in one process. Run it"
-                " on one process from the checkpoint (without the modality-parallel config)."
+            raise ModalityParallelError(
+                f"ModalityParallel trains only: {trainer.state.fn.value} needs both towers in one process; add"
+                f" {ONE_PROCESS} (the checkpoint folder is read whole)"
             )
         if trainer.limit_val_batches != 0:
-            raise ValueError(
+            raise ModalityParallelError(
                 "ModalityParallel: validation needs both towers in one process; set trainer.limit_val_batches 0"
-                " (configs/modality_parallel.yaml does) and evaluate the checkpoint on one process"
+                f" (configs/modality_parallel.yaml does) and evaluate the checkpoint with {ONE_PROCESS}"
             )
         module = self.lightning_module
         self.check_training(module, trainer)
@@ -318,16 +325,17 @@ class ModalityParallel(DistributedCheckpoints, ModelParallelStrategy):
     def check_training(self, module: LightningModule, trainer: Trainer) -> None:
         """Refuses what this split cannot reproduce, each in one line."""
         if type(module.batch_embedding) is not WholeBatch:
-            raise TypeError(
+            raise ModalityParallelError(
                 f"ModalityParallel embeds each tower on its own processes; model.batch_embedding"
                 f" {type(module.batch_embedding).__name__} cannot run with it"
             )
-        if type(module.objective.sample_weighting).__name__ != "SampleWeighting":
-            raise TypeError(
-                "ModalityParallel: model.sample_weighting reads a batch's rows; use equal weights"
+        if type(module.objective.sample_weighting) is not SampleWeighting:
+            raise ModalityParallelError(
+                "ModalityParallel: model.sample_weighting reads a batch's rows, which the towers' processes"
+                " split; train with equal weights"
             )
         if module.optim_config.clip_heads is not None or trainer.gradient_clip_val:
-            raise ValueError(
+            raise ModalityParallelError(
                 "ModalityParallel: clipping the heads or all gradients needs norms over both groups;"
                 " clip per tower (model.image.clip_norm, model.text.clip_norm)"
             )
