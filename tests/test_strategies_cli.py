@@ -1,14 +1,14 @@
-"""Through the CLI: 2 CPU processes with ``--trainer.strategy ddp_explicit`` (both modes), and sharded training
-(``configs/fsdp2.yaml``), vs ``ddp``.
+"""Through the CLI: 2 CPU processes with ``--trainer.strategy ddp_explicit``, and sharded training
+(``configs/fsdp2.yaml``), vs ``ddp`` (the explicit strategy's other modes: tests/test_strategies.py, in process;
+their options through the CLI's parser: tests/test_configs.py).
 
-Each run is ``python -m mm_lightning fit`` on the demo config, shrunk to a few steps (Lightning's popen launcher
-starts rank 1); the final checkpoints must hold the same model and optimizer state, bit for bit.
+Each run is ``python -m mm_lightning fit`` on the demo config, shrunk to a few steps, on 2 processes started
+together as torchrun starts them; the explicit strategy's final checkpoint must hold DDP's model and optimizer
+state, bit for bit.
 """
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,18 +19,11 @@ from mm_lightning.checkpoints.sharded import is_sharded_checkpoint, read_entries
 from mm_lightning.models import DualEncoder
 from tests.conftest import tiny_demo_args
 from tests.resilience.test_sharded_training import sharded_moments
-from tests.strategies.launch import REPO
+from tests.strategies.launch import REPO, run_ranks
 
 STRATEGY_ARGS = {
     "ddp": ["--trainer.strategy", "ddp"],
     "ddp_explicit": ["--trainer.strategy", "ddp_explicit"],
-    # A string strategy name takes no nested options; the class does (as in configs/ddp_explicit.yaml).
-    "per_parameter": [
-        "--trainer.strategy",
-        "mm_lightning.extras.ExplicitAllReduceDDPStrategy",
-        "--trainer.strategy.mode",
-        "per_parameter",
-    ],
 }
 
 
@@ -65,6 +58,13 @@ def two_process_args(root: Path, name: str) -> list[str]:
     ]  # fmt: skip
 
 
+def fit_on_two_processes(args: list[str], logs: Path) -> None:
+    """``python -m mm_lightning fit <args>`` on 2 processes started together, as torchrun starts them."""
+    logs.mkdir()
+    for rank, result in enumerate(run_ranks(["-m", "mm_lightning", "fit", *args], logs, 2, timeout=400)):
+        assert result.returncode == 0, f"rank {rank}:\n{result.output[-4000:]}"
+
+
 @pytest.fixture(scope="module")
 def cli_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("cli_parity")
@@ -77,14 +77,7 @@ def checkpoints(cli_root: Path) -> dict[str, dict[str, Any]]:
     for name, strategy_args in STRATEGY_ARGS.items():
         run_root = root / name
         args = [*two_process_args(root, name), *strategy_args, *STEP_CHECKPOINTS]
-        proc = subprocess.run(
-            [sys.executable, "-m", "mm_lightning", "fit", *args],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=400,
-        )
-        assert proc.returncode == 0, f"{name}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+        fit_on_two_processes(args, root / f"{name}.logs")
         results[name] = torch.load(
             run_root / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False
         )
@@ -93,9 +86,8 @@ def checkpoints(cli_root: Path) -> dict[str, dict[str, Any]]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("variant", ["ddp_explicit", "per_parameter"])
-def test_cli_checkpoint_matches_ddp(checkpoints: dict[str, dict[str, Any]], variant: str) -> None:
-    ours, ddp = checkpoints[variant], checkpoints["ddp"]
+def test_cli_checkpoint_matches_ddp(checkpoints: dict[str, dict[str, Any]]) -> None:
+    ours, ddp = checkpoints["ddp_explicit"], checkpoints["ddp"]
     assert ours["global_step"] == ddp["global_step"] == 3
     assert ours["state_dict"].keys() == ddp["state_dict"].keys()
     differing = [k for k, v in ddp["state_dict"].items() if not torch.equal(v, ours["state_dict"][k])]
@@ -131,9 +123,7 @@ def test_sharded_training_matches_ddp_and_each_process_holds_about_half(
     clipped steps (the towers' and heads' norms summed over the shards); the checkpoint a folder written half by
     each process."""
     fsdp2 = [*two_process_args(cli_root, "fsdp2"), "--config", str(REPO / "configs" / "fsdp2.yaml")]
-    proc = subprocess.run([sys.executable, "-m", "mm_lightning", "fit", *fsdp2], cwd=REPO, capture_output=True,
-                          text=True, timeout=400)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    fit_on_two_processes(fsdp2, cli_root / "fsdp2.logs")
     folder = cli_root / "fsdp2" / "checkpoints" / "last.ckpt"
     assert is_sharded_checkpoint(folder)
     shards = sorted(folder.glob("__*_0.distcp"))

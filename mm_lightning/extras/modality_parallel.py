@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 from typing_extensions import override
@@ -36,7 +36,7 @@ from mm_lightning.extras.explicit_allreduce.reducers import BucketedReducer
 from mm_lightning.extras.sharded_training import DistributedCheckpoints
 from mm_lightning.models.losses.objective import SampleWeighting
 from mm_lightning.models.rules import Batch, Embedded, WholeBatch
-from mm_lightning.models.towers.contract import EncoderOutput
+from mm_lightning.models.towers.contract import EncoderOutput, batchnorm_layers
 
 KINDS = ("image", "text")
 ONE_PROCESS = "--trainer.devices 1 --trainer.strategy auto"
@@ -235,8 +235,8 @@ class ModalityParallel(DistributedCheckpoints, ModelParallelStrategy):
     """The image tower on the first ``image_processes`` processes, the text tower on the rest; each process holds
     its tower, its projection and the shared heads, and their optimizer state (see the module's docs).
 
-    Checkpoints are folders (torch's distributed checkpoint): each group writes its tower, and a resume on another
-    split of the processes re-reads them. Validation, test and prediction run on one process from a checkpoint.
+    Checkpoints are folders (torch's distributed checkpoint): each group writes its tower, and a resume reads each
+    process's part by name. Validation, test and prediction run on one process from a checkpoint.
 
     Args:
         image_processes: processes running the image tower; the others run the text tower.
@@ -307,6 +307,7 @@ class ModalityParallel(DistributedCheckpoints, ModelParallelStrategy):
         for tensor in network.state_dict().values():  # DDP starts every process from rank 0's weights
             dist.broadcast(tensor, src=0)
         token_dims = {kind: getattr(getattr(network, f"{kind}_encoder"), "token_dim", 0) for kind in KINDS}
+        self.warn_of_batch_statistics(network)
         other = "text" if self.kind == "image" else "image"
         setattr(network, f"{other}_encoder", AbsentTower(other, self.layout.ranks(other)))
         setattr(network, f"{other}_proj", AbsentTower(other, self.layout.ranks(other)))
@@ -339,6 +340,20 @@ class ModalityParallel(DistributedCheckpoints, ModelParallelStrategy):
                 "ModalityParallel: clipping the heads or all gradients needs norms over both groups;"
                 " clip per tower (model.image.clip_norm, model.text.clip_norm)"
             )
+
+    def warn_of_batch_statistics(self, network: nn.Module) -> None:
+        """BatchNorm in training mode normalizes over a process's rows, which differ from DDP's: say so once."""
+        assert self.layout is not None
+        for kind in KINDS:
+            tower = getattr(network, f"{kind}_encoder")
+            if any(layer.training for layer in batchnorm_layers(tower).values()):
+                processes = len(self.layout.ranks(kind))
+                rank_zero_warn(
+                    f"ModalityParallel: the {kind} tower's BatchNorm normalizes over each of its {processes}"
+                    f" process(es)' share of the global batch, where DDP on {self.world_size} processes normalizes"
+                    " over each process's: the run is not DDP's step for step. model."
+                    f"{kind}.freeze_batchnorm keeps the statistics fixed."
+                )
 
     def report_towers(self, own: list[nn.Parameter], shared: list[nn.Parameter]) -> None:
         """Says which process holds which tower, and how many parameters (rank 0 prints it)."""

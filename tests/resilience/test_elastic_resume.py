@@ -9,6 +9,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -30,7 +31,7 @@ from mm_lightning.data.resume import ResumableDataLoader
 from mm_lightning.models.optim import param_groups
 from tests.conftest import DEMO_CONFIG, REPO, callback_args
 from tests.resilience.helpers import recorded_samples
-from tests.strategies.launch import free_port, kill_all
+from tests.strategies.launch import RankResult, free_port, kill_all, run_ranks
 from tests.test_process_exit import exit_problems, run_or_report_hang
 
 unpatched = ResumableDataLoader.load_position
@@ -101,13 +102,23 @@ def fit_args(
     ]  # fmt: skip
 
 
-def launch(args: list[str], killed: bool = False) -> None:
-    """Runs ``python -m mm_lightning <args>``: it ends cleanly, or by the SIGKILL it was told to send itself."""
-    result = run_or_report_hang([sys.executable, "-m", "mm_lightning", *args], timeout=300)
-    if killed:
-        assert result.returncode == -9 and "Traceback" not in result.stdout, result.stdout[-5000:]
+def launch(args: list[str], killed: bool = False) -> list[str]:
+    """Runs ``python -m mm_lightning <args>``, every process at once as torchrun starts them (Lightning's own
+    launcher starts the others only once the first has built its trainer); each ends cleanly, or by the SIGKILL it
+    was told to send itself. Returns each process's output."""
+    world = int(args[args.index("--trainer.devices") + 1])
+    if world == 1:
+        done = run_or_report_hang([sys.executable, "-m", "mm_lightning", *args], timeout=300)
+        results = [RankResult(done.returncode, done.stdout)]
     else:
-        assert exit_problems(result.returncode, result.stdout) == [], result.stdout[-5000:]
+        with tempfile.TemporaryDirectory() as logs:
+            results = run_ranks(["-m", "mm_lightning", *args], Path(logs), world, timeout=300)
+    for result in results:
+        if killed:
+            assert result.returncode == -9 and "Traceback" not in result.output, result.output[-5000:]
+        else:
+            assert exit_problems(result.returncode, result.output) == [], result.output[-5000:]
+    return [result.output for result in results]
 
 
 @pytest.fixture(scope="module")
@@ -432,17 +443,8 @@ def test_modality_parallel_equals_ddp_and_resumes_exactly(
     print(f"after {KILLED_AT} steps: parameters {parameters:.1e}, gradient means {gradients:.1e}")
     assert parameters <= PARAMETER_TOLERANCE and gradients <= GRADIENT_TOLERANCE
 
-    resume = [
-        sys.executable,
-        "-m",
-        "mm_lightning",
-        *modality_parallel_args(data, killed),
-        "--ckpt_path",
-        "last",
-    ]
-    result = run_or_report_hang(resume, timeout=300)
-    assert exit_problems(result.returncode, result.stdout) == [], result.stdout[-5000:]
-    assert "rank 0: image tower" in result.stdout and "rank 1: text tower" in result.stdout
+    outputs = launch([*modality_parallel_args(data, killed), "--ckpt_path", "last"])
+    assert "rank 0: image tower" in outputs[0] and "rank 1: text tower" in outputs[0]
     # each group read each sample of the epoch once, both the same ones in the same steps
     epoch = range(IMAGES // 8)
     assert Counter(rank_samples(killed, 0, epoch)) == Counter(range(IMAGES))

@@ -37,6 +37,7 @@ def global_batch(kind: str) -> dict[str, torch.Tensor]:
 
 
 def worker(rank: int, port: int, out: str) -> None:
+    torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=LAYOUT.world)
     for differentiable in (True, False):
@@ -73,7 +74,10 @@ def run(tmp_path: Path) -> dict[str, list[dict]]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    mp.spawn(worker, args=(port, str(tmp_path)), nprocs=LAYOUT.world, join=True)
+    # forked: the processes need none of their own imports (tensors of a few rows, one thread each)
+    mp.start_processes(
+        worker, args=(port, str(tmp_path)), nprocs=LAYOUT.world, join=True, start_method="fork"
+    )
     return {
         mode: [torch.load(tmp_path / f"rank{rank}_{mode}.pt") for rank in range(LAYOUT.world)]
         for mode in ("graph", "detached")
