@@ -1,5 +1,6 @@
 """Modality parallelism: the image tower trains on one group of processes and the text tower on another, each
-group data-parallel inside itself, with the same losses and gradients as DDP on all the processes.
+group data-parallel inside itself, with the same losses and gradients as DDP on all the processes (up to the
+towers' own random draws, dropout, and BatchNorm's statistics, which cover each process's rows).
 
 With ``W`` processes, ranks ``0 .. a-1`` hold the image tower and its projection, ranks ``a .. W-1`` the text
 tower and its projection; every rank holds the shared heads (temperature, fusion, matching head). A step:
@@ -33,6 +34,7 @@ from typing_extensions import override
 
 from mm_lightning import ExplainedError
 from mm_lightning.extras.explicit_allreduce.reducers import BucketedReducer
+from mm_lightning.extras.feature_cache import LockedImageFeatures
 from mm_lightning.extras.sharded_training import DistributedCheckpoints
 from mm_lightning.models.losses.objective import SampleWeighting
 from mm_lightning.models.rules import Batch, Embedded, WholeBatch
@@ -152,13 +154,7 @@ class ModalityExchange(WholeBatch):
             out, emb = model.encode_images(batch["image"])
         else:
             out, emb = model.encode_text(batch)
-        group = len(self.layout.ranks(self.kind))
-        rows = emb.shape[0] * group
-        if rows % self.layout.world:
-            raise ModalityParallelError(
-                f"ModalityParallel: a global batch of {rows} rows does not split into {self.layout.world} equal"
-                " blocks; make data.batch_size x processes a multiple of both groups' sizes"
-            )
+        rows = emb.shape[0] * len(self.layout.ranks(self.kind))
         tokens = out if model.itm is not None else None
         (image_out, image_emb), (text_out, text_emb) = self.exchange(rows, emb, tokens)
         self.rows = {"image_id": self.exchange_ids(batch["image_id"], rows)}
@@ -303,7 +299,7 @@ class ModalityParallel(DistributedCheckpoints, ModelParallelStrategy):
             )
         module = self.lightning_module
         self.check_training(module, trainer)
-        network = module.model
+        network = module.model.to(self.root_device)  # NCCL broadcasts device tensors only
         for tensor in network.state_dict().values():  # DDP starts every process from rank 0's weights
             dist.broadcast(tensor, src=0)
         token_dims = {kind: getattr(getattr(network, f"{kind}_encoder"), "token_dim", 0) for kind in KINDS}
@@ -340,6 +336,24 @@ class ModalityParallel(DistributedCheckpoints, ModelParallelStrategy):
                 "ModalityParallel: clipping the heads or all gradients needs norms over both groups;"
                 " clip per tower (model.image.clip_norm, model.text.clip_norm)"
             )
+        if getattr(self.precision_plugin, "scaler", None) is not None:  # each group would skip its own steps
+            raise ModalityParallelError(
+                "ModalityParallel: fp16's loss scaling skips a step on the processes whose gradients overflowed"
+                " only; train in bf16-mixed or 32-true"
+            )
+        if any(isinstance(callback, LockedImageFeatures) for callback in trainer.callbacks):
+            raise ModalityParallelError(
+                "ModalityParallel: LockedImageFeatures encodes images on every process; the text tower's processes"
+                " hold no image tower"
+            )
+        batch_size = getattr(trainer.datamodule, "hparams", {}).get("batch_size")
+        groups = (self.image_processes, self.text_processes)
+        if batch_size is not None and any(batch_size * self.world_size % processes for processes in groups):
+            raise ModalityParallelError(
+                f"ModalityParallel: a global batch of data.batch_size {batch_size} x {self.world_size} processes"
+                f" does not split over {self.image_processes} image and {self.text_processes} text processes;"
+                " choose a batch size that makes it a multiple of both"
+            )
 
     def warn_of_batch_statistics(self, network: nn.Module) -> None:
         """BatchNorm in training mode normalizes over a process's rows, which differ from DDP's: say so once."""
@@ -368,8 +382,22 @@ class ModalityParallel(DistributedCheckpoints, ModelParallelStrategy):
 
     @override
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        sampler = self.lightning_module.trainer.train_dataloader.sampler
+        if (
+            getattr(sampler, "order_follows_batch_size", False)
+            and self.image_processes != self.text_processes
+        ):
+            raise ModalityParallelError(
+                "ModalityParallel: the training order is cut into groups of each reader's batch, which differ"
+                " between the towers' processes; use the default data.train_order"
+            )
         self.broadcast_buffers()
         return super().training_step(*args, **kwargs)
+
+    @override
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        self.broadcast_buffers()  # saved from any process: all hold their group's first process's, as DDP's
+        return super().lightning_module_state_dict()
 
     def broadcast_buffers(self) -> None:
         """As DDP before each forward: each tower's buffers (BatchNorm statistics) from its group's first
