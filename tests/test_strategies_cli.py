@@ -18,7 +18,7 @@ import torch
 from mm_lightning.checkpoints.sharded import is_sharded_checkpoint, read_entries, read_sharded_checkpoint
 from mm_lightning.models import DualEncoder
 from tests.conftest import tiny_demo_args
-from tests.resilience.test_sharded_training import sharded_moments
+from tests.resilience.test_sharded_training import cat, relative, sharded_moments
 from tests.strategies.launch import REPO, run_ranks
 
 STRATEGY_ARGS = {
@@ -104,14 +104,6 @@ def test_cli_runs_trained(checkpoints: dict[str, dict[str, Any]]) -> None:
     moments = flat_tensors(checkpoints["ddp_explicit"]["optimizer_states"])
     assert any(v.abs().sum() > 0 for k, v in moments.items() if k.endswith("exp_avg"))
     assert len(state) > 20
-
-
-def relative(ours: torch.Tensor, theirs: torch.Tensor) -> float:
-    return ((ours.double() - theirs.double()).norm() / theirs.double().norm()).item()
-
-
-def cat(state: dict[str, torch.Tensor], names: list[str]) -> torch.Tensor:
-    return torch.cat([state[name].double().reshape(-1) for name in names])
 
 
 @pytest.mark.slow

@@ -381,7 +381,8 @@ class ModalityParallel(DistributedCheckpoints, ModelParallelStrategy):
         rank_zero_info(f"ModalityParallel: {held}")
 
     @override
-    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+    def on_train_start(self) -> None:
+        super().on_train_start()
         sampler = self.lightning_module.trainer.train_dataloader.sampler
         if (
             getattr(sampler, "order_follows_batch_size", False)
@@ -391,6 +392,9 @@ class ModalityParallel(DistributedCheckpoints, ModelParallelStrategy):
                 "ModalityParallel: the training order is cut into groups of each reader's batch, which differ"
                 " between the towers' processes; use the default data.train_order"
             )
+
+    @override
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
         self.broadcast_buffers()
         return super().training_step(*args, **kwargs)
 

@@ -220,11 +220,13 @@ def test_the_same_global_batch_on_fewer_processes_gives_the_uninterrupted_weight
     assert parameters > 10 * PARAMETER_TOLERANCE and gradients > 1000 * GRADIENT_TOLERANCE
 
 
+def relative(ours: torch.Tensor, theirs: torch.Tensor) -> float:
+    """Relative L2 distance, in float64."""
+    return ((ours.double() - theirs.double()).norm() / theirs.double().norm()).item()
+
+
 def distances(checkpoint: dict[str, Any], reference: dict[str, Any]) -> tuple[float, float]:
     """Relative L2 distances of the parameters and of AdamW's running mean of the gradients."""
-
-    def relative(ours: torch.Tensor, theirs: torch.Tensor) -> float:
-        return ((ours - theirs).norm() / theirs.norm()).item()
 
     def weights(ckpt: dict[str, Any]) -> torch.Tensor:
         state = ckpt["state_dict"]
@@ -357,16 +359,12 @@ def test_a_two_source_mixture_killed_on_2_processes_resumes_on_3_and_1_with_its_
     assert last(on_one)["global_step"] == KILLED_AT + 18
 
 
-def relative_l2(ours: torch.Tensor, theirs: torch.Tensor) -> float:
-    return ((ours.double() - theirs.double()).norm() / theirs.double().norm()).item()
-
-
 def modality_parallel_distances(folder: Path, ddp: dict[str, Any]) -> tuple[float, float]:
     """Parameters and AdamW exp_avg of a modality-parallel checkpoint against a DDP one."""
     ours = read_sharded_checkpoint(folder)
     assert ours["global_step"] == ddp["global_step"]
     names = [name for name, value in ddp["state_dict"].items() if value.is_floating_point()]
-    weights = relative_l2(
+    weights = relative(
         torch.cat([ours["state_dict"][n].reshape(-1) for n in names]),
         torch.cat([ddp["state_dict"][n].reshape(-1) for n in names]),
     )
@@ -377,7 +375,7 @@ def modality_parallel_distances(folder: Path, ddp: dict[str, Any]) -> tuple[floa
         if key.endswith(suffix)
     }
     saved = ddp["optimizer_states"][0]
-    gradients = relative_l2(
+    gradients = relative(
         torch.cat([moments[name].reshape(-1) for name in ddp_optimizer_order(ddp, moments)]),
         torch.cat(
             [

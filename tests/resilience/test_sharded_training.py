@@ -24,6 +24,7 @@ from tests.resilience.test_elastic_resume import (
     data,
     fit_args,
     launch,
+    relative,
     resumed_copy,
     seen_in,
 )
@@ -33,10 +34,6 @@ OVERLAY = ["--config", str(REPO / "configs" / "fsdp2.yaml")]
 # A resume on another number of processes, against an uninterrupted run (as tests/resilience/test_elastic_resume.py).
 PARAMETER_TOLERANCE, GRADIENT_TOLERANCE = 1e-4, 1e-5
 unpatched = ResumableDataLoader.load_position
-
-
-def relative(ours: torch.Tensor, theirs: torch.Tensor) -> float:
-    return ((ours.double() - theirs.double()).norm() / theirs.double().norm()).item()
 
 
 def sharded_moments(folder: Path) -> dict[str, torch.Tensor]:
