@@ -1,12 +1,12 @@
 """Modality parallelism: the image tower trains on one group of processes and the text tower on another, each
-group data-parallel inside itself, with the same losses and gradients as DDP on all the processes (up to the
-towers' own random draws, dropout, and BatchNorm's statistics, which cover each process's rows).
+group data-parallel inside itself, with the same losses and gradients as DDP on all the processes.
 
 With ``W`` processes, ranks ``0 .. a-1`` hold the image tower and its projection, ranks ``a .. W-1`` the text
 tower and its projection; every rank holds the shared heads (temperature, fusion, matching head). A step:
 
 1. Each group reads the whole global batch ``G`` (``data.batch_size`` x ``W``), each of its ranks ``G / a`` (or
-   ``G / b``) rows of it, and runs only its own tower over them.
+   ``G / b``) rows of it, and runs only its own tower over them: one forward per DDP rank's rows, each drawing
+   dropout as that rank would and normalizing BatchNorm over those rows (exact when ``a`` and ``b`` divide ``W``).
 2. One exchange moves the embeddings (and the token features the matching head reads) so that rank ``r`` holds
    rows ``[r G/W, (r+1) G/W)`` of both modalities: what DDP's rank ``r`` holds. Its backward sends the gradients
    back to the rows' owners.
@@ -35,7 +35,9 @@ from typing_extensions import override
 from mm_lightning import ExplainedError
 from mm_lightning.extras.explicit_allreduce.reducers import BucketedReducer
 from mm_lightning.extras.feature_cache import LockedImageFeatures
+from mm_lightning.extras.gradient_caching import dropout_layers
 from mm_lightning.extras.sharded_training import DistributedCheckpoints
+from mm_lightning.models.draws import seed_part
 from mm_lightning.models.losses.objective import SampleWeighting
 from mm_lightning.models.rules import Batch, Embedded, WholeBatch
 from mm_lightning.models.towers.contract import EncoderOutput, batchnorm_layers
@@ -92,6 +94,20 @@ class Layout:
         share = rows // self.world
         return rank * share, (rank + 1) * share
 
+    def pieces(self, rank: int, rows: int) -> list[tuple[int, slice]]:
+        """``(DDP rank, its rows among this process's own)`` for each DDP rank whose rows ``rank`` embeds."""
+        start, end = self.owned(rank, rows)
+        out = []
+        for other in range(self.world):
+            low, high = self.block(other, rows)
+            if max(low, start) < min(high, end):
+                out.append((other, slice(max(low, start) - start, min(high, end) - start)))
+        return out
+
+    def whole_blocks(self) -> bool:
+        """Whether each DDP rank's rows are embedded by one process (each group's size divides the world)."""
+        return all(self.world % size == 0 for size in (self.image_processes, self.text_processes))
+
     def sends(self, rank: int, rows: int) -> list[int]:
         """How many of its own rows ``rank`` sends to each process (itself included)."""
         start, end = self.owned(rank, rows)
@@ -144,21 +160,52 @@ class ModalityExchange(WholeBatch):
         rank: this process's rank.
         token_dims: each tower's token width (the matching head's input), by kind."""
 
-    def __init__(self, layout: Layout, rank: int, token_dims: dict[str, int]) -> None:
+    def __init__(
+        self, layout: Layout, rank: int, token_dims: dict[str, int], pad_to_multiple_of: int | None = None
+    ) -> None:
         self.layout, self.rank, self.kind = layout, rank, layout.kind(rank)
-        self.token_dims = token_dims
+        self.token_dims, self.pad_to_multiple_of = token_dims, pad_to_multiple_of
         self.rows: Batch = {}
 
     def embed(self, model: Any, batch: Batch) -> Embedded:
-        if self.kind == "image":
-            out, emb = model.encode_images(batch["image"])
-        else:
-            out, emb = model.encode_text(batch)
-        rows = emb.shape[0] * len(self.layout.ranks(self.kind))
-        tokens = out if model.itm is not None else None
-        (image_out, image_emb), (text_out, text_emb) = self.exchange(rows, emb, tokens)
+        rows = batch["image_id"].shape[0] * len(self.layout.ranks(self.kind))
+        out, emb = self.own_tower(model, batch, rows)
+        (image_out, image_emb), (text_out, text_emb) = self.exchange(
+            rows, emb, out if model.itm is not None else None
+        )
+        if model.itm is not None:  # DDP's text tokens: padded to its own rows' longest caption
+            length = padded_length(text_out.mask, self.pad_to_multiple_of)
+            text_out = EncoderOutput(text_out.pooled, text_out.tokens[:, :length], text_out.mask[:, :length])
         self.rows = {"image_id": self.exchange_ids(batch["image_id"], rows)}
         return image_out, image_emb, text_out, text_emb
+
+    def own_tower(self, model: Any, batch: Batch, rows: int) -> tuple[EncoderOutput, Tensor]:
+        """This process's tower over its rows, one forward per DDP rank's rows, as that rank runs it: its own
+        dropout draws, BatchNorm over its rows, its captions padded to their longest. The running statistics
+        kept are the first forward's (DDP keeps its first process's)."""
+        layers = [
+            layer
+            for part in (getattr(model, f"{self.kind}_encoder"), getattr(model, f"{self.kind}_proj"))
+            for layer in batchnorm_layers(part).values()
+        ]
+        first = [dict(layer.named_buffers(recurse=False)) for layer in layers]
+        parts = []
+        for index, (ddp_rank, rows_of) in enumerate(self.layout.pieces(self.rank, rows)):
+            if index:  # later forwards update copies (the first's tensors are saved for its backward)
+                for layer, buffers in zip(layers, first, strict=True):
+                    for name, buffer in buffers.items():
+                        setattr(layer, name, buffer.detach().clone())
+            seed_part(self.kind, rank=ddp_rank)
+            if self.kind == "image":
+                parts.append(model.encode_images(batch["image"][rows_of]))
+            else:
+                parts.append(model.encode_text(caption_rows(batch, rows_of, self.pad_to_multiple_of)))
+        for layer, buffers in zip(layers, first, strict=True):
+            for name, buffer in buffers.items():
+                setattr(layer, name, buffer)
+        if len(parts) == 1:
+            return parts[0]
+        return joined([(emb, out.tokens, out.mask) for out, emb in parts], with_tokens=True)
 
     def loss_rows(self, batch: Batch) -> Batch:
         """The image ids of this process's block (what the loss reads of a batch)."""
@@ -216,8 +263,24 @@ class ModalityExchange(WholeBatch):
         return out
 
 
+def caption_rows(batch: Batch, rows: slice, pad_to_multiple_of: int | None) -> Batch:
+    """The captions of ``rows``, padded as a batch of only them would be (to their longest)."""
+    length = padded_length(batch["attention_mask"][rows], pad_to_multiple_of)
+    keys = ("input_ids", "attention_mask", "token_type_ids")
+    return {key: batch[key][rows, :length] for key in keys if batch.get(key) is not None}
+
+
+def padded_length(mask: Tensor, pad_to_multiple_of: int | None) -> int:
+    """The token length the collate pads rows with this attention ``mask`` to: their longest, rounded up."""
+    longest = int(mask.sum(1).max())
+    if pad_to_multiple_of:
+        longest = -(-longest // pad_to_multiple_of) * pad_to_multiple_of
+    return min(longest, mask.shape[1])
+
+
 def joined(parts: list[tuple[Tensor, Tensor, Tensor]], with_tokens: bool) -> tuple[EncoderOutput, Tensor]:
-    """One kind's ``(output, embedding)`` from the pieces its processes sent, tokens padded to the longest."""
+    """One kind's ``(output, embedding)`` from pieces ``(embedding, tokens, mask)``, tokens padded to the
+    longest."""
     emb = torch.cat([part[0] for part in parts])
     if not with_tokens:  # the loss reads the embeddings only
         return EncoderOutput(emb, emb[:, None], torch.ones_like(emb[:, :1], dtype=torch.bool)), emb
@@ -303,11 +366,14 @@ class ModalityParallel(DistributedCheckpoints, ModelParallelStrategy):
         for tensor in network.state_dict().values():  # DDP starts every process from rank 0's weights
             dist.broadcast(tensor, src=0)
         token_dims = {kind: getattr(getattr(network, f"{kind}_encoder"), "token_dim", 0) for kind in KINDS}
-        self.warn_of_batch_statistics(network)
+        self.warn_if_inexact(network)
         other = "text" if self.kind == "image" else "image"
         setattr(network, f"{other}_encoder", AbsentTower(other, self.layout.ranks(other)))
         setattr(network, f"{other}_proj", AbsentTower(other, self.layout.ranks(other)))
-        module.batch_embedding = ModalityExchange(self.layout, self.global_rank, token_dims)
+        collate = getattr(trainer.datamodule, "collate", None)
+        module.batch_embedding = ModalityExchange(
+            self.layout, self.global_rank, token_dims, getattr(collate, "pad_to_multiple_of", None)
+        )
         super().setup(trainer)
         own = [p for name, p in network.named_parameters() if owned_by(name, self.kind) and p.requires_grad]
         owned = {id(p) for p in own}
@@ -355,18 +421,24 @@ class ModalityParallel(DistributedCheckpoints, ModelParallelStrategy):
                 " choose a batch size that makes it a multiple of both"
             )
 
-    def warn_of_batch_statistics(self, network: nn.Module) -> None:
-        """BatchNorm in training mode normalizes over a process's rows, which differ from DDP's: say so once."""
+    def warn_if_inexact(self, network: nn.Module) -> None:
+        """A group whose size does not divide the world embeds some DDP rank's rows on two processes: its
+        BatchNorm statistics and dropout draws then differ from DDP's. Says so once, naming the layers."""
         assert self.layout is not None
+        if self.layout.whole_blocks():
+            return
         for kind in KINDS:
             tower = getattr(network, f"{kind}_encoder")
-            if any(layer.training for layer in batchnorm_layers(tower).values()):
-                processes = len(self.layout.ranks(kind))
+            layers = [name for name, layer in batchnorm_layers(tower).items() if layer.training]
+            layers += dropout_layers(tower) if tower.training else []
+            if layers:
+                sizes = (self.image_processes, self.text_processes)
                 rank_zero_warn(
-                    f"ModalityParallel: the {kind} tower's BatchNorm normalizes over each of its {processes}"
-                    f" process(es)' share of the global batch, where DDP on {self.world_size} processes normalizes"
-                    " over each process's: the run is not DDP's step for step. model."
-                    f"{kind}.freeze_batchnorm keeps the statistics fixed."
+                    f"ModalityParallel: {sizes[0]} image and {sizes[1]} text processes do not each divide the"
+                    f" {self.world_size} processes, so some rows DDP embeds on one process are split over two: the"
+                    f" {kind} tower's {', '.join(layers[:4])} (BatchNorm statistics, dropout draws) then differ"
+                    " from DDP's and the run is not DDP's step for step. Choose group sizes that divide the"
+                    f" world, or model.{kind}.freeze_batchnorm and dropout 0."
                 )
 
     def report_towers(self, own: list[nn.Parameter], shared: list[nn.Parameter]) -> None:

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import is_dataclass
 from typing import Any
 
@@ -15,7 +14,6 @@ from typing_extensions import override
 
 from mm_lightning.data.records import STAND_IN_KEY
 from mm_lightning.data.resume import planned_steps, rescale_for_global_batch
-from mm_lightning.data.seeding import derive_seed, global_seed
 from mm_lightning.evaluation.rerank import Reranker
 from mm_lightning.logging_steps import ends_epoch_or_run, loggers_write_this_step
 from mm_lightning.models.config import (
@@ -29,6 +27,7 @@ from mm_lightning.models.config import (
     OptimConfig,
     TowerTraining,
 )
+from mm_lightning.models.draws import batch_draws, seed_part
 from mm_lightning.models.dual_encoder import DualEncoder
 from mm_lightning.models.losses.objective import BatchLoss, Objective, SampleWeighting, TermWeighting
 from mm_lightning.models.optim import clip_gradients, optimizer_and_schedule
@@ -167,6 +166,7 @@ class MultimodalModule(LightningModule):
         with batch_draws(self.running_trainer(), self.device):
             embedded = self.batch_embedding.embed(self.model, batch)
             rows = self.batch_embedding.loss_rows(batch)
+            seed_part("loss")
             loss = self.objective(self.model, rows, embedded)
         self.log_training(loss, batch_size=rows["image_id"].shape[0])
         return loss.total
@@ -299,22 +299,3 @@ class MultimodalModule(LightningModule):
         clip_gradients(
             self, optimizer, towers, self.optim_config.clip_heads, gradient_clip_val, gradient_clip_algorithm
         )
-
-
-@contextmanager
-def batch_draws(trainer: Trainer | None, device: torch.device) -> Iterator[None]:
-    """Seeds the random draws of a training batch (dropout, hard negatives) from the run's seed, the batch's
-    index and the rank, so that a resumed run draws the same as an uninterrupted one; the generators' states
-    are restored on exit, so what the rest of the process draws does not depend on it. No-op outside a fit."""
-    fit_loop = getattr(trainer, "fit_loop", None)  # none under Fabric
-    if fit_loop is None or not getattr(trainer, "training", False):  # no fit running: a plain loop
-        yield
-        return
-    # total_batch_idx is restored from a checkpoint: the seed of a batch survives a resume
-    seed = derive_seed(global_seed(), (fit_loop.total_batch_idx, trainer.global_rank))
-    accelerated = device.type != "cpu"
-    with torch.random.fork_rng(devices=[device] if accelerated else [], device_type=device.type):
-        torch.default_generator.manual_seed(seed)
-        if accelerated:
-            getattr(torch, device.type).manual_seed(seed)  # the current device's generator (the module's)
-        yield

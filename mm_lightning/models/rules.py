@@ -13,6 +13,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from mm_lightning.evaluation.rerank import Reranker
+from mm_lightning.models.draws import seed_part
 from mm_lightning.models.losses.objective import SampleWeighting, TermWeighting
 from mm_lightning.models.towers.contract import EncoderOutput
 from mm_lightning.recorded import Recorded
@@ -44,7 +45,9 @@ class WholeBatch(Recorded):
 
     def embed(self, model: Any, batch: Batch) -> Embedded:
         """``(image_out, image_emb, text_out, text_emb)`` of the batch, with their graphs."""
+        seed_part("image")
         image_out, image_emb = model.encode_images(batch["image"])
+        seed_part("text")
         text_out, text_emb = model.encode_text(batch)
         return image_out, image_emb, text_out, text_emb
 
