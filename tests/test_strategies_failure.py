@@ -12,7 +12,7 @@ import pytest
 
 from tests.strategies.launch import kill_all, start_ranks
 
-COLLECTIVE_TIMEOUT_S = 10.0
+COLLECTIVE_TIMEOUT_S = 6.0
 
 
 def wait_for(paths: list[Path], procs: list[subprocess.Popen], timeout: float) -> None:

@@ -145,9 +145,15 @@ def killed_on_two(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def ddp_epoch(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A whole epoch of 2 x 4 under DDP, last.ckpt written at its end: DDP's weights after 6 steps."""
+    """A whole epoch of 2 x 4 under DDP with the demo's own towers: step=3.ckpt and step=6.ckpt, and last.ckpt
+    written at the epoch's end (the default callbacks')."""
     run = tmp_path_factory.mktemp("ddp_epoch") / "run"
-    launch(fit_args(data, run, 2, 4, every_step=False))
+    at_steps = {"monitor": None, "every_n_train_steps": 3, "save_top_k": -1, "filename": "step={step}"}
+    options = [
+        f"--best_checkpoint.{key}={value if isinstance(value, str) else json.dumps(value)}"
+        for key, value in at_steps.items()
+    ]
+    launch([*fit_args(data, run, 2, 4, every_step=False, demo_towers=True), *options])
     return run
 
 
@@ -322,7 +328,8 @@ def test_epoch_ends_on_another_layout_start_the_next_epoch_once(
 
     # last.ckpt written at the epoch's end (the default callbacks'), resumed on 1 x 4: epoch 1 in 12 steps.
     ended = resumed_copy(ddp_epoch, tmp_path / "ended")
-    assert main([*fit_args(data, ended, 1, 4, epochs=2, every_step=False), "--ckpt_path", "last"]) == 0
+    resumed = fit_args(data, ended, 1, 4, epochs=2, every_step=False, demo_towers=True)
+    assert main([*resumed, "--ckpt_path", "last"]) == 0
     seen = epochs_seen(ended)
     assert seen == {0: epoch, 1: epoch}
     assert last(ended)["global_step"] == 6 + 12
@@ -449,15 +456,12 @@ def changed_sample(data: Path, to: Path, index: int) -> Path:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_modality_parallel_on_the_demo_towers_equals_ddp_and_resumes_exactly(
-    data: Path, tmp_path: Path
+    data: Path, ddp_epoch: Path, tmp_path: Path
 ) -> None:
     """configs/modality_parallel.yaml on 2 processes against DDP on the same 2 x 4 global batch, both with the
     demo's own towers: the weights and AdamW moments after 3 steps, and after a SIGKILL there and a resume, after
     the epoch's 6."""
-    ddp = tmp_path / "ddp"
-    every_third = ["--checkpoint.every_n_train_steps=3", "--checkpoint.save_top_k=-1"]
-    launch([*fit_args(data, ddp, 2, 4, demo_towers=True), *every_third, "--checkpoint.filename={step}"])
-    ddp_at = lambda step: torch.load(ddp / "checkpoints" / f"step={step}.ckpt", weights_only=True)  # noqa: E731
+    ddp_at = lambda step: torch.load(ddp_epoch / "checkpoints" / f"step={step}.ckpt", weights_only=True)  # noqa: E731
     killed = tmp_path / "killed"
     launch(modality_parallel_args(data, killed, kill_at=KILLED_AT), killed=True)
     folder = killed / "checkpoints" / "last.ckpt"
@@ -476,7 +480,7 @@ def test_modality_parallel_on_the_demo_towers_equals_ddp_and_resumes_exactly(
     assert parameters <= PARAMETER_TOLERANCE and gradients <= GRADIENT_TOLERANCE
 
     # Control: DDP with one sample of those steps changed ends outside both tolerances.
-    changed = changed_sample(data, tmp_path / "changed", rank_samples(ddp, 1, range(KILLED_AT))[0])
+    changed = changed_sample(data, tmp_path / "changed", rank_samples(ddp_epoch, 1, range(KILLED_AT))[0])
     control = tmp_path / "control"
     launch([*fit_args(changed, control, 2, 4, demo_towers=True), "--trainer.max_steps", str(KILLED_AT)])
     parameters, gradients = modality_parallel_distances(folder, last(control))

@@ -1,11 +1,13 @@
 """Sharded training (``configs/fsdp2.yaml``: FSDP2 over CPU processes, gloo) through the real CLI: a run killed
-after a checkpoint resumes on another number of processes (2 -> 1 and 1 -> 2, the global batch kept), reads each
-sample of the epoch once and ends on the uninterrupted weights. Its equality with DDP in the same layout is tested
+after a checkpoint resumes on another number of processes (2 -> 1, and 1 -> 2 from an uninterrupted run's
+checkpoint at the same step; the global batch kept), reads each sample of the epoch once and ends on the
+uninterrupted weights. Its equality with DDP in the same layout is tested
 beside the other strategies' (tests/test_strategies_cli.py)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -83,7 +85,13 @@ def test_killed_runs_resume_on_another_number_of_processes(
 ) -> None:
     epoch = Counter(range(IMAGES))
     reference = tmp_path / "reference"
-    fit_in_process([*fit_args(data, reference, 1, 8), *OVERLAY])
+    at_killed = [  # its checkpoint at step 3 also, as a run killed there leaves it
+        "--best_checkpoint.monitor=null",
+        f"--best_checkpoint.every_n_train_steps={KILLED_AT}",
+        "--best_checkpoint.save_top_k=-1",
+        "--best_checkpoint.filename=step={step}",
+    ]
+    fit_in_process([*fit_args(data, reference, 1, 8), *OVERLAY, *at_killed])
 
     # 2 x 4, killed after step 3's checkpoint, resumed on 1 x 8
     killed = tmp_path / "killed_on_2"
@@ -96,12 +104,14 @@ def test_killed_runs_resume_on_another_number_of_processes(
     print(f"2 -> 1: parameters {parameters:.1e}, gradient means {gradients:.1e}")
     assert parameters <= PARAMETER_TOLERANCE and gradients <= GRADIENT_TOLERANCE
 
-    # 1 x 8, killed after step 3's checkpoint, resumed on 2 x 4
-    killed = tmp_path / "killed_on_1"
-    launch([*fit_args(data, killed, 1, 8, kill_at=KILLED_AT), *OVERLAY], killed=True)
-    launch([*fit_args(data, killed, 2, 4), *OVERLAY, "--ckpt_path", "last"])
-    assert seen_in(killed, killed) == epoch
-    parameters, gradients = resume_distances(killed, reference)
+    # 1 x 8, its step-3 checkpoint resumed on 2 x 4
+    on_two = tmp_path / "on_two"
+    shutil.copytree(
+        reference / "checkpoints" / f"step={KILLED_AT}.ckpt", on_two / "checkpoints" / "last.ckpt"
+    )
+    launch([*fit_args(data, on_two, 2, 4), *OVERLAY, "--ckpt_path", "last"])
+    assert seen_in(reference, on_two) == epoch
+    parameters, gradients = resume_distances(on_two, reference)
     print(f"1 -> 2: parameters {parameters:.1e}, gradient means {gradients:.1e}")
     assert parameters <= PARAMETER_TOLERANCE and gradients <= GRADIENT_TOLERANCE
 
