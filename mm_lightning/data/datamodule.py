@@ -306,10 +306,14 @@ class MultimodalDataModule(pl.LightningDataModule):
         kwargs = self.trainer.distributed_sampler_kwargs if self.trainer is not None else None
         return (kwargs["num_replicas"], kwargs["rank"]) if kwargs else (1, 0)
 
+    def processes(self) -> int:
+        """The run's processes (the global batch is ``batch_size`` x these)."""
+        return self.trainer.world_size if self.trainer is not None else 1
+
     def reader_batch_size(self) -> int:
         """Training samples each reader takes per step: the global batch (``batch_size`` x processes) over the
         readers, which is ``batch_size`` unless a strategy groups the processes."""
-        processes = self.trainer.world_size if self.trainer is not None else 1
+        processes = self.processes()
         readers = self._rank_info()[0]
         if self.hparams.batch_size * processes % readers:
             raise ValueError(
@@ -337,7 +341,7 @@ class MultimodalDataModule(pl.LightningDataModule):
         sampler = self.train_order.sampler(dataset, batch_size, world, rank, global_seed())
         self.check_a_batch(sampler.stream_length() // world, where)
         kwargs = self._loader_kwargs(batch_size)
-        batches = ResumableDataLoader(dataset, sampler=sampler, drop_last=True, **kwargs)
+        batches = ResumableDataLoader(dataset, sampler, self.processes(), drop_last=True, **kwargs)
         return self.train_position.track(batches, self.trainer)
 
     @override

@@ -43,12 +43,21 @@ class ResumableDataLoader(DataLoader):
 
     KEY = "global_position"
 
-    def __init__(self, dataset: Any, sampler: Any, **kwargs: Any) -> None:
+    def __init__(self, dataset: Any, sampler: Any, processes: int | None = None, **kwargs: Any) -> None:
+        """``processes``: the run's processes, whose layout (processes x their share of the global batch) the
+        position records; by default the sampler's readers. A strategy that gives each group of processes the
+        whole batch (one group per tower) reads it with fewer readers per group, yet every process records the
+        run's layout, the same on all of them."""
         if not isinstance(sampler, GlobalOrderSampler):
             raise TypeError(f"ResumableDataLoader reads a GlobalOrderSampler, got {type(sampler).__name__}")
         if kwargs.get("batch_size", 1) != sampler.batch_size:
             raise ValueError(
                 f"batch_size {kwargs.get('batch_size', 1)} differs from the sampler's {sampler.batch_size}"
+            )
+        self.processes = processes or sampler.num_replicas
+        if sampler.global_batch % self.processes:
+            raise ValueError(
+                f"a global batch of {sampler.global_batch} does not split over the run's {self.processes} processes"
             )
         super().__init__(dataset, sampler=sampler, **kwargs)
         self._reading: tuple[int, int] | None = None  # (epoch, start position) of the current iterator
@@ -81,7 +90,7 @@ class ResumableDataLoader(DataLoader):
         return sampler.epoch, 0
 
     def layout(self) -> dict[str, int]:
-        return {"world_size": self.sampler.num_replicas, "batch_size": self.sampler.batch_size}
+        return {"world_size": self.processes, "batch_size": self.sampler.global_batch // self.processes}
 
     def layout_differs(self, saved: dict[str, Any]) -> bool:
         """Whether a saved position was read by other processes or another batch size than this loader's."""
@@ -91,7 +100,8 @@ class ResumableDataLoader(DataLoader):
         """The position as a checkpoint records it."""
         epoch, consumed = self.position()
         position = {"epoch": epoch, "consumed": consumed, "stream_length": self.sampler.stream_length()}
-        return {self.KEY: {**position, **self.layout(), "layouts": list(self.layouts)}}
+        reader = {"reader_batch_size": self.sampler.batch_size}  # what an order cut into batches follows
+        return {self.KEY: {**position, **self.layout(), **reader, "layouts": list(self.layouts)}}
 
     def load_position(self, state: dict[str, Any]) -> None:
         """Continue after a saved position."""
@@ -114,11 +124,12 @@ class ResumableDataLoader(DataLoader):
         layout = self.layout()
         changed = self.layout_differs(saved)
         mid_epoch = 0 < consumed and sampler.steps(consumed) > 0
-        if mid_epoch and sampler.order_follows_batch_size and saved["batch_size"] != layout["batch_size"]:
+        saved_reader = saved.get("reader_batch_size", saved["batch_size"])
+        if mid_epoch and sampler.order_follows_batch_size and saved_reader != sampler.batch_size:
             raise ResumeError(
-                f"The checkpoint stopped mid-epoch with data.batch_size {saved['batch_size']}; this run has"
-                f" {layout['batch_size']}, and {type(sampler).__name__}'s order depends on it. Resume with"
-                f" data.batch_size {saved['batch_size']} (any number of processes), or from an epoch-end checkpoint."
+                f"The checkpoint stopped mid-epoch with data.batch_size {saved_reader}; this run has"
+                f" {sampler.batch_size}, and {type(sampler).__name__}'s order depends on it. Resume with"
+                f" data.batch_size {saved_reader} (any number of processes), or from an epoch-end checkpoint."
             )
         self.layouts = [*saved.get("layouts", [])]
         if changed:

@@ -161,28 +161,38 @@ class ModalityExchange(WholeBatch):
         token_dims: each tower's token width (the matching head's input), by kind."""
 
     def __init__(
-        self, layout: Layout, rank: int, token_dims: dict[str, int], pad_to_multiple_of: int | None = None
+        self,
+        layout: Layout,
+        rank: int,
+        token_dims: dict[str, int],
+        pad_to_multiple_of: int | None = None,
+        padding_side: str = "right",
     ) -> None:
         self.layout, self.rank, self.kind = layout, rank, layout.kind(rank)
-        self.token_dims, self.pad_to_multiple_of = token_dims, pad_to_multiple_of
+        self.token_dims = token_dims
+        self.pad_to_multiple_of, self.padding_side = pad_to_multiple_of, padding_side
         self.rows: Batch = {}
 
     def embed(self, model: Any, batch: Batch) -> Embedded:
         rows = batch["image_id"].shape[0] * len(self.layout.ranks(self.kind))
-        out, emb = self.own_tower(model, batch, rows)
+        with_tokens = model.itm is not None
+        out, emb, lengths = self.own_tower(model, batch, rows, with_tokens)
         (image_out, image_emb), (text_out, text_emb) = self.exchange(
-            rows, emb, out if model.itm is not None else None
+            rows, emb, out if with_tokens else None, lengths
         )
-        if model.itm is not None:  # DDP's text tokens: padded to its own rows' longest caption
-            length = padded_length(text_out.mask, self.pad_to_multiple_of)
-            text_out = EncoderOutput(text_out.pooled, text_out.tokens[:, :length], text_out.mask[:, :length])
         self.rows = {"image_id": self.exchange_ids(batch["image_id"], rows)}
         return image_out, image_emb, text_out, text_emb
 
-    def own_tower(self, model: Any, batch: Batch, rows: int) -> tuple[EncoderOutput, Tensor]:
+    def own_tower(
+        self, model: Any, batch: Batch, rows: int, with_tokens: bool
+    ) -> tuple[EncoderOutput, Tensor, dict[int, int]]:
         """This process's tower over its rows, one forward per DDP rank's rows, as that rank runs it: its own
         dropout draws, BatchNorm over its rows, its captions padded to their longest. The running statistics
-        kept are the first forward's (DDP keeps its first process's)."""
+        kept are the first forward's (DDP keeps its first process's). Also returns each DDP rank's token count."""
+        pieces = self.layout.pieces(self.rank, rows)
+        if self.kind == "text":  # one host sync for every piece's caption length
+            real = batch["attention_mask"].sum(1)
+            longest = torch.stack([real[rows_of].max() for _, rows_of in pieces]).tolist()
         layers = [
             layer
             for part in (getattr(model, f"{self.kind}_encoder"), getattr(model, f"{self.kind}_proj"))
@@ -190,36 +200,46 @@ class ModalityExchange(WholeBatch):
         ]
         first = [dict(layer.named_buffers(recurse=False)) for layer in layers]
         parts = []
-        for index, (ddp_rank, rows_of) in enumerate(self.layout.pieces(self.rank, rows)):
-            if index:  # later forwards update copies (the first's tensors are saved for its backward)
-                for layer, buffers in zip(layers, first, strict=True):
-                    for name, buffer in buffers.items():
-                        setattr(layer, name, buffer.detach().clone())
-            seed_part(self.kind, rank=ddp_rank)
-            if self.kind == "image":
-                parts.append(model.encode_images(batch["image"][rows_of]))
-            else:
-                parts.append(model.encode_text(caption_rows(batch, rows_of, self.pad_to_multiple_of)))
-        for layer, buffers in zip(layers, first, strict=True):
-            for name, buffer in buffers.items():
-                setattr(layer, name, buffer)
+        try:
+            for index, (ddp_rank, rows_of) in enumerate(pieces):
+                if index:  # later forwards update copies (the first's tensors are saved for its backward)
+                    for layer, buffers in zip(layers, first, strict=True):
+                        for name, buffer in buffers.items():
+                            setattr(layer, name, buffer.detach().clone())
+                seed_part(self.kind, rank=ddp_rank)
+                if self.kind == "image":
+                    parts.append(model.encode_images(batch["image"][rows_of]))
+                else:
+                    length = padded_length(
+                        longest[index], self.pad_to_multiple_of, batch["input_ids"].shape[1]
+                    )
+                    parts.append(model.encode_text(caption_rows(batch, rows_of, length, self.padding_side)))
+        finally:
+            for layer, buffers in zip(layers, first, strict=True):
+                for name, buffer in buffers.items():
+                    setattr(layer, name, buffer)
+        lengths = {
+            ddp_rank: out.tokens.shape[1] for (ddp_rank, _), (out, _) in zip(pieces, parts, strict=True)
+        }
         if len(parts) == 1:
-            return parts[0]
-        return joined([(emb, out.tokens, out.mask) for out, emb in parts], with_tokens=True)
+            return (*parts[0], lengths)
+        return (*joined([(emb, out.tokens, out.mask) for out, emb in parts], with_tokens), lengths)
 
     def loss_rows(self, batch: Batch) -> Batch:
         """The image ids of this process's block (what the loss reads of a batch)."""
         return self.rows
 
     def exchange(
-        self, rows: int, emb: Tensor, out: EncoderOutput | None
+        self, rows: int, emb: Tensor, out: EncoderOutput | None, lengths: dict[int, int] | None = None
     ) -> list[tuple[EncoderOutput, Tensor]]:
         """``(output, embedding)`` of this process's block, image then text. A row travels as one flat vector:
-        the embedding, then (for the matching head) the tokens and their mask."""
+        the embedding, then (for the matching head) the tokens and their mask; ``lengths`` gives each DDP rank's
+        token count among this process's rows (default: all of ``out``'s), to which its block is cut back."""
         layout, world = self.layout, self.layout.world
-        lengths = self.token_lengths(out, emb.device)
+        table = self.token_lengths(out, rows, lengths, emb.device)
+        sent = [max(row) for row in table]  # each process's rows travel padded to its longest
         dim = emb.shape[1]
-        widths = [dim + lengths[p] * (self.token_dims[layout.kind(p)] + 1) for p in range(world)]
+        widths = [dim + sent[p] * (self.token_dims[layout.kind(p)] + 1) for p in range(world)]
         dtype = torch.float64 if emb.dtype == torch.float64 else torch.float32  # one dtype on every process
         pieces = [emb] if out is None else [emb, out.tokens.flatten(1), out.mask]
         packed = torch.cat([piece.to(dtype) for piece in pieces], dim=1)
@@ -232,21 +252,30 @@ class ModalityExchange(WholeBatch):
         parts: dict[str, list[tuple[Tensor, Tensor, Tensor]]] = {kind: [] for kind in KINDS}
         for p, chunk in enumerate(received.split([count * widths[p] for p, count in enumerate(receive)])):
             if receive[p]:
-                table = chunk.reshape(receive[p], widths[p])
-                kind, length = layout.kind(p), lengths[p]
+                rows_of = chunk.reshape(receive[p], widths[p])
+                kind, length, kept = layout.kind(p), sent[p], table[p][self.rank]
                 width = self.token_dims[kind]
-                tokens = table[:, dim : dim + length * width].reshape(receive[p], length, width)
-                parts[kind].append((table[:, :dim], tokens, table[:, widths[p] - length :] > 0.5))
+                tokens = rows_of[:, dim : dim + length * width].reshape(receive[p], length, width)
+                mask = rows_of[:, widths[p] - length :] > 0.5
+                parts[kind].append((rows_of[:, :dim], tokens[:, :kept], mask[:, :kept]))
         return [joined(parts[kind], out is not None) for kind in KINDS]
 
-    def token_lengths(self, out: EncoderOutput | None, device: torch.device) -> list[int]:
-        """Each process's token count this step (the text's follows the captions); none without the head."""
+    def token_lengths(
+        self, out: EncoderOutput | None, rows: int, lengths: dict[int, int] | None, device: torch.device
+    ) -> list[list[int]]:
+        """``[p][r]``: the token count of DDP rank ``r``'s rows as process ``p`` embedded them (0 where it holds
+        none, and without the matching head)."""
+        world = self.layout.world
         if out is None:
-            return [0] * self.layout.world
-        mine = torch.tensor([out.tokens.shape[1]], device=device)
-        every = [torch.empty_like(mine) for _ in range(self.layout.world)]
+            return [[0] * world for _ in range(world)]
+        if lengths is None:
+            lengths = {ddp_rank: out.tokens.shape[1] for ddp_rank, _ in self.layout.pieces(self.rank, rows)}
+        mine = torch.zeros(world, dtype=torch.long, device=device)
+        for ddp_rank, length in lengths.items():
+            mine[ddp_rank] = length
+        every = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(every, mine)
-        return [int(length.item()) for length in every]
+        return torch.stack(every).tolist()
 
     def exchange_ids(self, image_id: Tensor, rows: int) -> Tensor:
         """Image ids of this process's block, from the image tower's processes (no gradient)."""
@@ -263,19 +292,19 @@ class ModalityExchange(WholeBatch):
         return out
 
 
-def caption_rows(batch: Batch, rows: slice, pad_to_multiple_of: int | None) -> Batch:
-    """The captions of ``rows``, padded as a batch of only them would be (to their longest)."""
-    length = padded_length(batch["attention_mask"][rows], pad_to_multiple_of)
+def caption_rows(batch: Batch, rows: slice, length: int, padding_side: str = "right") -> Batch:
+    """The captions of ``rows`` cut to ``length`` tokens from the padded side, as a batch of only them is padded."""
+    columns = slice(-length, None) if padding_side == "left" else slice(0, length)
     keys = ("input_ids", "attention_mask", "token_type_ids")
-    return {key: batch[key][rows, :length] for key in keys if batch.get(key) is not None}
+    return {key: batch[key][rows, columns] for key in keys if batch.get(key) is not None}
 
 
-def padded_length(mask: Tensor, pad_to_multiple_of: int | None) -> int:
-    """The token length the collate pads rows with this attention ``mask`` to: their longest, rounded up."""
-    longest = int(mask.sum(1).max())
+def padded_length(longest: int, pad_to_multiple_of: int | None, width: int) -> int:
+    """The token length a collate pads captions of ``longest`` real tokens to (rounded up to a multiple, as the
+    tokenizer does), at most the batch's ``width``."""
     if pad_to_multiple_of:
         longest = -(-longest // pad_to_multiple_of) * pad_to_multiple_of
-    return min(longest, mask.shape[1])
+    return min(longest, width)
 
 
 def joined(parts: list[tuple[Tensor, Tensor, Tensor]], with_tokens: bool) -> tuple[EncoderOutput, Tensor]:
@@ -370,9 +399,13 @@ class ModalityParallel(DistributedCheckpoints, ModelParallelStrategy):
         other = "text" if self.kind == "image" else "image"
         setattr(network, f"{other}_encoder", AbsentTower(other, self.layout.ranks(other)))
         setattr(network, f"{other}_proj", AbsentTower(other, self.layout.ranks(other)))
-        collate = getattr(trainer.datamodule, "collate", None)
+        collate = getattr(trainer.datamodule, "collate", None)  # how the captions were padded
         module.batch_embedding = ModalityExchange(
-            self.layout, self.global_rank, token_dims, getattr(collate, "pad_to_multiple_of", None)
+            self.layout,
+            self.global_rank,
+            token_dims,
+            getattr(collate, "pad_to_multiple_of", None),
+            getattr(getattr(collate, "tokenizer", None), "padding_side", "right"),
         )
         super().setup(trainer)
         own = [p for name, p in network.named_parameters() if owned_by(name, self.kind) and p.requires_grad]
@@ -411,6 +444,19 @@ class ModalityParallel(DistributedCheckpoints, ModelParallelStrategy):
             raise ModalityParallelError(
                 "ModalityParallel: LockedImageFeatures encodes images on every process; the text tower's processes"
                 " hold no image tower"
+            )
+        towers = [module.model.image_encoder, module.model.text_encoder]
+        if any(isinstance(layer, nn.SyncBatchNorm) for tower in towers for layer in tower.modules()):
+            raise ModalityParallelError(
+                "ModalityParallel: SyncBatchNorm gathers statistics over processes that hold different towers;"
+                " use BatchNorm (each DDP process's statistics, which this strategy reproduces) or freeze it"
+            )
+        batchnorm = any(layer.training for tower in towers for layer in batchnorm_layers(tower).values())
+        if module.hparams.get("gradient_checkpointing") and batchnorm:
+            raise ModalityParallelError(
+                "ModalityParallel: gradient checkpointing recomputes the tower in backward, which would add every"
+                " DDP process's rows to BatchNorm's running statistics; set model.image.freeze_batchnorm (or"
+                " model.text's) or model.gradient_checkpointing false"
             )
         batch_size = getattr(trainer.datamodule, "hparams", {}).get("batch_size")
         groups = (self.image_processes, self.text_processes)
@@ -464,6 +510,15 @@ class ModalityParallel(DistributedCheckpoints, ModelParallelStrategy):
                 "ModalityParallel: the training order is cut into groups of each reader's batch, which differ"
                 " between the towers' processes; use the default data.train_order"
             )
+
+    @override
+    def teardown(self) -> None:
+        # Each tower's group is closed now, while the interpreter is whole: a gloo group whose last reference
+        # goes at interpreter exit can abort the process (see mm_lightning/gloo_exit_abort.py).
+        for group in self.groups.values():
+            dist.destroy_process_group(group)
+        self.groups, self.reducers = {}, []
+        super().teardown()
 
     @override
     def training_step(self, *args: Any, **kwargs: Any) -> Any:

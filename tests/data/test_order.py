@@ -273,3 +273,39 @@ def test_control_a_position_kept_per_rank_skips_or_repeats_visits(world_after: i
     per_rank = {key: {**state[key], "consumed": 4 * world_after * batch_after}}
     rest = resume_reads(per_rank, world_after, batch_after, mixture, seen, stream)
     assert not reads_the_rest_once(seen, rest, stream, world_after * batch_after)
+
+
+def test_groups_that_each_read_the_whole_batch_record_the_runs_layout() -> None:
+    """A strategy that gives each group of processes the whole global batch (1 image + 2 text processes, one
+    group per tower): every process records the run's layout, 3 x 4, so a resume on the same split changes no
+    layout on either group (and the same global batch under DDP on 3 processes reads it as its own)."""
+
+    def group(readers: int, processes: int | None) -> list[ResumableDataLoader]:
+        samplers = [
+            GlobalOrderSampler(SIZE, 12 // readers, num_replicas=readers, rank=r, seed=5)
+            for r in range(readers)
+        ]
+        return [
+            ResumableDataLoader(list(range(SIZE)), s, processes, batch_size=12 // readers) for s in samplers
+        ]
+
+    image, text = group(1, 3), group(2, 3)
+    assert read(image, steps=2) == read(text, steps=2)  # both groups read the same global batches
+    states = [loader.position_state()[ResumableDataLoader.KEY] for loader in image + text]
+    # the same position and layout on every process; each records its own readers' batch (an order cut into
+    # batches follows it)
+    assert [state.pop("reader_batch_size") for state in states] == [12, 6, 6]
+    assert all(state == states[0] for state in states)
+    assert states[0] == {
+        "epoch": 0, "consumed": 24, "stream_length": SIZE, "world_size": 3, "batch_size": 4, "layouts": [],
+    }  # fmt: skip
+    saved = text[0].position_state()
+    for loaders_ in (group(1, 3), group(2, 3), loaders(3, 4)):
+        for loader in loaders_:
+            loader.load_position(saved)
+            assert loader.layouts == []  # no layout change on any process
+    # control: each group's own readers as the layout, the two groups record different ones
+    image, text = group(1, None), group(2, None)
+    assert image[0].position_state() != text[0].position_state()
+    text[0].load_position(image[0].position_state())
+    assert text[0].layouts != []

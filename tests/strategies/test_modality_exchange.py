@@ -13,7 +13,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from mm_lightning.extras.modality_parallel import Layout, ModalityExchange
+from mm_lightning.data.collate import load_tokenizer
+from mm_lightning.extras.modality_parallel import Layout, ModalityExchange, caption_rows, padded_length
 from mm_lightning.models.towers.contract import EncoderOutput
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -116,3 +117,42 @@ def test_the_layout_sends_every_row_once_and_fills_every_block() -> None:
             share = rows // layout.world
             assert sum(received[p] for p in layout.ranks("image")) == share
             assert sum(received[p] for p in layout.ranks("text")) == share
+
+
+@pytest.mark.parametrize(("image", "text"), [(1, 1), (1, 2), (2, 1), (2, 2), (3, 1)])
+def test_each_process_embeds_its_rows_once_in_pieces_of_one_ddp_rank_each(image: int, text: int) -> None:
+    layout, rows = Layout(image, text), 24
+    for kind in ("image", "text"):
+        covered = []
+        for rank in layout.ranks(kind):
+            start, _ = layout.owned(rank, rows)
+            for ddp_rank, piece in layout.pieces(rank, rows):
+                low, high = layout.block(ddp_rank, rows)
+                assert low <= start + piece.start < start + piece.stop <= high  # inside that rank's rows
+                covered += range(start + piece.start, start + piece.stop)
+        assert covered == list(range(rows))
+    # whole blocks (one piece per DDP rank) exactly when each group's size divides the processes
+    assert layout.whole_blocks() == (image == text)
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("multiple", [None, 8])
+def test_a_pieces_captions_are_padded_as_a_batch_of_only_them(side: str, multiple: int | None) -> None:
+    tokenizer = load_tokenizer("mm-lightning/demo-bert")
+    tokenizer.padding_side = side
+    captions = ["a red circle", "a small blue star in the top left on a gray background", "a cat", "green"]
+
+    def tokenized(texts: list[str]) -> dict[str, torch.Tensor]:
+        return dict(tokenizer(texts, padding="longest", pad_to_multiple_of=multiple, return_tensors="pt"))
+
+    batch = tokenized(captions)
+    for rows in (slice(0, 2), slice(2, 4)):
+        longest = int(batch["attention_mask"][rows].sum(1).max())
+        length = padded_length(longest, multiple, batch["input_ids"].shape[1])
+        piece = caption_rows(batch, rows, length, side)
+        alone = tokenized(captions[rows])
+        assert piece.keys() == alone.keys()
+        assert all(torch.equal(piece[key], alone[key]) for key in alone)
+    # control: cut from the other side, the short rows lose their words
+    wrong = caption_rows(batch, slice(2, 4), length, "left" if side == "right" else "right")
+    assert not torch.equal(wrong["input_ids"], tokenized(captions[2:4])["input_ids"])

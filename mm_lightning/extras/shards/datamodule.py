@@ -178,7 +178,7 @@ class ShardDataModule(MultimodalDataModule):
         )
         self.check_a_batch(sampler.stream_length() // world, f"{len(dataset)} samples")
         kwargs = self._loader_kwargs(self.reader_batch_size())
-        loader = ResumableDataLoader(dataset, sampler=sampler, drop_last=True, **kwargs)
+        loader = ResumableDataLoader(dataset, sampler, self.processes(), drop_last=True, **kwargs)
         return self.train_position.track(loader, self.trainer)
 
 
