@@ -157,15 +157,20 @@ def part_times(global_batch: int, reps: int) -> dict[str, float]:
 
 
 def predicted(parts: dict[str, float]) -> dict[str, float]:
-    """The cost model of docs/scaling.md for 2 processes: DDP runs both towers on half the batch and reduces all
-    gradients; modality parallelism waits for the slower tower on the whole batch, exchanges, reduces the heads."""
-    ddp = parts["image_half"] + parts["text_half"] + parts["heads"] + parts["reduce_all"]
-    mp_step = (
-        max(parts["image_all"], parts["text_all"])
-        + parts["exchange"]
+    """The cost model of docs/scaling.md for 2 processes: DDP runs both towers on half the batch, reduces all
+    gradients and steps both towers; modality parallelism runs each tower once per DDP process's rows (two halves)
+    and steps it, waits for the slower one, exchanges and reduces the heads."""
+    ddp = (
+        parts["image_half"]
+        + parts["text_half"]
         + parts["heads"]
-        + parts["reduce_heads"]
+        + parts["reduce_all"]
+        + parts["step_image"]
+        + parts["step_text"]
     )
+    image = WORLD * parts["image_half"] + parts["step_image"]
+    text = WORLD * parts["text_half"] + parts["step_text"]
+    mp_step = max(image, text) + parts["exchange"] + parts["heads"] + parts["reduce_heads"]
     return {"ddp": ddp, "modality_parallel": mp_step}
 
 
