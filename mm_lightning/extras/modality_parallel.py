@@ -374,8 +374,12 @@ class ModalityParallel(DistributedCheckpoints, ModelParallelStrategy):
                 " processes for the text tower; set trainer.devices (x num_nodes) above it"
             )
         self.layout = Layout(self.image_processes, self.text_processes)
-        for kind in KINDS:  # every process creates every group, in the same order
-            self.groups[kind] = dist.new_group(self.layout.ranks(kind))
+        self.create_groups()
+
+    def create_groups(self) -> None:
+        """One process group per tower; every process creates both, in the same order (a collective)."""
+        assert self.layout is not None
+        self.groups = {kind: dist.new_group(self.layout.ranks(kind)) for kind in KINDS}
 
     @override
     def setup(self, trainer: Trainer) -> None:
@@ -446,7 +450,10 @@ class ModalityParallel(DistributedCheckpoints, ModelParallelStrategy):
                 " hold no image tower"
             )
         towers = [module.model.image_encoder, module.model.text_encoder]
-        if any(isinstance(layer, nn.SyncBatchNorm) for tower in towers for layer in tower.modules()):
+        parts = [
+            getattr(module.model, f"{kind}_{part}", None) for kind in KINDS for part in ("encoder", "proj")
+        ]
+        if any(isinstance(layer, nn.SyncBatchNorm) for part in parts if part for layer in part.modules()):
             raise ModalityParallelError(
                 "ModalityParallel: SyncBatchNorm gathers statistics over processes that hold different towers;"
                 " use BatchNorm (each DDP process's statistics, which this strategy reproduces) or freeze it"
@@ -515,10 +522,13 @@ class ModalityParallel(DistributedCheckpoints, ModelParallelStrategy):
     def teardown(self) -> None:
         # Each tower's group is closed now, while the interpreter is whole: a gloo group whose last reference
         # goes at interpreter exit can abort the process (see mm_lightning/gloo_exit_abort.py).
-        for group in self.groups.values():
-            dist.destroy_process_group(group)
-        self.groups, self.reducers = {}, []
-        super().teardown()
+        try:
+            if dist.is_initialized():
+                for group in self.groups.values():
+                    dist.destroy_process_group(group)
+        finally:
+            self.groups, self.reducers = {}, []
+            super().teardown()
 
     @override
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
@@ -534,6 +544,8 @@ class ModalityParallel(DistributedCheckpoints, ModelParallelStrategy):
         """As DDP before each forward: each tower's buffers (BatchNorm statistics) from its group's first
         process, the heads' from rank 0."""
         assert self.layout is not None
+        if not self.groups:  # closed when fit ended: a checkpoint saved after it (every process saves)
+            self.create_groups()
         network = self.lightning_module.model
         first = self.layout.ranks(self.kind)[0]
         for name, buffer in network.named_buffers():

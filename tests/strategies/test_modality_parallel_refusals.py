@@ -18,9 +18,16 @@ class PerPairWeights(SampleWeighting):
     """A weighting that reads the batch's rows (any subclass does)."""
 
 
-def module(image_tower: nn.Module | None = None, **changes: Any) -> SimpleNamespace:
+def module(
+    image_tower: nn.Module | None = None, text_proj: nn.Module | None = None, **changes: Any
+) -> SimpleNamespace:
     """What the check reads of a module: the defaults of a plain run, with ``changes``."""
-    towers = SimpleNamespace(image_encoder=image_tower or nn.Linear(2, 2), text_encoder=nn.Linear(2, 2))
+    towers = SimpleNamespace(
+        image_encoder=image_tower or nn.Linear(2, 2),
+        text_encoder=nn.Linear(2, 2),
+        image_proj=nn.Linear(2, 2),
+        text_proj=text_proj or nn.Linear(2, 2),
+    )
     parts = {
         "batch_embedding": WholeBatch(),
         "objective": SimpleNamespace(sample_weighting=SampleWeighting()),
@@ -47,13 +54,21 @@ def batchnorm_tower(training: bool = True) -> nn.Module:
         (module(objective=SimpleNamespace(sample_weighting=PerPairWeights())), trainer(), "sample_weighting"),
         (module(), trainer(gradient_clip_val=1.0), "clip per tower"),
         (module(nn.Sequential(nn.SyncBatchNorm(4))), trainer(), "SyncBatchNorm"),
+        (module(text_proj=nn.SyncBatchNorm(2)), trainer(), "SyncBatchNorm"),
         (
             module(batchnorm_tower(), hparams={"gradient_checkpointing": True}),
             trainer(),
             "gradient checkpointing",
         ),
     ],
-    ids=["gradient-caching", "sample-weighting", "clip-all", "sync-batchnorm", "checkpointing-batchnorm"],
+    ids=[
+        "gradient-caching",
+        "sample-weighting",
+        "clip-all",
+        "sync-batchnorm",
+        "sync-batchnorm-projection",
+        "checkpointing-batchnorm",
+    ],
 )
 def test_a_run_it_cannot_reproduce_is_refused_in_one_line(
     module_: SimpleNamespace, trainer_: SimpleNamespace, named: str
