@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from tests import preloaded
 from tests.conftest import tiny_demo_args
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,8 +34,8 @@ def test_every_logger_of_the_shipped_overlay_and_wandb_gets_the_metrics(tmp_path
     args = tiny_demo_args(
         run_dir, "--config", "loggers.yaml", "--trainer.callbacks+=mm_lightning.extras.RetrievalGridLogger"
     )
-    done = subprocess.run(
-        [sys.executable, "-m", "mm_lightning", "fit", *args], cwd=tmp_path, capture_output=True, text=True,
+    done = preloaded.run(
+        [sys.executable, "-m", "mm_lightning", "fit", *args], cwd=tmp_path, capture_output=True,
         env={**os.environ, "PYTHONPATH": str(REPO), "WANDB_SILENT": "true"}, timeout=280,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]

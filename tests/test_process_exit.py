@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import preloaded
 from tests.strategies.launch import REPO, kill_all, run_ranks, start_ranks
 
 ABORT_MESSAGE = "terminate called"
@@ -43,8 +44,8 @@ def run_or_report_hang(cmd: list[str], timeout: float) -> subprocess.CompletedPr
     ``faulthandler`` turns into a dump of all its threads' stacks, under a header naming the process.
     """
     with tempfile.TemporaryFile("w+") as log:
-        process = subprocess.Popen(
-            cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        process = preloaded.popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, "PYTHONFAULTHANDLER": "1"},
         )  # fmt: skip
         try:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests import preloaded
 from tests.conftest import REPO
 
 SCRIPTS = sorted((REPO / "benchmarks").glob("*.py"))
@@ -25,16 +26,10 @@ def scripts_from(first: str, last: str) -> list[Path]:
 
 
 def quick_result(script: Path, timeout: float = 240) -> str:
-    """The ``RESULT`` line of ``script --quick`` run in a fresh process; an ``AssertionError`` naming the script
+    """The ``RESULT`` line of ``script --quick`` run in its own process (forked from preloaded Python); an ``AssertionError`` naming the script
     and the end of its output if it fails, hangs or ends otherwise."""
     try:
-        done = subprocess.run(
-            [sys.executable, str(script), "--quick"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        done = preloaded.run([sys.executable, str(script), "--quick"], capture_output=True, timeout=timeout)
     except subprocess.TimeoutExpired as err:
         raise AssertionError(f"{script.name} --quick ran past {timeout:g} s") from err
     output = (done.stdout + done.stderr)[-3000:]

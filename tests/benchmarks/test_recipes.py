@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import REPO
+from tests import preloaded
 
 
 def test_recipes_benchmark_cross_validates_and_prints_the_table_and_the_result(tmp_path: Path) -> None:
-    done = subprocess.run(
+    done = preloaded.run(
         [sys.executable, "benchmarks/recipes.py", "--quick", "--folds", "2", "--runs_dir", str(tmp_path / "runs"),
          "--curves", str(tmp_path / "curves.png")],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
+        capture_output=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.strip().splitlines()

@@ -16,6 +16,7 @@ from mm_lightning.data import MultimodalDataModule
 from mm_lightning.extras import LockedImageFeatures
 from mm_lightning.extras.feature_cache import FeatureTable, build_rows, image_key, view_seed
 from mm_lightning.models import MultimodalModule
+from tests import preloaded
 from tests.conftest import DEFAULT_CALLBACKS, LONG_RUN_CALLBACKS, REPO, TinyRun
 from tests.data.helpers import TOKENIZER, save_image, write_jsonl
 from tests.models.helpers import EXACT_MODEL, gradient_caching, module_kwargs, tiny_config
@@ -219,11 +220,10 @@ def test_cached_features_with_gradient_caching_see_the_whole_batch(tmp_path: Pat
 @pytest.mark.timeout(900)
 def test_two_processes_compute_a_share_each_and_a_restart_none(tmp_path: Path) -> None:
     import json
-    import subprocess
     import sys
 
     from mm_lightning.cli import main
-    from tests.conftest import REPO, tiny_demo_args
+    from tests.conftest import tiny_demo_args
 
     extra = tmp_path / "cache.yaml"
     extra.write_text(
@@ -243,8 +243,8 @@ def test_two_processes_compute_a_share_each_and_a_restart_none(tmp_path: Path) -
         return {p.name: json.loads(p.read_text()) for p in (tmp_path / "cache").glob("*/part-*.json")}
 
     two = ["--trainer.devices", "2", "--trainer.strategy", "ddp"]
-    done = subprocess.run([sys.executable, "-m", "mm_lightning", "fit", *args("first"), *two], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = preloaded.run([sys.executable, "-m", "mm_lightning", "fit", *args("first"), *two], capture_output=True,
+                         timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
     first = parts()
     writers = {name.split("-")[1] for name in first}

@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from mm_lightning.extras import PreemptionCheckpoint
+from tests import preloaded
 from tests.conftest import REPO, tiny_demo_args
 from tests.resilience.test_checkpointing import wait_for
 
@@ -48,17 +49,20 @@ def test_signal_to_the_process_group_saves_and_exits_cleanly(
         callbacks={"checkpoint": {"every_n_train_steps": 1000}},  # any last.ckpt comes from the signal
     )  # fmt: skip
     args[args.index("--data.init_args.data_dir") + 1] = str(demo_data)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "mm_lightning", "fit", *args],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
+    log = tmp_path / "run.log"
+    with log.open("w") as sink:
+        process = preloaded.popen(
+            [sys.executable, "-m", "mm_lightning", "fit", *args], stdout=sink, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
     wait_for(tmp_path / "step3", process)
     workers = psutil.Process(process.pid).children()
     assert len(workers) >= 2  # training (and validation) loader workers
     os.killpg(
         process.pid, signum
     )  # the process group the run was started in, as a terminal or `timeout` does
-    output, _ = process.communicate(timeout=120)
+    process.wait(timeout=120)
+    output = log.read_text()
 
     assert process.returncode == 0, output[-5000:]
     assert f"Received {signum.name}: saved" in output

@@ -24,7 +24,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from mm_lightning.cli import cli_main, main
 from mm_lightning.commands.audit import audit
 from mm_lightning.data import EmptySplitError, MultimodalDataModule, NoTrainingBatch, RecordError, SkipLog
-from tests.conftest import DEMO_CONFIG, LONG_RUN_CALLBACKS, REPO, callback_args
+from tests import preloaded
+from tests.conftest import DEMO_CONFIG, LONG_RUN_CALLBACKS, callback_args
 from tests.data.helpers import TOKENIZER
 from tests.data.hostile import CASES, Case, good_line, write_case_file
 
@@ -329,10 +330,12 @@ def test_cli_validation_loss_under_skip_equals_the_valid_records_alone(
 
 
 def _run_cli(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return preloaded.run(
         [sys.executable, "-m", "mm_lightning", *args],
-        cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, **env},
-    )  # fmt: skip
+        capture_output=True,
+        timeout=300,
+        env={**os.environ, **env},
+    )
 
 
 @pytest.mark.slow

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from mm_lightning.cli import main
+from tests import preloaded
 from tests.conftest import tiny_demo_args
-from tests.resilience.test_checkpointing import REPO
 
 # The demo's defaults: a random caption per image and random crops, loaded in a DataLoader worker. The dataset
 # seeds those draws per batch from the batch's indices and the module its own (hard negatives) from the batch's
@@ -56,13 +56,16 @@ def test_sigkill_mid_epoch_then_resume_last_matches_uninterrupted_cli_run(
     assert main(cli_args(tmp_path, full)) == 0  # also generates the demo data the other runs reuse
     expected = final_state(full)
 
-    process = subprocess.Popen(
-        [sys.executable, "-m", "mm_lightning", *cli_args(tmp_path, killed)],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    errors = tmp_path / "killed.log"
+    with errors.open("w") as sink:
+        process = preloaded.popen(
+            [sys.executable, "-m", "mm_lightning", *cli_args(tmp_path, killed)],
+            stdout=subprocess.DEVNULL,
+            stderr=sink,
+        )
     deadline = time.monotonic() + 300
     while last_step(killed / "checkpoints") < 4:
-        assert process.poll() is None, process.stderr.read()[-5000:]
+        assert process.poll() is None, errors.read_text()[-5000:]
         assert time.monotonic() < deadline, "no checkpoint at step 4 within 300 s"
         time.sleep(0.05)
     process.send_signal(signal.SIGKILL)

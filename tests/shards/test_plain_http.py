@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,7 +11,7 @@ import torch
 
 from mm_lightning.data.transforms import eval_transform
 from mm_lightning.extras.shards.files import ShardError, list_shards
-from tests.conftest import REPO
+from tests import preloaded
 from tests.shards.helpers import large_jpeg_bytes, shard_dataset, shard_demo_args, uneven_shards, write_shard
 from tests.shards.servers import plain_http_server
 
@@ -81,10 +79,9 @@ def test_two_processes_train_from_a_plain_http_server(tmp_path: Path) -> None:
     ]  # fmt: skip
     with plain_http_server(tmp_path / "served") as base:
         args += ["--data.init_args.train_shards", f"{base}/{{00000..00002}}.tar"]
-        proc = subprocess.run(
-            [sys.executable, "-m", "mm_lightning", "fit", *args],
-            cwd=REPO, capture_output=True, text=True, timeout=360, env=os.environ.copy(),
-        )  # fmt: skip
+        proc = preloaded.run(
+            [sys.executable, "-m", "mm_lightning", "fit", *args], capture_output=True, timeout=360
+        )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-5000:]
     checkpoint = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["global_step"] == 2

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import torch
 
 from mm_lightning.data.transforms import eval_transform
 from mm_lightning.extras.shards.files import list_shards
-from tests.conftest import REPO
+from tests import preloaded
 from tests.shards.helpers import shard_dataset, shard_demo_args, uneven_shards
 from tests.shards.servers import CREDENTIALS, http_server, s3_server, upload
 
@@ -81,10 +80,9 @@ def test_two_processes_train_from_s3_with_uneven_shards_and_validate_over_http(
             "--trainer.devices", "2",
             "--trainer.strategy", "ddp",
         ]  # fmt: skip
-        proc = subprocess.run(
-            [sys.executable, "-m", "mm_lightning", "fit", *args],
-            cwd=REPO, capture_output=True, text=True, timeout=360, env=os.environ.copy(),
-        )  # fmt: skip
+        proc = preloaded.run(
+            [sys.executable, "-m", "mm_lightning", "fit", *args], capture_output=True, timeout=360
+        )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-5000:]
     checkpoint = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
     # 1032 samples / 2 ranks = 516 each -> 16 full batches of 32 on both ranks (no rank waits for the other).

@@ -17,7 +17,7 @@ import torch
 
 from mm_lightning.cli import main
 from mm_lightning.extras import DemoShardDataModule
-from tests.conftest import REPO
+from tests import preloaded
 from tests.shards.helpers import shard_demo_args
 
 MAX_STEPS = 8  # 1032 samples in shards of 100, batch 16: 64 batches per epoch, every checkpoint is mid-epoch
@@ -59,13 +59,16 @@ def test_sigkill_mid_epoch_then_resume_reads_exactly_the_unseen_shard_samples(tm
     DemoShardDataModule(str(demo), samples_per_shard=100, **generator).prepare_data()  # shared by the runs
     full, killed = tmp_path / "full", tmp_path / "killed"
     assert main(cli_args(demo, full)) == 0
-    process = subprocess.Popen(
-        [sys.executable, "-m", "mm_lightning", *cli_args(demo, killed)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=REPO,
-    )  # fmt: skip
+    errors = tmp_path / "killed.log"
+    with errors.open("w") as sink:
+        process = preloaded.popen(
+            [sys.executable, "-m", "mm_lightning", *cli_args(demo, killed)],
+            stdout=subprocess.DEVNULL,
+            stderr=sink,
+        )
     deadline = time.monotonic() + 300
     while last_step(killed / "checkpoints") < 2:
-        assert process.poll() is None, process.stderr.read()[-5000:]  # type: ignore[union-attr]
+        assert process.poll() is None, errors.read_text()[-5000:]
         assert time.monotonic() < deadline, "no checkpoint at step 2 within 300 s"
         time.sleep(0.05)
     process.send_signal(signal.SIGKILL)

@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests import preloaded
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -50,15 +52,16 @@ class RankResult:
 
 def start_ranks(
     args: list[str], log_dir: Path, world_size: int = 2, extra_env: dict[str, str] | None = None
-) -> list[subprocess.Popen]:
-    """Starts ``python *args`` as ``world_size`` ranks; each writes ``log_dir/rank<r>.log``."""
+) -> list[preloaded.Process]:
+    """Starts ``python *args`` as ``world_size`` ranks, forked from preloaded Python where they can be
+    (``tests/preloaded.py``); each writes ``log_dir/rank<r>.log``."""
     port = free_port()
     procs = []
     for rank in range(world_size):
         # Files, not pipes: an unread full pipe would block a rank mid-collective.
         with (log_dir / f"rank{rank}.log").open("w") as sink:
             procs.append(
-                subprocess.Popen(
+                preloaded.popen(
                     [sys.executable, *args], env=rank_env(rank, world_size, port, **(extra_env or {})), cwd=REPO, stdout=sink,
                     stderr=subprocess.STDOUT,
                 )
@@ -66,7 +69,7 @@ def start_ranks(
     return procs
 
 
-def kill_all(procs: list[subprocess.Popen]) -> None:
+def kill_all(procs: list[preloaded.Process]) -> None:
     for proc in procs:
         if proc.poll() is None:
             proc.kill()

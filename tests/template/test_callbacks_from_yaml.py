@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests import preloaded
 from tests.conftest import REPO, tiny_demo_args
 
 EXAMPLE = REPO / "examples" / "make_it_yours"  # what the README shows
@@ -29,10 +29,9 @@ def test_user_callbacks_dropped_replaced_and_added_from_yaml(tmp_path: Path) -> 
     args = [*tiny_demo_args(tmp_path / "run", max_steps=2), "--config", str(user / "mine.yaml")]
     args += ["--trainer.limit_val_batches", "0"]
     env = {**os.environ, "PYTHONPATH": f"{user}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    result = subprocess.run(
-        [sys.executable, "-m", "mm_lightning", "fit", *args],
-        cwd=REPO, capture_output=True, text=True, timeout=240, env=env,
-    )  # fmt: skip
+    result = preloaded.run(
+        [sys.executable, "-m", "mm_lightning", "fit", *args], capture_output=True, timeout=240, env=env
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     names = json.loads(listing.read_text())
     assert "CallbackList" in names and "MyLearningRateMonitor" in names

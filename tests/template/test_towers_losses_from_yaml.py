@@ -13,6 +13,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from tests import preloaded
 from tests.conftest import REPO, tiny_demo_args
 
 EXAMPLE = REPO / "examples" / "make_it_yours"  # what the README shows
@@ -20,13 +21,8 @@ EXAMPLE = REPO / "examples" / "make_it_yours"  # what the README shows
 
 def run_cli(args: list[str], user: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": f"{user}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    return subprocess.run(
-        [sys.executable, "-m", "mm_lightning", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=env,
+    return preloaded.run(
+        [sys.executable, "-m", "mm_lightning", *args], capture_output=True, timeout=240, env=env
     )
 
 
