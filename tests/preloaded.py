@@ -7,9 +7,11 @@ then exits the way Python exits (``atexit`` handlers, finalization). The test ge
 handle: pid, ``poll``, ``wait``, ``kill``, signals, ``start_new_session``.
 
 Only for commands whose check is not about importing or starting Python: a forked process has the server's modules
-imported already (importing the package changes nothing in a process, ``tests/test_import_effects.py``). A command
-whose environment differs from the server's in what Python, torch, OpenMP, Hugging Face or Lightning read at start
-or import runs as a plain subprocess, as does every command when ``MM_TESTS_PRELOAD=0``.
+imported already (importing the package changes nothing in a process, ``tests/test_import_effects.py``), and every
+command of a test process shares the server's string-hash seed, so the ranks of one run iterate sets alike. A command
+whose environment differs from the server's in what Python, the C runtime, torch, OpenMP or Hugging Face read at
+start or import, or whose output is piped, runs as a plain subprocess, as does every command when
+``MM_TESTS_PRELOAD=0`` or the server is not single-threaded (``OMP_NUM_THREADS=1`` keeps it so).
 """
 
 from __future__ import annotations
@@ -17,33 +19,56 @@ from __future__ import annotations
 import atexit
 import faulthandler
 import importlib
+import io
 import json
+import multiprocessing.process
 import os
 import runpy
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import IO, Any
 
+import numpy
+from lightning_utilities.core.rank_zero import rank_zero_only
+
 REPO = Path(__file__).resolve().parents[1]
 PRELOAD = ("torch", "torchvision", "lightning.pytorch", "mm_lightning.cli")
-# read at start-up or import, so a forked process could not honour a change; the three handled here can
+# read at start-up or import, so a forked process could not honour a change (the three handled here can): by Python,
+# the C library, GNU OpenMP and OpenBLAS (what torch, numpy and scipy load; no Intel OpenMP, so no KMP_*), torch,
+# matplotlib, Hugging Face, tqdm and Lightning
 HANDLED_AT_START = {"PYTHONPATH", "PYTHONFAULTHANDLER", "PYTHONUNBUFFERED"}
-READ_AT_START = ("PYTHON", "OMP_", "MKL_", "KMP_", "TORCH", "HF_", "TRANSFORMERS_", "PL_", "LIGHTNING_")
+READ_AT_START = (
+    "PYTHON", "LD_", "GLIBC_", "MALLOC_", "LANG", "LC_", "TZ", "TMPDIR", "XDG_", "OMP_", "GOMP_", "OPENBLAS_", "MKL_",
+    "TORCH", "PYTORCH_", "MPL", "HF_", "TRANSFORMERS_", "TQDM_", "POSSIBLE_USER_WARNINGS",
+)  # fmt: skip
+# set in the test process by torch itself once it ran (a compile, a CUDA check) and read only when used
+SET_BY_TORCH = {"TORCHINDUCTOR_CACHE_DIR", "PYTORCH_NVML_BASED_CUDA_CHECK"}
+# where Lightning learns a process's rank at import, until its Trainer sets it
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
 
 
 def read_at_start(env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k.startswith(READ_AT_START) and k not in HANDLED_AT_START}
+    ignored = HANDLED_AT_START | SET_BY_TORCH
+    return {k: v for k, v in env.items() if k.startswith(READ_AT_START) and k not in ignored}
 
 
-# --- the server: ``python -m tests.preloaded`` ----------------------------------------------------------------------
+# --- the server: ``python -m tests.preloaded FD`` -------------------------------------------------------------------
 
 status_files: dict[int, str] = {}
+ended: dict[int, int] = {}  # reaped before their status file was known
+
+
+def write_status(path: str, code: int) -> None:
+    Path(path + ".part").write_text(str(code))
+    os.replace(path + ".part", path)
 
 
 def reap(signum: int, frame: object) -> None:
@@ -55,70 +80,77 @@ def reap(signum: int, frame: object) -> None:
             return
         if pid == 0:
             return
-        path = status_files.pop(pid, None)
-        if path is not None:
-            Path(path + ".part").write_text(str(os.waitstatus_to_exitcode(status)))
-            os.replace(path + ".part", path)
+        code = os.waitstatus_to_exitcode(status)
+        if pid in status_files:
+            write_status(status_files.pop(pid), code)
+        else:
+            ended[pid] = code
 
 
-def serve() -> None:
-    """Reads one JSON request a line, forks it, answers its pid; ends when the test process closes the pipe."""
-    requests = os.fdopen(os.dup(0), "r")
-    replies = os.fdopen(os.dup(1), "w")
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (
-        0,
-        1,
-    ):  # sys.stdin and sys.stdout stay Python's own objects; a command's output is dup'ed onto them
-        os.dup2(null, fd)
-    os.close(null)
+def serve(channel_fd: int) -> None:
+    """Forks one command per request (JSON and the command's stdout and stderr descriptors), answering its pid once
+    it has its session, folder and output, or the error that stopped it; ends when the test process goes."""
+    channel = socket.socket(fileno=channel_fd)
     for name in PRELOAD:
         __import__(name)
     # a fork copies only the forking thread: a second one (a pool some import started) would be lost
-    threads = len(os.listdir("/proc/self/task"))
-    replies.write(f"ready {threads}\n")
-    replies.flush()
+    channel.send(f"ready {len(os.listdir('/proc/self/task'))}".encode())
     signal.signal(signal.SIGCHLD, reap)
-    for line in requests:
-        request = json.loads(line)
-        # opened here, while the test process waits for the pid: its file objects are open until then
-        outputs = [
-            os.open(request[name], os.O_WRONLY | os.O_CREAT | os.O_APPEND) for name in ("stdout", "stderr")
-        ]
-        signal.pthread_sigmask(
-            signal.SIG_BLOCK, {signal.SIGCHLD}
-        )  # its status file is known before it is reaped
+    while True:
+        message, outputs, _, _ = socket.recv_fds(channel, 1 << 20, 2)
+        if not message:
+            return
+        request = json.loads(message)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})  # registered before it is reaped
+        ready_read, ready_write = os.pipe()
         pid = os.fork()
         if pid == 0:
-            requests.close()
-            replies.close()
-            become(request, outputs)
+            channel.close()
+            os.close(ready_read)
+            become(request, outputs, ready_write)
+        os.close(ready_write)
         for fd in outputs:
             os.close(fd)
-        status_files[pid] = request["status"]
+        with os.fdopen(ready_read, "rb") as ready:
+            answer = ready.read().decode()
+        if answer == "ready":
+            status_files[pid] = request["status"]
+            if pid in ended:
+                write_status(status_files.pop(pid), ended.pop(pid))
+            answer = str(pid)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
-        replies.write(f"{pid}\n")
-        replies.flush()
+        channel.send(answer.encode())
 
 
-def become(request: dict[str, Any], outputs: list[int]) -> None:
+def become(request: dict[str, Any], outputs: list[int], ready: int) -> None:
     """Turns the forked server into the command; it ends by raising, as the command ends (``SystemExit`` or its
     error, which Python prints and exits 1 with)."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
-    if request["new_session"]:
-        os.setsid()
     server_path = [p for p in sys.path[1:] if p not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
     env = request["env"]
+    try:
+        if request["new_session"]:
+            os.setsid()
+        os.chdir(request["cwd"])
+        for fd, target in zip((1, 2), outputs, strict=True):
+            os.dup2(target, fd)
+            os.close(target)
+    except OSError as error:
+        os.write(ready, f"{type(error).__name__}: {error}".encode())
+        os._exit(1)
+    os.write(ready, b"ready")
+    os.close(ready)
     os.environ.clear()
     os.environ.update(env)
-    os.chdir(request["cwd"])
-    for fd, target in zip((1, 2), outputs, strict=True):
-        os.dup2(target, fd)
-        os.close(target)
+    multiprocessing.process.ORIGINAL_DIR = os.getcwd()  # where a spawned child finds a relative script
+    rank_zero_only.rank = next((int(env[k]) for k in RANK_VARIABLES if k in env), 0)
+    numpy.random.seed()  # a fresh process draws its own unseeded numbers; Python's random reseeds at fork itself
     if env.get("PYTHONUNBUFFERED"):
-        for stream in (sys.stdout, sys.stderr):
-            stream.reconfigure(line_buffering=True, write_through=True)
+        for name in ("stdout", "stderr"):
+            stream = getattr(sys, name)
+            raw = io.FileIO(stream.fileno(), "w", closefd=False)
+            setattr(sys, name, io.TextIOWrapper(raw, stream.encoding, stream.errors, write_through=True))
     faulthandler.disable()
     if env.get("PYTHONFAULTHANDLER"):
         faulthandler.enable()
@@ -138,7 +170,6 @@ def become(request: dict[str, Any], outputs: list[int]) -> None:
 
 # --- the test side --------------------------------------------------------------------------------------------------
 
-
 # the test process's environment before any test changed it, which the server imports with
 SERVER_ENV = dict(os.environ)
 
@@ -146,26 +177,32 @@ SERVER_ENV = dict(os.environ)
 class Server:
     def __init__(self) -> None:
         self.env = SERVER_ENV
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.preloaded"], cwd=REPO, env=self.env, stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with theirs:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "tests.preloaded", str(theirs.fileno())], cwd=REPO, env=self.env,
+                pass_fds=[theirs.fileno()],
+            )  # fmt: skip
+        self.channel = ours
         self.lock = threading.Lock()
-        ready = self.process.stdout.readline().split()
-        self.usable = ready[:1] == ["ready"] and ready[1:] == ["1"]
+        ready = self.channel.recv(64).decode().split()
+        self.usable = ready == ["ready", "1"]
         self.status_dir = Path(tempfile.mkdtemp(prefix="preloaded-"))
         atexit.register(shutil.rmtree, self.status_dir, True)
 
     def fork(
-        self, command: list[str], cwd: Path, env: dict[str, str], stdout: str, stderr: str, new_session: bool
+        self, command: list[str], cwd: Path, env: dict[str, str], outputs: list[int], new_session: bool
     ) -> tuple[int, str]:
         with self.lock:
             status = str(self.status_dir / f"{time.monotonic_ns()}")
-            request = dict(command=command, cwd=str(cwd), env=env, stdout=stdout, stderr=stderr, status=status,
-                           new_session=new_session)  # fmt: skip
-            self.process.stdin.write(json.dumps(request) + "\n")
-            self.process.stdin.flush()
-            return int(self.process.stdout.readline()), status
+            request = dict(command=command, cwd=str(cwd), env=env, status=status, new_session=new_session)
+            socket.send_fds(self.channel, [json.dumps(request).encode()], outputs)
+            answer = self.channel.recv(4096).decode()
+        if not answer:
+            raise RuntimeError("the preloaded Python server has ended")
+        if not answer.isdigit():
+            raise OSError(f"{command}: {answer}")
+        return int(answer), status
 
 
 _server: Server | None = None
@@ -183,12 +220,17 @@ def server() -> Server | None:
 class Forked:
     """A forked command, handled as ``subprocess.Popen`` handles its child."""
 
-    def __init__(self, args: list[str], pid: int, status: str) -> None:
-        self.args, self.pid, self.status, self.returncode = args, pid, status, None
+    def __init__(self, args: list[str], pid: int, status: str, server: Server) -> None:
+        self.args, self.pid, self.status, self.server, self.returncode = args, pid, status, server, None
 
     def poll(self) -> int | None:
         if self.returncode is None and os.path.exists(self.status):
             self.returncode = int(Path(self.status).read_text())
+        elif self.returncode is None and self.server.process.poll() is not None:
+            if not os.path.exists(f"/proc/{self.pid}"):  # ended, and nobody is left to say how
+                raise RuntimeError(
+                    f"{self.args}: the preloaded Python server ended first; its exit status is lost"
+                )
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -222,17 +264,6 @@ def python_command(args: list[str]) -> list[str] | None:
     return args[1:] if not args[1].startswith("-") and args[1].endswith(".py") else None
 
 
-def output_path(target: IO | int | None, default: str) -> str:
-    """Where a command's output goes: a file object's or descriptor's own file (through ``/proc``), ``DEVNULL``'s,
-    or ``default``."""
-    if target is None:
-        return default
-    if target == subprocess.DEVNULL:
-        return os.devnull
-    fileno = target if isinstance(target, int) else target.fileno()
-    return f"/proc/{os.getpid()}/fd/{fileno}"
-
-
 def popen(
     args: list[str],
     *,
@@ -243,18 +274,34 @@ def popen(
     start_new_session: bool = False,
 ) -> Process:
     """``subprocess.Popen(args, ...)``, forked from the server where it can be. ``stdout`` and ``stderr``: a file
-    object or descriptor (``subprocess.STDOUT`` for ``stderr`` too), or None for the test process's own."""
+    object, a descriptor, ``DEVNULL`` (``STDOUT`` for ``stderr`` too), or None for the test process's own; the
+    command writes to the same open file, as a ``Popen`` child does."""
     env = dict(os.environ if env is None else env)
     command, preloaded = python_command(args), server()
     piped = subprocess.PIPE in (stdout, stderr)  # a forked command writes to files only
-    if command is None or preloaded is None or piped or read_at_start(env) != read_at_start(preloaded.env):
+    changed = preloaded is not None and read_at_start(env).items() ^ read_at_start(preloaded.env).items()
+    if changed:  # named, so that a variable a library sets at run time does not quietly slow the suite down
+        warnings.warn(
+            f"run as a plain subprocess: {sorted({k for k, _ in changed})} differ from the server's",
+            stacklevel=2,
+        )
+    if command is None or preloaded is None or piped or changed:
         return subprocess.Popen(
             args, cwd=cwd, env=env, stdout=stdout, stderr=stderr, start_new_session=start_new_session
         )
-    out = output_path(stdout, f"/proc/{os.getpid()}/fd/1")
-    err = out if stderr == subprocess.STDOUT else output_path(stderr, f"/proc/{os.getpid()}/fd/2")
-    pid, status = preloaded.fork(command, Path(cwd), env, out, err, start_new_session)
-    return Forked(args, pid, status)
+    with open(os.devnull, "w") as null:
+        out = descriptor(stdout, 1, null)
+        err = out if stderr == subprocess.STDOUT else descriptor(stderr, 2, null)
+        pid, status = preloaded.fork(command, Path(cwd), env, [out, err], start_new_session)
+    return Forked(args, pid, status, preloaded)
+
+
+def descriptor(target: IO | int | None, own: int, null: IO) -> int:
+    if target is None:
+        return own
+    if target == subprocess.DEVNULL:
+        return null.fileno()
+    return target if isinstance(target, int) else target.fileno()
 
 
 def run(
@@ -283,4 +330,4 @@ def run(
 
 
 if __name__ == "__main__":
-    serve()
+    serve(int(sys.argv[1]))

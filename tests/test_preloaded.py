@@ -3,12 +3,15 @@ arguments, environment, working directory, output and exit code, a signal's retu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from tests import preloaded
 
@@ -46,9 +49,13 @@ def test_a_script_gets_its_arguments_environment_folder_output_and_exit_code(tmp
     )
 
 
-def test_a_killed_command_reports_the_signal_and_runs_in_its_own_session(tmp_path: Path) -> None:
+def test_a_killed_command_reports_the_signal_and_runs_in_its_own_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     script = tmp_path / "sleep.py"
     script.write_text("import time\ntime.sleep(60)\n")
+    # what torch writes into the test process's environment once it compiled: no reason for a plain subprocess
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     process = preloaded.popen([sys.executable, str(script)], start_new_session=True)
     assert isinstance(process, preloaded.Forked) == FORKED
     deadline = time.monotonic() + 30
@@ -64,6 +71,24 @@ def test_control_a_change_read_at_import_runs_a_plain_subprocess(tmp_path: Path)
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
     env = {**os.environ, "OMP_NUM_THREADS": "3"}
-    process = preloaded.popen([sys.executable, str(script), "0"], env=env, stdout=subprocess.DEVNULL)
+    with pytest.warns(UserWarning, match="OMP_NUM_THREADS") if FORKED else contextlib.nullcontext():
+        process = preloaded.popen([sys.executable, str(script), "0"], env=env, stdout=subprocess.DEVNULL)
     assert isinstance(process, subprocess.Popen)
     assert process.wait(timeout=60) == 0
+
+
+def test_output_shares_the_open_file_and_a_missing_folder_fails_the_start(tmp_path: Path) -> None:
+    """Like a ``Popen`` child, the command writes through the test's own open file (one offset), so what the test
+    writes after it follows its output; a working folder that does not exist fails the start, not the command."""
+    script = tmp_path / "script.py"
+    script.write_text("print('command')\n")
+    with (tmp_path / "log").open("w+") as log:
+        log.write("before\n")
+        log.flush()
+        assert preloaded.popen([sys.executable, str(script)], stdout=log).wait(timeout=60) == 0
+        log.write("after\n")
+        log.flush()
+        log.seek(0)
+        assert log.read() == "before\ncommand\nafter\n"
+    with pytest.raises(OSError):
+        preloaded.popen([sys.executable, str(script)], cwd=tmp_path / "missing")

@@ -30,12 +30,14 @@ from tests.resilience.helpers import TinyModule, random_loader
 REPO = Path(__file__).resolve().parents[2]
 
 
-def wait_for(path: Path, process: subprocess.Popen, timeout: float = 120) -> None:
-    """Wait until ``path`` exists; fail early with the process's output if it exits first."""
+def wait_for(path: Path, process: subprocess.Popen, timeout: float = 120, log: Path | None = None) -> None:
+    """Wait until ``path`` exists; fail early with the process's output (its stdout pipe, or ``log``) if it exits
+    first."""
     deadline = time.monotonic() + timeout
     while not path.exists():
         if process.poll() is not None:
-            raise AssertionError(f"process exited ({process.returncode}) first:\n{process.stdout.read()}")
+            output = log.read_text() if log is not None else process.stdout.read()
+            raise AssertionError(f"process exited ({process.returncode}) first:\n{output}")
         if time.monotonic() > deadline:
             process.kill()
             raise AssertionError(f"{path} did not appear within {timeout}s")

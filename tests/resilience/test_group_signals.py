@@ -55,7 +55,7 @@ def test_signal_to_the_process_group_saves_and_exits_cleanly(
             [sys.executable, "-m", "mm_lightning", "fit", *args], stdout=sink, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
-    wait_for(tmp_path / "step3", process)
+    wait_for(tmp_path / "step3", process, log=log)
     workers = psutil.Process(process.pid).children()
     assert len(workers) >= 2  # training (and validation) loader workers
     os.killpg(
