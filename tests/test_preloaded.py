@@ -25,8 +25,9 @@ if sys.argv[1] == "fail":
 sys.exit(int(sys.argv[1]))
 """
 
-# in the suite's worker processes the server is usable; in a single process (``-n 0``) commands run as subprocesses
-FORKED = "PYTEST_XDIST_WORKER" in os.environ
+# in the suite's worker processes the server is usable; in a single process (``-n 0``, torch's own thread count) or
+# with MM_TESTS_PRELOAD=0 commands run as subprocesses
+FORKED = "PYTEST_XDIST_WORKER" in os.environ and os.environ.get("MM_TESTS_PRELOAD", "1") != "0"
 
 
 def test_a_script_gets_its_arguments_environment_folder_output_and_exit_code(tmp_path: Path) -> None:

@@ -7,6 +7,9 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +23,7 @@ from typing_extensions import override
 from mm_lightning.checkpoints import AtomicCheckpointIO
 from mm_lightning.extras.nan_guard import NaNGuard
 from mm_lightning.models.optim import warmup_cosine
+from tests import preloaded
 
 
 class TinyModule(LightningModule):
@@ -231,3 +235,31 @@ def recorded_samples(out: Path, steps: range | None = None) -> list[int]:
             if steps is None or row["step"] in steps:
                 seen += row["index"]
     return seen
+
+
+def last_step(checkpoint_dir: Path) -> int:
+    """Global step of ``last.ckpt`` (-1 if none yet, or while it is being replaced)."""
+    path = checkpoint_dir / "last.ckpt"
+    try:
+        return torch.load(path, weights_only=True)["global_step"] if path.exists() else -1
+    except (RuntimeError, EOFError):
+        return -1
+
+
+def kill_once_saved(args: list[str], checkpoint_dir: Path, step: int, timeout: float = 300) -> int:
+    """Runs ``python -m mm_lightning *args`` until ``last.ckpt`` in ``checkpoint_dir`` is at ``step`` or later, then
+    SIGKILLs it; the step it was killed at."""
+    errors = checkpoint_dir.parent / "killed.log"
+    errors.parent.mkdir(parents=True, exist_ok=True)
+    with errors.open("w") as sink:
+        process = preloaded.popen(
+            [sys.executable, "-m", "mm_lightning", *args], stdout=subprocess.DEVNULL, stderr=sink
+        )
+    deadline = time.monotonic() + timeout
+    while last_step(checkpoint_dir) < step:
+        assert process.poll() is None, errors.read_text()[-5000:]
+        assert time.monotonic() < deadline, f"no checkpoint at step {step} within {timeout:g} s"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+    return last_step(checkpoint_dir)

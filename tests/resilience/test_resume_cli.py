@@ -6,18 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from mm_lightning.cli import main
-from tests import preloaded
 from tests.conftest import tiny_demo_args
+from tests.resilience.helpers import kill_once_saved
 
 # The demo's defaults: a random caption per image and random crops, loaded in a DataLoader worker. The dataset
 # seeds those draws per batch from the batch's indices and the module its own (hard negatives) from the batch's
@@ -35,12 +31,6 @@ def cli_args(data_root: Path, run: Path, *extra: str) -> list[str]:
     return ["fit", *args, *DATA_EXTRA, *extra]
 
 
-def last_step(checkpoint_dir: Path) -> int:
-    """Global step of ``last.ckpt`` (-1 if none yet)."""
-    path = checkpoint_dir / "last.ckpt"
-    return torch.load(path, weights_only=True)["global_step"] if path.exists() else -1
-
-
 def final_state(run: Path) -> dict[str, torch.Tensor]:
     checkpoint = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["global_step"] == MAX_STEPS
@@ -56,21 +46,7 @@ def test_sigkill_mid_epoch_then_resume_last_matches_uninterrupted_cli_run(
     assert main(cli_args(tmp_path, full)) == 0  # also generates the demo data the other runs reuse
     expected = final_state(full)
 
-    errors = tmp_path / "killed.log"
-    with errors.open("w") as sink:
-        process = preloaded.popen(
-            [sys.executable, "-m", "mm_lightning", *cli_args(tmp_path, killed)],
-            stdout=subprocess.DEVNULL,
-            stderr=sink,
-        )
-    deadline = time.monotonic() + 300
-    while last_step(killed / "checkpoints") < 4:
-        assert process.poll() is None, errors.read_text()[-5000:]
-        assert time.monotonic() < deadline, "no checkpoint at step 4 within 300 s"
-        time.sleep(0.05)
-    process.send_signal(signal.SIGKILL)
-    process.wait(timeout=30)
-    killed_at = last_step(killed / "checkpoints")
+    killed_at = kill_once_saved(cli_args(tmp_path, killed), killed / "checkpoints", step=4)
     assert 4 <= killed_at < MAX_STEPS
 
     control = tmp_path / "control"

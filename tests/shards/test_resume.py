@@ -6,10 +6,6 @@ the same entry point in this process (``main``), which spares their interpreter 
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +13,7 @@ import torch
 
 from mm_lightning.cli import main
 from mm_lightning.extras import DemoShardDataModule
-from tests import preloaded
+from tests.resilience.helpers import kill_once_saved
 from tests.shards.helpers import shard_demo_args
 
 MAX_STEPS = 8  # 1032 samples in shards of 100, batch 16: 64 batches per epoch, every checkpoint is mid-epoch
@@ -37,14 +33,6 @@ def cli_args(demo: Path, run: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def last_step(checkpoint_dir: Path) -> int:
-    path = checkpoint_dir / "last.ckpt"
-    try:
-        return torch.load(path, weights_only=True)["global_step"] if path.exists() else -1
-    except (RuntimeError, EOFError):  # being replaced right now
-        return -1
-
-
 def final_state(run: Path) -> dict[str, torch.Tensor]:
     checkpoint = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["global_step"] == MAX_STEPS
@@ -59,21 +47,7 @@ def test_sigkill_mid_epoch_then_resume_reads_exactly_the_unseen_shard_samples(tm
     DemoShardDataModule(str(demo), samples_per_shard=100, **generator).prepare_data()  # shared by the runs
     full, killed = tmp_path / "full", tmp_path / "killed"
     assert main(cli_args(demo, full)) == 0
-    errors = tmp_path / "killed.log"
-    with errors.open("w") as sink:
-        process = preloaded.popen(
-            [sys.executable, "-m", "mm_lightning", *cli_args(demo, killed)],
-            stdout=subprocess.DEVNULL,
-            stderr=sink,
-        )
-    deadline = time.monotonic() + 300
-    while last_step(killed / "checkpoints") < 2:
-        assert process.poll() is None, errors.read_text()[-5000:]
-        assert time.monotonic() < deadline, "no checkpoint at step 2 within 300 s"
-        time.sleep(0.05)
-    process.send_signal(signal.SIGKILL)
-    process.wait(timeout=30)
-    killed_at = last_step(killed / "checkpoints")
+    killed_at = kill_once_saved(cli_args(demo, killed), killed / "checkpoints", step=2)
     assert 2 <= killed_at < MAX_STEPS
 
     assert main(cli_args(demo, killed, "--ckpt_path", "last")) == 0
