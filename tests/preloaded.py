@@ -38,6 +38,7 @@ from typing import IO, Any
 
 import numpy
 from lightning_utilities.core.rank_zero import rank_zero_only
+from torchmetrics.utilities.prints import rank_zero_only as torchmetrics_rank_zero_only
 
 REPO = Path(__file__).resolve().parents[1]
 PRELOAD = ("torch", "torchvision", "lightning.pytorch", "mm_lightning.cli")
@@ -101,6 +102,11 @@ def serve(channel_fd: int) -> None:
         if not message:
             return
         request = json.loads(message)
+        if len(outputs) != 2:
+            for fd in outputs:
+                os.close(fd)
+            channel.send(f"received {len(outputs)} output descriptors, not 2".encode())
+            continue
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})  # registered before it is reaped
         ready_read, ready_write = os.pipe()
         pid = os.fork()
@@ -118,6 +124,9 @@ def serve(channel_fd: int) -> None:
             if pid in ended:
                 write_status(status_files.pop(pid), ended.pop(pid))
             answer = str(pid)
+        else:  # reaped here, so that no later child with the same pid finds its status
+            os.waitpid(pid, 0)
+            answer = answer or "it ended before it started"
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
         channel.send(answer.encode())
 
@@ -136,7 +145,7 @@ def become(request: dict[str, Any], outputs: list[int], ready: int) -> None:
         for fd, target in zip((1, 2), outputs, strict=True):
             os.dup2(target, fd)
             os.close(target)
-    except OSError as error:
+    except BaseException as error:
         os.write(ready, f"{type(error).__name__}: {error}".encode())
         os._exit(1)
     os.write(ready, b"ready")
@@ -145,6 +154,7 @@ def become(request: dict[str, Any], outputs: list[int], ready: int) -> None:
     os.environ.update(env)
     multiprocessing.process.ORIGINAL_DIR = os.getcwd()  # where a spawned child finds a relative script
     rank_zero_only.rank = next((int(env[k]) for k in RANK_VARIABLES if k in env), 0)
+    torchmetrics_rank_zero_only.rank = int(env.get("LOCAL_RANK", 0))  # torchmetrics' own, read the same way
     numpy.random.seed()  # a fresh process draws its own unseeded numbers; Python's random reseeds at fork itself
     if env.get("PYTHONUNBUFFERED"):
         for name in ("stdout", "stderr"):
@@ -188,7 +198,17 @@ class Server:
         ready = self.channel.recv(64).decode().split()
         self.usable = ready == ["ready", "1"]
         self.status_dir = Path(tempfile.mkdtemp(prefix="preloaded-"))
-        atexit.register(shutil.rmtree, self.status_dir, True)
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        """Ends the server (it ends when its channel closes); commands still running go on."""
+        self.channel.close()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        shutil.rmtree(self.status_dir, ignore_errors=True)
 
     def fork(
         self, command: list[str], cwd: Path, env: dict[str, str], outputs: list[int], new_session: bool
@@ -196,8 +216,14 @@ class Server:
         with self.lock:
             status = str(self.status_dir / f"{time.monotonic_ns()}")
             request = dict(command=command, cwd=str(cwd), env=env, status=status, new_session=new_session)
-            socket.send_fds(self.channel, [json.dumps(request).encode()], outputs)
-            answer = self.channel.recv(4096).decode()
+            try:
+                socket.send_fds(self.channel, [json.dumps(request).encode()], outputs)
+                answer = self.channel.recv(4096).decode()
+            except BaseException:
+                # interrupted between request and answer: the next answer read would not be its own
+                self.process.kill()
+                self.process.wait()
+                raise
         if not answer:
             raise RuntimeError("the preloaded Python server has ended")
         if not answer.isdigit():
@@ -277,15 +303,16 @@ def popen(
     object, a descriptor, ``DEVNULL`` (``STDOUT`` for ``stderr`` too), or None for the test process's own; the
     command writes to the same open file, as a ``Popen`` child does."""
     env = dict(os.environ if env is None else env)
-    command, preloaded = python_command(args), server()
-    piped = subprocess.PIPE in (stdout, stderr)  # a forked command writes to files only
+    command = python_command(args)
+    piped = subprocess.PIPE in (stdout, stderr)  # forked commands write to files only
+    preloaded = server() if command is not None and not piped else None
     changed = preloaded is not None and read_at_start(env).items() ^ read_at_start(preloaded.env).items()
     if changed:  # named, so that a variable a library sets at run time does not quietly slow the suite down
         warnings.warn(
             f"run as a plain subprocess: {sorted({k for k, _ in changed})} differ from the server's",
             stacklevel=2,
         )
-    if command is None or preloaded is None or piped or changed:
+    if preloaded is None or changed:
         return subprocess.Popen(
             args, cwd=cwd, env=env, stdout=stdout, stderr=stderr, start_new_session=start_new_session
         )

@@ -256,10 +256,12 @@ def kill_once_saved(args: list[str], checkpoint_dir: Path, step: int, timeout: f
             [sys.executable, "-m", "mm_lightning", *args], stdout=subprocess.DEVNULL, stderr=sink
         )
     deadline = time.monotonic() + timeout
-    while last_step(checkpoint_dir) < step:
-        assert process.poll() is None, errors.read_text()[-5000:]
-        assert time.monotonic() < deadline, f"no checkpoint at step {step} within {timeout:g} s"
-        time.sleep(0.05)
-    process.send_signal(signal.SIGKILL)
-    process.wait(timeout=30)
+    try:
+        while last_step(checkpoint_dir) < step:
+            assert process.poll() is None, errors.read_text()[-5000:]
+            assert time.monotonic() < deadline, f"no checkpoint at step {step} within {timeout:g} s"
+            time.sleep(0.05)
+    finally:
+        process.kill()  # at the step, or left running by a failed check
+        process.wait(timeout=30)
     return last_step(checkpoint_dir)
