@@ -349,6 +349,9 @@ class LockedImageFeatures(pl.Callback):
             name = fingerprint(weights=weights["state"], tower=weights["tower"], transform=transform,
                                normalize=normalize, views=views, seed=seed if views else None)  # fmt: skip
             table = FeatureTable(folder / name)
+            # every process lists the missing rows before any writes its share: splits with the same fingerprint
+            # share a folder, and a share taken after another's write would leave rows to no one
+            trainer.strategy.barrier("image_features_listed")
 
             def pixels(record: Any, builder: Any = builder) -> torch.Tensor:
                 return dm.normalize(builder(record, "", 0, 0)["image"])
